@@ -1,0 +1,1 @@
+//! Allgather schedules as pure state machines.

@@ -1,0 +1,41 @@
+//! `ciera`: analyze checkpoints, measure Allgather performance, launch local ranks.
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: ciera <command> [args]
+
+commands:
+  analyze DIR [--mode exp|hybrid|auto] [--json]
+        what CIERA would save on consecutive safetensors snapshots in DIR (checks every bit)
+  perf [-n N] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c CHECK] [--json] ...
+        nccl-tests style Allgather timings (run `ciera perf --help`)
+  launch -n N [--] PROGRAM [ARGS...]
+        run N ranks of PROGRAM on this machine
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    let code = match cmd.as_str() {
+        "analyze" => ciera::cli::analyze::main(rest),
+        "perf" => ciera::cli::perf::main(rest),
+        "launch" => ciera::cli::launch::main(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            0
+        }
+        "-V" | "--version" => {
+            println!("ciera {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        other => {
+            eprintln!("ciera: unknown command '{other}'\n\n{USAGE}");
+            2
+        }
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}

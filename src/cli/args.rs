@@ -1,0 +1,1 @@
+//! Tiny argument helpers shared by the subcommands.

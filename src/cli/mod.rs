@@ -1,0 +1,7 @@
+//! The `ciera` command: `analyze`, `perf`, `launch`. Each subcommand takes its arguments
+//! (without the program and subcommand names) and returns the process exit code.
+
+pub mod analyze;
+pub mod args;
+pub mod launch;
+pub mod perf;

@@ -1,0 +1,1 @@
+//! Frame format and caches.

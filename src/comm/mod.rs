@@ -1,0 +1,1 @@
+//! Bootstrap, communicator and executor.
