@@ -14,6 +14,13 @@ commands:
 ";
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`ciera analyze ... | head`) like other command-line tools,
+    // instead of panicking on the failed write.
+    // SAFETY: called first thing in main, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first() else {
         eprint!("{USAGE}");

@@ -1,0 +1,182 @@
+//! The frame header: fixed 64 bytes, little-endian, then four sections. See docs/WIRE.md.
+//!
+//! ```text
+//! off len field
+//!   0   4 magic "CIRF"
+//!   4   1 format version (1)
+//!   5   1 dtype (ncclDataType_t number)
+//!   6   1 mode: 0 raw, 1 exp (exponent delta), 2 hybrid (value delta)
+//!   7   1 flags: bit 0 FILL (raw frame that (re)fills the receiver's cache slot); others zero
+//!   8   8 element count n
+//!  16   8 element offset of this chunk within the cache slot
+//!  24   8 slot version the frame was encoded against
+//!  32  16 four u32 section lengths s0..s3
+//!  48   8 reserved, zero
+//!  56   8 checksum: xxh3-64 of header bytes 0..56 followed by the s0+s1+s2+s3 payload bytes
+//! ```
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::{Error, Result};
+use crate::DType;
+
+pub const MAGIC: [u8; 4] = *b"CIRF";
+pub const FORMAT_VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 64;
+pub const FLAG_FILL: u8 = 1;
+
+/// How a frame's payload is coded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Mode {
+    /// The values themselves (s0). With FLAG_FILL the receiver also refills its cache slot.
+    Raw = 0,
+    /// Exponent delta against an exponent (or full-value) cache: s0 sign+mantissa of every
+    /// element, s1 mask of exponent changes, s2 the new exponents.
+    Exp = 1,
+    /// Value delta against a full-value cache: s0 sign+mantissa of changed values, s1 mask of
+    /// changed values, s2 mask (over the changed ones) of exponent changes, s3 new exponents.
+    Hybrid = 2,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Raw => "raw",
+            Mode::Exp => "exp",
+            Mode::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// A parsed, checksum-verified header with its sections.
+#[derive(Debug)]
+pub struct Frame<'a> {
+    pub dtype: DType,
+    pub mode: Mode,
+    pub flags: u8,
+    pub count: usize,
+    pub offset: usize,
+    pub version: u64,
+    pub sections: [&'a [u8]; 4],
+    /// Total bytes of the frame (header + sections).
+    pub len: usize,
+}
+
+pub struct Header {
+    pub dtype: DType,
+    pub mode: Mode,
+    pub flags: u8,
+    pub count: usize,
+    pub offset: usize,
+    pub version: u64,
+}
+
+/// Reserve room for a header at the end of `out`; returns where it starts.
+pub fn begin(out: &mut Vec<u8>) -> usize {
+    let start = out.len();
+    out.resize(start + HEADER_LEN, 0);
+    start
+}
+
+/// Write the header of the frame that starts at `start` and whose sections follow it in `out`
+/// with lengths `sections`, and its checksum.
+pub fn finish(out: &mut [u8], start: usize, h: &Header, sections: [usize; 4]) {
+    let hdr = &mut out[start..start + HEADER_LEN];
+    hdr[0..4].copy_from_slice(&MAGIC);
+    hdr[4] = FORMAT_VERSION;
+    hdr[5] = h.dtype.code();
+    hdr[6] = h.mode as u8;
+    hdr[7] = h.flags;
+    hdr[8..16].copy_from_slice(&(h.count as u64).to_le_bytes());
+    hdr[16..24].copy_from_slice(&(h.offset as u64).to_le_bytes());
+    hdr[24..32].copy_from_slice(&h.version.to_le_bytes());
+    for (i, s) in sections.iter().enumerate() {
+        let s = u32::try_from(*s).expect("section longer than 4 GiB: chunk the tensor");
+        hdr[32 + 4 * i..36 + 4 * i].copy_from_slice(&s.to_le_bytes());
+    }
+    hdr[48..56].fill(0);
+    let payload_end = start + HEADER_LEN + sections.iter().sum::<usize>();
+    let sum = checksum(&out[start..start + 56], &out[start + HEADER_LEN..payload_end]);
+    out[start + 56..start + 64].copy_from_slice(&sum.to_le_bytes());
+}
+
+fn checksum(header: &[u8], payload: &[u8]) -> u64 {
+    let mut h = Xxh3::new();
+    h.update(header);
+    h.update(payload);
+    h.digest()
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Total length of the frame starting at `bytes`, from its header alone (for stream framing).
+pub fn peek_len(bytes: &[u8]) -> Result<usize> {
+    if bytes.len() < HEADER_LEN {
+        return Err(Error::LengthMismatch {
+            what: "frame header bytes",
+            expected: HEADER_LEN,
+            found: bytes.len(),
+        });
+    }
+    if bytes[0..4] != MAGIC {
+        return Err(Error::corrupt("magic", format!("{:02x?} is not \"CIRF\"", &bytes[0..4])));
+    }
+    let mut total = HEADER_LEN;
+    for i in 0..4 {
+        let s = u32::from_le_bytes([bytes[32 + 4 * i], bytes[33 + 4 * i], bytes[34 + 4 * i], bytes[35 + 4 * i]]);
+        total += s as usize;
+    }
+    Ok(total)
+}
+
+/// Parse and verify the frame at the start of `bytes` (which may hold more after it).
+pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
+    let len = peek_len(bytes)?;
+    if bytes[4] != FORMAT_VERSION {
+        return Err(Error::corrupt(
+            "format version",
+            format!("frame has version {}, this build reads {FORMAT_VERSION}", bytes[4]),
+        ));
+    }
+    if len > bytes.len() {
+        return Err(Error::LengthMismatch { what: "frame bytes", expected: len, found: bytes.len() });
+    }
+    let sum = checksum(&bytes[..56], &bytes[HEADER_LEN..len]);
+    let stored = u64_at(bytes, 56);
+    if sum != stored {
+        return Err(Error::Checksum { expected: stored, actual: sum });
+    }
+    let dtype = DType::from_code(bytes[5])
+        .ok_or_else(|| Error::corrupt("dtype", format!("unknown element type {}", bytes[5])))?;
+    let mode = match bytes[6] {
+        0 => Mode::Raw,
+        1 => Mode::Exp,
+        2 => Mode::Hybrid,
+        m => return Err(Error::corrupt("mode", format!("unknown mode {m}"))),
+    };
+    let flags = bytes[7];
+    if flags & !FLAG_FILL != 0 || (flags & FLAG_FILL != 0 && mode != Mode::Raw) {
+        return Err(Error::corrupt("flags", format!("invalid flags {flags:#x} for mode {}", mode.name())));
+    }
+    if bytes[48..56].iter().any(|&b| b != 0) {
+        return Err(Error::corrupt("reserved", "reserved header bytes are not zero"));
+    }
+    let count = usize::try_from(u64_at(bytes, 8))
+        .map_err(|_| Error::corrupt("count", "element count does not fit this machine"))?;
+    let offset = usize::try_from(u64_at(bytes, 16))
+        .map_err(|_| Error::corrupt("offset", "element offset does not fit this machine"))?;
+    let version = u64_at(bytes, 24);
+    let mut sections: [&[u8]; 4] = [&[]; 4];
+    let mut pos = HEADER_LEN;
+    for (i, s) in sections.iter_mut().enumerate() {
+        let l = u32::from_le_bytes([bytes[32 + 4 * i], bytes[33 + 4 * i], bytes[34 + 4 * i], bytes[35 + 4 * i]]) as usize;
+        *s = &bytes[pos..pos + l];
+        pos += l;
+    }
+    Ok(Frame { dtype, mode, flags, count, offset, version, sections, len })
+}

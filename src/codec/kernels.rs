@@ -1,0 +1,260 @@
+//! Plain (portable, safe) coding kernels, generic over the float layout. They work in blocks
+//! of 64 elements: one mask word per block. The AVX2 path in `simd.rs` is checked against
+//! these bit for bit.
+
+use super::float::{Layout, BLOCK};
+use crate::error::{Error, Result};
+
+/// The cache range a kernel reads and updates.
+pub enum CacheRef<'a> {
+    /// One exponent byte per element.
+    Exp(&'a mut [u8]),
+    /// The previous value of every element (element bytes, little-endian).
+    Full(&'a mut [u8]),
+}
+
+/// Exponent-delta encode of `input` (n elements): writes the packed sign+mantissa of every
+/// element into `dense` (len `L::sm_len(n)`), one mask word per 64 elements into `masks`
+/// (bit set = exponent differs from the cache), the new exponent of each set bit into `exps`,
+/// and updates the cache to `input`.
+pub fn encode_exp<L: Layout>(
+    input: &[u8],
+    cache: CacheRef<'_>,
+    dense: &mut [u8],
+    masks: &mut Vec<u64>,
+    exps: &mut Vec<u8>,
+) {
+    let n = input.len() / L::BYTES;
+    masks.clear();
+    masks.reserve(n.div_ceil(BLOCK));
+    let mut words = [0u32; BLOCK];
+    match cache {
+        CacheRef::Exp(ce) => {
+            for b in (0..n).step_by(BLOCK) {
+                let len = BLOCK.min(n - b);
+                let mut m = 0u64;
+                for j in 0..len {
+                    let w = L::load(input, b + j);
+                    words[j] = w;
+                    m |= ((L::exp(w) != ce[b + j]) as u64) << j;
+                }
+                L::pack(&words[..len], &mut dense[L::sm_len(b)..L::sm_len(b + len)]);
+                let mut t = m;
+                while t != 0 {
+                    let j = t.trailing_zeros() as usize;
+                    t &= t - 1;
+                    let e = L::exp(words[j]);
+                    exps.push(e);
+                    ce[b + j] = e;
+                }
+                masks.push(m);
+            }
+        }
+        CacheRef::Full(prev) => {
+            for b in (0..n).step_by(BLOCK) {
+                let len = BLOCK.min(n - b);
+                let mut m = 0u64;
+                for j in 0..len {
+                    let w = L::load(input, b + j);
+                    words[j] = w;
+                    m |= ((L::exp(w) != L::exp(L::load(prev, b + j))) as u64) << j;
+                }
+                L::pack(&words[..len], &mut dense[L::sm_len(b)..L::sm_len(b + len)]);
+                let mut t = m;
+                while t != 0 {
+                    let j = t.trailing_zeros() as usize;
+                    t &= t - 1;
+                    exps.push(L::exp(words[j]));
+                }
+                masks.push(m);
+            }
+            prev.copy_from_slice(input);
+        }
+    }
+}
+
+fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> Error {
+    if e > L::EXP_MAX {
+        Error::corrupt(
+            "exponent section",
+            format!("element {i}: exponent {e} exceeds the {} maximum {}", L::DTYPE, L::EXP_MAX),
+        )
+    } else {
+        Error::corrupt(
+            "exponent section",
+            format!("element {i}: exception repeats the cached exponent {cached}"),
+        )
+    }
+}
+
+/// Inverse of `encode_exp`. `exps.len()` must equal the number of set mask bits (checked by
+/// the caller). Writes `out` and updates the cache; on error the cache range is inconsistent
+/// and the caller must poison the slot.
+pub fn decode_exp<L: Layout>(
+    dense: &[u8],
+    masks: &[u64],
+    exps: &[u8],
+    cache: CacheRef<'_>,
+    out: &mut [u8],
+) -> Result<()> {
+    let n = out.len() / L::BYTES;
+    let mut words = [0u32; BLOCK];
+    let mut k = 0usize;
+    let pad_err = || Error::corrupt("sign+mantissa section", "non-zero padding bits");
+    match cache {
+        CacheRef::Exp(ce) => {
+            for (bi, b) in (0..n).step_by(BLOCK).enumerate() {
+                let len = BLOCK.min(n - b);
+                let mut t = masks[bi];
+                while t != 0 {
+                    let j = t.trailing_zeros() as usize;
+                    t &= t - 1;
+                    let e = exps[k];
+                    k += 1;
+                    if e > L::EXP_MAX || e == ce[b + j] {
+                        return Err(bad_exception::<L>(b + j, e, ce[b + j]));
+                    }
+                    ce[b + j] = e;
+                }
+                if !L::unpack(&dense[L::sm_len(b)..L::sm_len(b + len)], &mut words[..len]) {
+                    return Err(pad_err());
+                }
+                for j in 0..len {
+                    L::store(out, b + j, L::with_exp(words[j], ce[b + j]));
+                }
+            }
+        }
+        CacheRef::Full(prev) => {
+            let mut es = [0u8; BLOCK];
+            for (bi, b) in (0..n).step_by(BLOCK).enumerate() {
+                let len = BLOCK.min(n - b);
+                for j in 0..len {
+                    es[j] = L::exp(L::load(prev, b + j));
+                }
+                let mut t = masks[bi];
+                while t != 0 {
+                    let j = t.trailing_zeros() as usize;
+                    t &= t - 1;
+                    let e = exps[k];
+                    k += 1;
+                    if e > L::EXP_MAX || e == es[j] {
+                        return Err(bad_exception::<L>(b + j, e, es[j]));
+                    }
+                    es[j] = e;
+                }
+                if !L::unpack(&dense[L::sm_len(b)..L::sm_len(b + len)], &mut words[..len]) {
+                    return Err(pad_err());
+                }
+                for j in 0..len {
+                    L::store(out, b + j, L::with_exp(words[j], es[j]));
+                }
+            }
+            prev.copy_from_slice(out);
+        }
+    }
+    Ok(())
+}
+
+/// Masks of a value-delta against the previous values: `changed` (value differs) and
+/// `exp_changed` (exponent differs; a subset of `changed`).
+pub fn scan_full<L: Layout>(input: &[u8], prev: &[u8], changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) {
+    let n = input.len() / L::BYTES;
+    changed.clear();
+    exp_changed.clear();
+    for b in (0..n).step_by(BLOCK) {
+        let len = BLOCK.min(n - b);
+        let (mut a, mut e) = (0u64, 0u64);
+        for j in 0..len {
+            let w = L::load(input, b + j);
+            let p = L::load(prev, b + j);
+            a |= ((w != p) as u64) << j;
+            e |= ((L::exp(w) != L::exp(p)) as u64) << j;
+        }
+        changed.push(a);
+        exp_changed.push(e);
+    }
+}
+
+/// The hybrid sections from the masks of `scan_full`: `sm` (packed sign+mantissa of the
+/// changed values), `exp_sub` (over the changed values in order: exponent changed), `exps`
+/// (new exponents). Leaves the cache alone: the caller updates it once it has chosen the frame.
+pub fn emit_hybrid<L: Layout>(
+    input: &[u8],
+    changed: &[u64],
+    exp_changed: &[u64],
+    sm: &mut Vec<u8>,
+    exp_sub: &mut Vec<u64>,
+    exps: &mut Vec<u8>,
+) {
+    let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
+    let mut vals: Vec<u32> = Vec::with_capacity(k);
+    exp_sub.clear();
+    exp_sub.resize(k.div_ceil(64), 0);
+    for (bi, (&a, &e)) in changed.iter().zip(exp_changed).enumerate() {
+        let mut t = a;
+        while t != 0 {
+            let j = t.trailing_zeros() as usize;
+            t &= t - 1;
+            let w = L::load(input, bi * BLOCK + j);
+            let idx = vals.len();
+            if e >> j & 1 == 1 {
+                exp_sub[idx / 64] |= 1 << (idx % 64);
+                exps.push(L::exp(w));
+            }
+            vals.push(w);
+        }
+    }
+    let start = sm.len();
+    sm.resize(start + L::sm_len(k), 0);
+    L::pack(&vals, &mut sm[start..]);
+}
+
+/// Inverse of `emit_hybrid`. The caller has checked `sm.len() == L::sm_len(k)` and
+/// `exps.len() == popcount(exp_sub)`, where k = popcount(changed).
+pub fn decode_hybrid<L: Layout>(
+    sm: &[u8],
+    changed: &[u64],
+    exp_sub: &[u64],
+    exps: &[u8],
+    k: usize,
+    prev: &mut [u8],
+    out: &mut [u8],
+) -> Result<()> {
+    let mut vals = vec![0u32; k];
+    if !L::unpack(sm, &mut vals) {
+        return Err(Error::corrupt("sign+mantissa section", "non-zero padding bits"));
+    }
+    out.copy_from_slice(prev);
+    let mut idx = 0usize;
+    let mut ei = 0usize;
+    for (bi, &a) in changed.iter().enumerate() {
+        let mut t = a;
+        while t != 0 {
+            let j = t.trailing_zeros() as usize;
+            t &= t - 1;
+            let i = bi * BLOCK + j;
+            let p = L::load(prev, i);
+            let w = if exp_sub[idx / 64] >> (idx % 64) & 1 == 1 {
+                let e = exps[ei];
+                ei += 1;
+                if e > L::EXP_MAX || e == L::exp(p) {
+                    return Err(bad_exception::<L>(i, e, L::exp(p)));
+                }
+                L::with_exp(vals[idx], e)
+            } else {
+                let w = L::with_exp(vals[idx], L::exp(p));
+                if w == p {
+                    return Err(Error::corrupt(
+                        "value section",
+                        format!("element {i} is marked changed but repeats the cached value"),
+                    ));
+                }
+                w
+            };
+            L::store(out, i, w);
+            idx += 1;
+        }
+    }
+    prev.copy_from_slice(out);
+    Ok(())
+}

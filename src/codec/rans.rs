@@ -1,0 +1,352 @@
+//! Order-0 rANS over bytes (32-bit state, byte-wise renormalisation, 12-bit probabilities).
+//!
+//! Used for the change masks when they are dense enough that a flat or hierarchical bitmap
+//! wastes bits (the full-value cache at mid learning rates, where 10-80% of values change).
+//! Layout of a coded block (all little-endian):
+//!
+//! ```text
+//! table   : u8 nsym-1 | symbols (nsym bytes if nsym < 32, else a 32-byte presence bitmap)
+//!           | nsym LEB128 varints freq-1   (frequencies sum to 4096)
+//! u32     : final encoder state x (L <= x < L*256)
+//! bytes   : renormalisation bytes, in decoding order
+//! ```
+//! The decoder checks every step: a table that does not sum to 4096, a state out of range, a
+//! stream that ends early, bytes left over, or a final state other than the encoder's initial
+//! one are all errors. No input can make it panic or read out of bounds.
+
+use crate::error::{Error, Result};
+
+const PROB_BITS: u32 = 12;
+const PROB_SCALE: u32 = 1 << PROB_BITS;
+/// Lower bound of the normalised state interval [L, L*256).
+const RANS_L: u32 = 1 << 23;
+
+/// Normalised frequencies of the 256 byte values; present symbols have freq >= 1.
+#[derive(Clone)]
+pub struct FreqTable {
+    freq: [u32; 256],
+    cum: [u32; 256],
+}
+
+impl FreqTable {
+    /// Scale a histogram to frequencies summing to `PROB_SCALE`. `hist` must not be all zero.
+    pub fn from_histogram(hist: &[u64; 256]) -> FreqTable {
+        let total: u64 = hist.iter().sum();
+        debug_assert!(total > 0);
+        let mut freq = [0u32; 256];
+        let mut sum: i64 = 0;
+        for (f, &c) in freq.iter_mut().zip(hist.iter()) {
+            if c > 0 {
+                let scaled = ((c as u128 * PROB_SCALE as u128) / total as u128) as u32;
+                *f = scaled.max(1);
+                sum += *f as i64;
+            }
+        }
+        // Move the rounding error onto the largest symbols, keeping every present one >= 1.
+        let mut diff = PROB_SCALE as i64 - sum;
+        while diff != 0 {
+            let mut order: Vec<usize> = (0..256).filter(|&s| freq[s] > 0).collect();
+            order.sort_by_key(|&s| std::cmp::Reverse(freq[s]));
+            for &s in &order {
+                if diff == 0 {
+                    break;
+                }
+                if diff > 0 {
+                    freq[s] += diff as u32;
+                    diff = 0;
+                } else if freq[s] > 1 {
+                    let take = ((freq[s] - 1) as i64).min(-diff);
+                    freq[s] -= take as u32;
+                    diff += take;
+                }
+            }
+        }
+        FreqTable::with_freqs(freq)
+    }
+
+    fn with_freqs(freq: [u32; 256]) -> FreqTable {
+        let mut cum = [0u32; 256];
+        let mut acc = 0;
+        for s in 0..256 {
+            cum[s] = acc;
+            acc += freq[s];
+        }
+        FreqTable { freq, cum }
+    }
+
+    /// Estimated coded size in bytes of data with this histogram (table + state + payload).
+    pub fn estimate_bytes(&self, hist: &[u64; 256]) -> usize {
+        let mut bits = 0f64;
+        for s in 0..256 {
+            if hist[s] > 0 {
+                bits += hist[s] as f64 * (PROB_SCALE as f64 / self.freq[s] as f64).log2();
+            }
+        }
+        (bits / 8.0).ceil() as usize + self.table_bytes() + 4
+    }
+
+    fn nsym(&self) -> usize {
+        self.freq.iter().filter(|&&f| f > 0).count()
+    }
+
+    fn table_bytes(&self) -> usize {
+        let n = self.nsym();
+        let syms = if n < 32 { n } else { 32 };
+        let varints: usize = self
+            .freq
+            .iter()
+            .filter(|&&f| f > 0)
+            .map(|&f| if f - 1 < 128 { 1 } else { 2 })
+            .sum();
+        1 + syms + varints
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        let n = self.nsym();
+        out.push((n - 1) as u8);
+        if n < 32 {
+            out.extend((0..256).filter(|&s| self.freq[s] > 0).map(|s| s as u8));
+        } else {
+            let mut bm = [0u8; 32];
+            for s in 0..256 {
+                if self.freq[s] > 0 {
+                    bm[s / 8] |= 1 << (s % 8);
+                }
+            }
+            out.extend_from_slice(&bm);
+        }
+        for s in 0..256 {
+            if self.freq[s] > 0 {
+                write_varint(out, self.freq[s] - 1);
+            }
+        }
+    }
+
+    fn read(input: &[u8], pos: &mut usize) -> Result<FreqTable> {
+        let n = *take(input, pos, 1)?.first().unwrap_or(&0) as usize + 1;
+        let mut present = [false; 256];
+        if n < 32 {
+            let syms = take(input, pos, n)?;
+            let mut prev: i32 = -1;
+            for &s in syms {
+                if (s as i32) <= prev {
+                    return Err(Error::corrupt("rans table", "symbols not strictly increasing"));
+                }
+                prev = s as i32;
+                present[s as usize] = true;
+            }
+        } else {
+            let bm = take(input, pos, 32)?;
+            let mut count = 0;
+            for s in 0..256 {
+                if bm[s / 8] >> (s % 8) & 1 == 1 {
+                    present[s] = true;
+                    count += 1;
+                }
+            }
+            if count != n {
+                return Err(Error::corrupt(
+                    "rans table",
+                    format!("presence bitmap has {count} symbols, header says {n}"),
+                ));
+            }
+        }
+        let mut freq = [0u32; 256];
+        let mut sum: u64 = 0;
+        for s in 0..256 {
+            if present[s] {
+                let f = read_varint(input, pos)? as u64 + 1;
+                if f > PROB_SCALE as u64 {
+                    return Err(Error::corrupt("rans table", format!("frequency {f} > {PROB_SCALE}")));
+                }
+                sum += f;
+                freq[s] = f as u32;
+            }
+        }
+        if sum != PROB_SCALE as u64 {
+            return Err(Error::corrupt(
+                "rans table",
+                format!("frequencies sum to {sum}, expected {PROB_SCALE}"),
+            ));
+        }
+        Ok(FreqTable::with_freqs(freq))
+    }
+}
+
+/// Byte histogram of `data`.
+pub fn histogram(data: &[u8]) -> [u64; 256] {
+    // Four interleaved tables hide the store-to-load latency of repeated symbols.
+    let mut h = [[0u32; 256]; 4];
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        h[0][c[0] as usize] += 1;
+        h[1][c[1] as usize] += 1;
+        h[2][c[2] as usize] += 1;
+        h[3][c[3] as usize] += 1;
+    }
+    for &b in chunks.remainder() {
+        h[0][b as usize] += 1;
+    }
+    let mut out = [0u64; 256];
+    for s in 0..256 {
+        out[s] = h.iter().map(|t| t[s] as u64).sum();
+    }
+    out
+}
+
+/// Encode `data` (non-empty) with `table`, appending to `out`.
+pub fn encode(data: &[u8], table: &FreqTable, out: &mut Vec<u8>) {
+    table.write(out);
+    let mut rev: Vec<u8> = Vec::with_capacity(data.len() / 2 + 8);
+    let mut x: u32 = RANS_L;
+    for &s in data.iter().rev() {
+        let f = table.freq[s as usize];
+        debug_assert!(f > 0, "symbol {s} missing from table");
+        let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
+        while x >= x_max {
+            rev.push(x as u8);
+            x >>= 8;
+        }
+        x = ((x / f) << PROB_BITS) + (x % f) + table.cum[s as usize];
+    }
+    out.extend_from_slice(&x.to_le_bytes());
+    out.extend(rev.iter().rev());
+}
+
+/// Decode exactly `out.len()` symbols from `input`, which must be consumed exactly.
+pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
+    let mut pos = 0;
+    let table = FreqTable::read(input, &mut pos)?;
+    let mut slot_sym = vec![0u8; PROB_SCALE as usize];
+    for s in 0..256 {
+        let (c, f) = (table.cum[s] as usize, table.freq[s] as usize);
+        slot_sym[c..c + f].fill(s as u8);
+    }
+    let st = take(input, &mut pos, 4)?;
+    let mut x = u32::from_le_bytes([st[0], st[1], st[2], st[3]]);
+    if !(RANS_L..=u32::MAX).contains(&x) || (x as u64) >= (RANS_L as u64) << 8 {
+        return Err(Error::corrupt("rans stream", format!("initial state {x:#x} out of range")));
+    }
+    let bytes = &input[pos..];
+    let mut bi = 0usize;
+    for o in out.iter_mut() {
+        let slot = x & (PROB_SCALE - 1);
+        let s = slot_sym[slot as usize];
+        *o = s;
+        let f = table.freq[s as usize] as u64;
+        let nx = f * (x >> PROB_BITS) as u64 + slot as u64 - table.cum[s as usize] as u64;
+        let mut nx = nx as u32;
+        while nx < RANS_L {
+            let Some(&b) = bytes.get(bi) else {
+                return Err(Error::corrupt("rans stream", "ends before all symbols are decoded"));
+            };
+            bi += 1;
+            nx = (nx << 8) | b as u32;
+        }
+        x = nx;
+    }
+    if bi != bytes.len() {
+        return Err(Error::corrupt(
+            "rans stream",
+            format!("{} trailing bytes after the last symbol", bytes.len() - bi),
+        ));
+    }
+    if x != RANS_L {
+        return Err(Error::corrupt("rans stream", format!("final state {x:#x} != {RANS_L:#x}")));
+    }
+    Ok(())
+}
+
+fn write_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn read_varint(input: &[u8], pos: &mut usize) -> Result<u32> {
+    let mut v: u32 = 0;
+    for shift in [0u32, 7, 14] {
+        let b = *take(input, pos, 1)?.first().unwrap_or(&0);
+        v |= ((b & 0x7f) as u32) << shift;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(Error::corrupt("rans table", "varint longer than 3 bytes"))
+}
+
+fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
+    let end = pos.checked_add(n).filter(|&e| e <= input.len()).ok_or_else(|| {
+        Error::corrupt("rans block", format!("needs {n} bytes at offset {pos}, has {}", input.len()))
+    })?;
+    let s = &input[*pos..end];
+    *pos = end;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(data: &[u8]) -> Vec<u8> {
+        let t = FreqTable::from_histogram(&histogram(data));
+        let mut enc = Vec::new();
+        encode(data, &t, &mut enc);
+        let mut dec = vec![0u8; data.len()];
+        decode(&enc, &mut dec).unwrap();
+        assert_eq!(dec, data);
+        enc
+    }
+
+    #[test]
+    fn roundtrips() {
+        roundtrip(&[7]);
+        roundtrip(&[0; 1000]);
+        roundtrip(&(0..=255).collect::<Vec<u8>>());
+        let skew: Vec<u8> = (0..100_000u32).map(|i| if i % 17 == 0 { (i % 251) as u8 } else { 0 }).collect();
+        let enc = roundtrip(&skew);
+        assert!(enc.len() < skew.len() / 4, "skewed data should compress: {}", enc.len());
+    }
+
+    #[test]
+    fn near_entropy() {
+        // Bernoulli(0.1) bits packed in bytes: entropy 0.469 bits per bit.
+        let mut s: u64 = 12345;
+        let data: Vec<u8> = (0..200_000)
+            .map(|_| {
+                let mut b = 0u8;
+                for i in 0..8 {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    if (s >> 33) % 10 == 0 {
+                        b |= 1 << i;
+                    }
+                }
+                b
+            })
+            .collect();
+        let enc = roundtrip(&data);
+        let bits_per_bit = enc.len() as f64 * 8.0 / (data.len() as f64 * 8.0);
+        assert!(bits_per_bit < 0.469 * 1.03, "{bits_per_bit}");
+    }
+
+    #[test]
+    fn corrupt_is_error() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * i % 7) as u8).collect();
+        let t = FreqTable::from_histogram(&histogram(&data));
+        let mut enc = Vec::new();
+        encode(&data, &t, &mut enc);
+        let mut out = vec![0u8; data.len()];
+        assert!(decode(&enc[..enc.len() - 1], &mut out).is_err());
+        let mut longer = enc.clone();
+        longer.push(0);
+        assert!(decode(&longer, &mut out).is_err());
+        for i in 0..enc.len() {
+            let mut bad = enc.clone();
+            bad[i] ^= 0x5a;
+            // Must not panic; may decode to something else only if the stream stays consistent.
+            let _ = decode(&bad, &mut out);
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! AVX2 fast path for the bf16 exponent-cache kernels: the hot loop of the exponent mode
+//! (split 32 values into sign+mantissa bytes and exponent bytes, compare with the cache, build
+//! the change mask; and the inverse). Everything else, and every CPU without AVX2, uses the
+//! plain kernels in `kernels.rs`; `tests` below check both paths bit for bit on the same data.
+//!
+//! Dispatch returns `false` when this path does not apply, so callers fall back to the plain
+//! kernel. `CIERA_NO_SIMD=1` disables it (for diff-testing and for bisecting a suspected bug).
+
+use super::float::{Layout, BLOCK};
+use super::kernels::{self, CacheRef};
+use crate::error::Result;
+use crate::DType;
+
+fn enabled() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| {
+            std::is_x86_feature_detected!("avx2") && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Encode with the fast path if it applies (bf16, exponent cache, AVX2): appends the dense
+/// sign+mantissa section (`n` bytes) to `out`. Otherwise the same contract as
+/// `kernels::encode_exp`.
+pub fn encode_exp<L: Layout>(
+    input: &[u8],
+    cache: &mut CacheRef<'_>,
+    out: &mut Vec<u8>,
+    masks: &mut Vec<u64>,
+    exps: &mut Vec<u8>,
+) -> bool {
+    let CacheRef::Exp(ce) = cache else { return false };
+    if L::DTYPE != DType::BF16 || !enabled() {
+        return false;
+    }
+    let n = input.len() / 2;
+    assert!(ce.len() == n, "bf16 exp encode: cache {} for {n} values", ce.len());
+    let full = n / BLOCK * BLOCK;
+    masks.clear();
+    masks.reserve(n.div_ceil(BLOCK));
+    exps.reserve(n / 16);
+    let d0 = out.len();
+    out.reserve(n);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `enabled()` checked that the CPU has AVX2. `out` has room for `n >= full` more
+    // bytes (reserved above); `encode_bf16` writes exactly the `full` bytes after `d0`, so they
+    // are initialised when `set_len` exposes them.
+    unsafe {
+        let dense = out.as_mut_ptr().add(d0);
+        avx2::encode_bf16(&input[..2 * full], &mut ce[..full], dense, masks, exps);
+        out.set_len(d0 + full);
+    }
+    if full < n {
+        out.resize(d0 + n, 0);
+        let mut tail = Vec::new();
+        kernels::encode_exp::<L>(&input[2 * full..], CacheRef::Exp(&mut ce[full..]), &mut out[d0 + full..], &mut tail, exps);
+        masks.extend_from_slice(&tail);
+    }
+    true
+}
+
+/// Decode with the fast path if it applies. Same contract as `kernels::decode_exp`.
+pub fn decode_exp<L: Layout>(
+    dense: &[u8],
+    masks: &[u64],
+    exps: &[u8],
+    cache: &mut CacheRef<'_>,
+    out: &mut [u8],
+) -> Result<bool> {
+    let CacheRef::Exp(ce) = cache else { return Ok(false) };
+    if L::DTYPE != DType::BF16 || !enabled() {
+        return Ok(false);
+    }
+    let n = out.len() / 2;
+    assert!(ce.len() == n && dense.len() == n && masks.len() == n.div_ceil(BLOCK));
+    let full = n / BLOCK * BLOCK;
+    let nb = full / BLOCK;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2 checked by `enabled()`; all slices hold at least `full` values (asserted).
+    let used = unsafe { avx2::decode_bf16(&dense[..full], &masks[..nb], exps, &mut ce[..full], &mut out[..2 * full])? };
+    #[cfg(not(target_arch = "x86_64"))]
+    let used = 0;
+    if full < n {
+        kernels::decode_exp::<L>(&dense[full..], &masks[nb..], &exps[used..], CacheRef::Exp(&mut ce[full..]), &mut out[2 * full..])?;
+    }
+    Ok(true)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use crate::error::{Error, Result};
+
+    /// Encode `cache.len()` (a multiple of 64) bf16 values, writing one sign+mantissa byte per
+    /// value at `dense`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `input` holds 2 bytes per value of `cache`, and `dense` is
+    /// valid for writes of `cache.len()` bytes (it may be uninitialised).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn encode_bf16(input: &[u8], cache: &mut [u8], dense: *mut u8, masks: &mut Vec<u64>, exps: &mut Vec<u8>) {
+        let n = cache.len();
+        debug_assert!(n % 64 == 0 && input.len() == 2 * n);
+        let lo7 = _mm256_set1_epi16(0x7f);
+        let hi80 = _mm256_set1_epi16(0x80);
+        let ff = _mm256_set1_epi16(0xff);
+        let mut tmp = [0u8; 32];
+        for b in (0..n).step_by(64) {
+            let mut m = 0u64;
+            for h in 0..2 {
+                let v = b + 32 * h;
+                // SAFETY: v + 32 <= n, so bytes [2v, 2v+64) of input and [v, v+32) of cache and
+                // dense (by the caller's contract) are in bounds; unaligned intrinsics.
+                let (xa, xb, c) = unsafe {
+                    (
+                        _mm256_loadu_si256(input.as_ptr().add(2 * v) as *const __m256i),
+                        _mm256_loadu_si256(input.as_ptr().add(2 * v + 32) as *const __m256i),
+                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
+                    )
+                };
+                let ea = _mm256_and_si256(_mm256_srli_epi16(xa, 7), ff);
+                let eb = _mm256_and_si256(_mm256_srli_epi16(xb, 7), ff);
+                let sa = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(xa, 8), hi80), _mm256_and_si256(xa, lo7));
+                let sb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(xb, 8), hi80), _mm256_and_si256(xb, lo7));
+                // packus works per 128-bit lane; the permute restores element order.
+                let e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0b11_01_10_00);
+                let s = _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0b11_01_10_00);
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_si256(dense.add(v) as *mut __m256i, s) };
+                let diff = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(e, c)) as u32);
+                if diff != 0 {
+                    // SAFETY: as above; tmp is 32 bytes.
+                    unsafe {
+                        _mm256_storeu_si256(cache.as_mut_ptr().add(v) as *mut __m256i, e);
+                        _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, e);
+                    }
+                    let mut t = diff;
+                    while t != 0 {
+                        exps.push(tmp[t.trailing_zeros() as usize]);
+                        t &= t - 1;
+                    }
+                }
+                m |= (diff as u64) << (32 * h);
+            }
+            masks.push(m);
+        }
+    }
+
+    /// Decode `dense.len()` (a multiple of 64) bf16 values; returns how many exponents it used.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `cache` holds one byte and `out` two bytes per value of
+    /// `dense`; `masks` one word per 64 values; `exps` at least as many bytes as mask bits.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn decode_bf16(dense: &[u8], masks: &[u64], exps: &[u8], cache: &mut [u8], out: &mut [u8]) -> Result<usize> {
+        let n = dense.len();
+        debug_assert!(n % 64 == 0 && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64);
+        let m7f = _mm256_set1_epi8(0x7f);
+        let m80 = _mm256_set1_epi8(0x80u8 as i8);
+        let mut k = 0usize;
+        for (bi, &mask) in masks.iter().enumerate() {
+            let b = bi * 64;
+            let mut t = mask;
+            while t != 0 {
+                let j = t.trailing_zeros() as usize;
+                t &= t - 1;
+                let e = exps[k];
+                k += 1;
+                if e == cache[b + j] {
+                    return Err(Error::corrupt(
+                        "exponent section",
+                        format!("element {}: exception repeats the cached exponent {e}", b + j),
+                    ));
+                }
+                cache[b + j] = e;
+            }
+            for h in 0..2 {
+                let v = b + 32 * h;
+                // SAFETY: v + 32 <= n: bytes [v, v+32) of dense and cache, [2v, 2v+64) of out.
+                let (s, e) = unsafe {
+                    (
+                        _mm256_loadu_si256(dense.as_ptr().add(v) as *const __m256i),
+                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
+                    )
+                };
+                // low byte: mantissa | exponent bit 0 << 7; high byte: sign | exponent >> 1.
+                let lowb = _mm256_or_si256(_mm256_and_si256(s, m7f), _mm256_and_si256(_mm256_slli_epi16(e, 7), m80));
+                let highb = _mm256_or_si256(_mm256_and_si256(s, m80), _mm256_and_si256(_mm256_srli_epi16(e, 1), m7f));
+                let lo = _mm256_unpacklo_epi8(lowb, highb);
+                let hi = _mm256_unpackhi_epi8(lowb, highb);
+                // SAFETY: as above.
+                unsafe {
+                    _mm256_storeu_si256(out.as_mut_ptr().add(2 * v) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
+                    _mm256_storeu_si256(out.as_mut_ptr().add(2 * v + 32) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x31));
+                }
+            }
+        }
+        Ok(k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::float::Bf16;
+
+    fn lcg(s: &mut u64) -> u64 {
+        *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *s >> 11
+    }
+
+    /// The AVX2 kernels against the plain ones, on the same data, for lengths around the
+    /// 64-value block size and with random cache states.
+    #[test]
+    fn avx2_matches_plain() {
+        if !enabled() {
+            eprintln!("skipping: no AVX2 on this CPU (or CIERA_NO_SIMD set)");
+            return;
+        }
+        let mut s = 7;
+        for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
+            let input: Vec<u8> = (0..2 * n).map(|_| lcg(&mut s) as u8).collect();
+            let cache0: Vec<u8> = (0..n).map(|i| if lcg(&mut s) % 4 == 0 { lcg(&mut s) as u8 } else { input[2 * i + 1] << 1 | input[2 * i] >> 7 }).collect();
+            let (mut c1, mut c2) = (cache0.clone(), cache0.clone());
+            let (mut d1, mut d2) = (vec![0u8; n], vec![0xaa]);
+            let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            kernels::encode_exp::<Bf16>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
+            assert!(encode_exp::<Bf16>(&input, &mut CacheRef::Exp(&mut c2), &mut d2, &mut m2, &mut e2));
+            assert_eq!(d2.remove(0), 0xaa, "appends after existing bytes");
+            assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
+            let (mut r1, mut r2) = (cache0.clone(), cache0.clone());
+            let (mut o1, mut o2) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
+            kernels::decode_exp::<Bf16>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
+            assert!(decode_exp::<Bf16>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap());
+            assert_eq!(o1, input, "plain decode n={n}");
+            assert_eq!(o2, input, "avx2 decode n={n}");
+            assert_eq!(r1, r2);
+        }
+    }
+}
