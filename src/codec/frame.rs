@@ -11,12 +11,13 @@
 //!  16   8 element offset of this chunk within the cache slot
 //!  24   8 slot version the frame was encoded against
 //!  32  16 four u32 section lengths s0..s3
-//!  48   8 reserved, zero
-//!  56   8 checksum: xxh3-64 of header bytes 0..56 followed by the s0+s1+s2+s3 payload bytes
+//!  48   8 SH64 of section s0 (checksum.rs; computed inside the coding loops)
+//!  56   8 checksum: xxh3-64 of header bytes 0..56 followed by sections s1, s2, s3
 //! ```
 
 use xxhash_rust::xxh3::Xxh3;
 
+use super::checksum;
 use crate::error::{Error, Result};
 use crate::DType;
 
@@ -61,6 +62,23 @@ pub struct Frame<'a> {
     pub sections: [&'a [u8]; 4],
     /// Total bytes of the frame (header + sections).
     pub len: usize,
+    /// SH64 of s0 as the header states it; check with `verify_s0` or inside a fused decoder.
+    pub s0_hash: u64,
+}
+
+impl Frame<'_> {
+    /// Check section s0 against the header's SH64.
+    pub fn verify_s0(&self) -> Result<()> {
+        self.check_s0(checksum::sh64(self.sections[0]))
+    }
+
+    /// Compare a SH64 computed elsewhere (a fused decoder) with the header's.
+    pub fn check_s0(&self, actual: u64) -> Result<()> {
+        if actual != self.s0_hash {
+            return Err(Error::Checksum { expected: self.s0_hash, actual });
+        }
+        Ok(())
+    }
 }
 
 pub struct Header {
@@ -80,8 +98,11 @@ pub fn begin(out: &mut Vec<u8>) -> usize {
 }
 
 /// Write the header of the frame that starts at `start` and whose sections follow it in `out`
-/// with lengths `sections`, and its checksum.
-pub fn finish(out: &mut [u8], start: usize, h: &Header, sections: [usize; 4]) {
+/// with lengths `sections`, and its checksums. `s0_hash` is SH64 of s0 if the encoder already
+/// computed it.
+pub fn finish(out: &mut [u8], start: usize, h: &Header, sections: [usize; 4], s0_hash: Option<u64>) {
+    let body = start + HEADER_LEN;
+    let s0_hash = s0_hash.unwrap_or_else(|| checksum::sh64(&out[body..body + sections[0]]));
     let hdr = &mut out[start..start + HEADER_LEN];
     hdr[0..4].copy_from_slice(&MAGIC);
     hdr[4] = FORMAT_VERSION;
@@ -95,13 +116,13 @@ pub fn finish(out: &mut [u8], start: usize, h: &Header, sections: [usize; 4]) {
         let s = u32::try_from(*s).expect("section longer than 4 GiB: chunk the tensor");
         hdr[32 + 4 * i..36 + 4 * i].copy_from_slice(&s.to_le_bytes());
     }
-    hdr[48..56].fill(0);
-    let payload_end = start + HEADER_LEN + sections.iter().sum::<usize>();
-    let sum = checksum(&out[start..start + 56], &out[start + HEADER_LEN..payload_end]);
+    hdr[48..56].copy_from_slice(&s0_hash.to_le_bytes());
+    let payload_end = body + sections.iter().sum::<usize>();
+    let sum = header_checksum(&out[start..start + 56], &out[body + sections[0]..payload_end]);
     out[start + 56..start + 64].copy_from_slice(&sum.to_le_bytes());
 }
 
-fn checksum(header: &[u8], payload: &[u8]) -> u64 {
+fn header_checksum(header: &[u8], payload: &[u8]) -> u64 {
     let mut h = Xxh3::new();
     h.update(header);
     h.update(payload);
@@ -146,7 +167,8 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     if len > bytes.len() {
         return Err(Error::LengthMismatch { what: "frame bytes", expected: len, found: bytes.len() });
     }
-    let sum = checksum(&bytes[..56], &bytes[HEADER_LEN..len]);
+    let s0_len = u32::from_le_bytes([bytes[32], bytes[33], bytes[34], bytes[35]]) as usize;
+    let sum = header_checksum(&bytes[..56], &bytes[HEADER_LEN + s0_len..len]);
     let stored = u64_at(bytes, 56);
     if sum != stored {
         return Err(Error::Checksum { expected: stored, actual: sum });
@@ -163,9 +185,6 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     if flags & !FLAG_FILL != 0 || (flags & FLAG_FILL != 0 && mode != Mode::Raw) {
         return Err(Error::corrupt("flags", format!("invalid flags {flags:#x} for mode {}", mode.name())));
     }
-    if bytes[48..56].iter().any(|&b| b != 0) {
-        return Err(Error::corrupt("reserved", "reserved header bytes are not zero"));
-    }
     let count = usize::try_from(u64_at(bytes, 8))
         .map_err(|_| Error::corrupt("count", "element count does not fit this machine"))?;
     let offset = usize::try_from(u64_at(bytes, 16))
@@ -178,5 +197,5 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
         *s = &bytes[pos..pos + l];
         pos += l;
     }
-    Ok(Frame { dtype, mode, flags, count, offset, version, sections, len })
+    Ok(Frame { dtype, mode, flags, count, offset, version, sections, len, s0_hash: u64_at(bytes, 48) })
 }

@@ -19,6 +19,7 @@
 //! docs/WIRE.md and in [`frame`].
 
 pub mod bitmask;
+pub mod checksum;
 pub mod float;
 pub mod frame;
 pub mod kernels;
@@ -262,13 +263,13 @@ impl SlotChunk<'_> {
             });
         }
         let start = out.len();
-        let (mode, fill, sections, exp_changes, value_changes) = if !self.dtype.is_compressible() {
+        let (mode, fill, sections, exp_changes, value_changes, s0_hash) = if !self.dtype.is_compressible() {
             raw_sections(input, out);
-            (Mode::Raw, false, [input.len(), 0, 0, 0], 0, None)
+            (Mode::Raw, false, [input.len(), 0, 0, 0], 0, None, None)
         } else if !self.warm {
             raw_sections(input, out);
             self.fill(input);
-            (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None)
+            (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
         } else {
             let d = match self.dtype {
                 DType::BF16 => encode_delta::<Bf16>(self, input, out),
@@ -276,7 +277,7 @@ impl SlotChunk<'_> {
                 DType::F32 => encode_delta::<F32>(self, input, out),
                 _ => unreachable!("is_compressible covers exactly these"),
             };
-            (d.mode, false, d.sections, d.exp_changes, d.value_changes)
+            (d.mode, false, d.sections, d.exp_changes, d.value_changes, d.s0_hash)
         };
         let h = frame::Header {
             dtype: self.dtype,
@@ -286,7 +287,7 @@ impl SlotChunk<'_> {
             offset: self.offset,
             version: self.version,
         };
-        frame::finish(out, start, &h, sections);
+        frame::finish(out, start, &h, sections, s0_hash);
         Ok(FrameInfo {
             mode,
             fill,
@@ -336,6 +337,7 @@ impl SlotChunk<'_> {
                         format!("sections {:?} for {bytes} value bytes", f.sections.map(|s| s.len())),
                     ));
                 }
+                f.verify_s0()?;
                 out.copy_from_slice(f.sections[0]);
                 if info.fill && self.dtype.is_compressible() {
                     self.fill(out);
@@ -394,6 +396,7 @@ fn raw_sections(input: &[u8], out: &mut Vec<u8>) {
 
 struct Delta {
     mode: Mode,
+    s0_hash: Option<u64>,
     sections: [usize; 4],
     exp_changes: usize,
     value_changes: Option<usize>,
@@ -440,6 +443,7 @@ fn encode_delta<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut Vec<u8
     out.extend_from_slice(&exps);
     Delta {
         mode: Mode::Hybrid,
+        s0_hash: None,
         sections: [sm.len(), s2 - s1, s3 - s2, exps.len()],
         exp_changes: exps.len(),
         value_changes: Some(k),
@@ -460,7 +464,8 @@ fn write_exp<L: Layout>(
         CacheMode::Exponent => CacheRef::Exp(c.state),
         CacheMode::FullValue => CacheRef::Full(c.state),
     };
-    if !simd::encode_exp::<L>(input, &mut cache, out, masks, exps) {
+    let s0_hash = simd::encode_exp::<L>(input, &mut cache, out, masks, exps);
+    if s0_hash.is_none() {
         out.resize(d0 + dense_len, 0);
         kernels::encode_exp::<L>(input, cache, &mut out[d0..], masks, exps);
     }
@@ -470,7 +475,13 @@ fn write_exp<L: Layout>(
     bitmask::encode(masks, n, p.coding, out);
     let s2 = out.len();
     out.extend_from_slice(exps);
-    Delta { mode: Mode::Exp, sections: [dense_len, s2 - s1, exps.len(), 0], exp_changes: exps.len(), value_changes: None }
+    Delta {
+        mode: Mode::Exp,
+        s0_hash,
+        sections: [dense_len, s2 - s1, exps.len(), 0],
+        exp_changes: exps.len(),
+        value_changes: None,
+    }
 }
 
 fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8]) -> Result<(usize, Option<usize>)> {
@@ -493,8 +504,14 @@ fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8])
                 CacheMode::Exponent => CacheRef::Exp(c.state),
                 CacheMode::FullValue => CacheRef::Full(c.state),
             };
-            if !simd::decode_exp::<L>(s0, &masks, s2, &mut cache, out)? {
-                kernels::decode_exp::<L>(s0, &masks, s2, cache, out)?;
+            // The fused path checks s0 as it decodes (the slot is poisoned if that fails);
+            // the plain path checks first.
+            match simd::decode_exp::<L>(s0, &masks, s2, &mut cache, out)? {
+                Some(h) => f.check_s0(h)?,
+                None => {
+                    f.verify_s0()?;
+                    kernels::decode_exp::<L>(s0, &masks, s2, cache, out)?;
+                }
             }
             Ok((ones, None))
         }
@@ -513,6 +530,7 @@ fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8])
             if s3.len() != ke {
                 return Err(Error::corrupt("exponent section", format!("{} exponents for {ke} marked changes", s3.len())));
             }
+            f.verify_s0()?;
             kernels::decode_hybrid::<L>(s0, &masks, &sub, s3, k, c.state, out)?;
             Ok((ke, Some(k)))
         }

@@ -6,6 +6,7 @@
 //! Dispatch returns `false` when this path does not apply, so callers fall back to the plain
 //! kernel. `CIERA_NO_SIMD=1` disables it (for diff-testing and for bisecting a suspected bug).
 
+use super::checksum::StripeHash;
 use super::float::{Layout, BLOCK};
 use super::kernels::{self, CacheRef};
 use crate::error::Result;
@@ -27,20 +28,21 @@ fn enabled() -> bool {
 }
 
 /// Encode with the fast path if it applies (bf16, exponent cache, AVX2): appends the dense
-/// sign+mantissa section (`n` bytes) to `out`. Otherwise the same contract as
-/// `kernels::encode_exp`.
+/// sign+mantissa section (`n` bytes) to `out` and returns its SH64. Otherwise `None`, and the
+/// caller uses `kernels::encode_exp`.
 pub fn encode_exp<L: Layout>(
     input: &[u8],
     cache: &mut CacheRef<'_>,
     out: &mut Vec<u8>,
     masks: &mut Vec<u64>,
     exps: &mut Vec<u8>,
-) -> bool {
-    let CacheRef::Exp(ce) = cache else { return false };
+) -> Option<u64> {
+    let CacheRef::Exp(ce) = cache else { return None };
     if L::DTYPE != DType::BF16 || !enabled() {
-        return false;
+        return None;
     }
     let n = input.len() / 2;
+    let mut hash = StripeHash::default();
     assert!(ce.len() == n, "bf16 exp encode: cache {} for {n} values", ce.len());
     let full = n / BLOCK * BLOCK;
     masks.clear();
@@ -54,7 +56,7 @@ pub fn encode_exp<L: Layout>(
     // are initialised when `set_len` exposes them.
     unsafe {
         let dense = out.as_mut_ptr().add(d0);
-        avx2::encode_bf16(&input[..2 * full], &mut ce[..full], dense, masks, exps);
+        avx2::encode_bf16(&input[..2 * full], &mut ce[..full], dense, masks, exps, &mut hash);
         out.set_len(d0 + full);
     }
     if full < n {
@@ -63,41 +65,114 @@ pub fn encode_exp<L: Layout>(
         kernels::encode_exp::<L>(&input[2 * full..], CacheRef::Exp(&mut ce[full..]), &mut out[d0 + full..], &mut tail, exps);
         masks.extend_from_slice(&tail);
     }
-    true
+    Some(finish_hash(hash, &out[d0 + full..], n))
 }
 
-/// Decode with the fast path if it applies. Same contract as `kernels::decode_exp`.
+/// Finish a fused SH64 whose whole stripes up to a 64-byte boundary are in `hash`, given the
+/// remaining `rest` bytes of a section of `len` bytes.
+fn finish_hash(mut hash: StripeHash, rest: &[u8], len: usize) -> u64 {
+    let whole = rest.len() / 32 * 32;
+    hash.update(&rest[..whole]);
+    hash.finish(&rest[whole..], len)
+}
+
+/// SH64 with AVX2, if available.
+pub fn sh64(data: &[u8]) -> Option<u64> {
+    if !enabled() {
+        return None;
+    }
+    let whole = data.len() / 32 * 32;
+    let mut hash = StripeHash::default();
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2 checked by `enabled()`; the function reads exactly `whole` bytes of `data`.
+    unsafe {
+        avx2::stripes(&data[..whole], &mut hash)
+    };
+    Some(hash.finish(&data[whole..], data.len()))
+}
+
+/// Decode with the fast path if it applies, returning SH64 of `dense` (computed while decoding;
+/// the caller compares it with the frame's). `None`: use `kernels::decode_exp`.
 pub fn decode_exp<L: Layout>(
     dense: &[u8],
     masks: &[u64],
     exps: &[u8],
     cache: &mut CacheRef<'_>,
     out: &mut [u8],
-) -> Result<bool> {
-    let CacheRef::Exp(ce) = cache else { return Ok(false) };
+) -> Result<Option<u64>> {
+    let CacheRef::Exp(ce) = cache else { return Ok(None) };
     if L::DTYPE != DType::BF16 || !enabled() {
-        return Ok(false);
+        return Ok(None);
     }
+    let mut hash = StripeHash::default();
     let n = out.len() / 2;
     assert!(ce.len() == n && dense.len() == n && masks.len() == n.div_ceil(BLOCK));
     let full = n / BLOCK * BLOCK;
     let nb = full / BLOCK;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX2 checked by `enabled()`; all slices hold at least `full` values (asserted).
-    let used = unsafe { avx2::decode_bf16(&dense[..full], &masks[..nb], exps, &mut ce[..full], &mut out[..2 * full])? };
+    let used = unsafe { avx2::decode_bf16(&dense[..full], &masks[..nb], exps, &mut ce[..full], &mut out[..2 * full], &mut hash)? };
     #[cfg(not(target_arch = "x86_64"))]
     let used = 0;
     if full < n {
         kernels::decode_exp::<L>(&dense[full..], &masks[nb..], &exps[used..], CacheRef::Exp(&mut ce[full..]), &mut out[2 * full..])?;
     }
-    Ok(true)
+    Ok(Some(finish_hash(hash, &dense[full..], n)))
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use crate::codec::checksum::{StripeHash, KEY, P2};
     use crate::error::{Error, Result};
+
+    /// One SH64 stripe step on 32 bytes held in a register (see checksum.rs).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn stripe_step(acc: __m256i, s: __m256i, stripe: u64) -> __m256i {
+        let key = _mm256_xor_si256(
+            _mm256_setr_epi64x(KEY[0] as i64, KEY[1] as i64, KEY[2] as i64, KEY[3] as i64),
+            _mm256_set1_epi64x(stripe.wrapping_mul(P2) as i64),
+        );
+        let v = _mm256_xor_si256(s, key);
+        let prod = _mm256_mul_epu32(v, _mm256_srli_epi64(v, 32));
+        let swapped = _mm256_shuffle_epi32(s, 0b01_00_11_10);
+        _mm256_add_epi64(acc, _mm256_add_epi64(prod, swapped))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn load_acc(h: &StripeHash) -> __m256i {
+        _mm256_setr_epi64x(h.acc[0] as i64, h.acc[1] as i64, h.acc[2] as i64, h.acc[3] as i64)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn store_acc(acc: __m256i, h: &mut StripeHash, stripes: u64) {
+        let mut a = [0u64; 4];
+        // SAFETY: `a` is 32 bytes; unaligned store.
+        unsafe { _mm256_storeu_si256(a.as_mut_ptr() as *mut __m256i, acc) };
+        h.acc = a;
+        h.stripes += stripes;
+    }
+
+    /// Absorb `data` (a multiple of 32 bytes) into `h`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn stripes(data: &[u8], h: &mut StripeHash) {
+        let mut acc = load_acc(h);
+        let base = h.stripes;
+        let n = data.len() / 32;
+        for i in 0..n {
+            // SAFETY: i < n = data.len() / 32, so bytes [32i, 32i+32) are in bounds.
+            let s = unsafe { _mm256_loadu_si256(data.as_ptr().add(32 * i) as *const __m256i) };
+            acc = stripe_step(acc, s, base + i as u64);
+        }
+        store_acc(acc, h, n as u64);
+    }
 
     /// Encode `cache.len()` (a multiple of 64) bf16 values, writing one sign+mantissa byte per
     /// value at `dense`.
@@ -106,8 +181,17 @@ mod avx2 {
     /// The CPU must support AVX2. `input` holds 2 bytes per value of `cache`, and `dense` is
     /// valid for writes of `cache.len()` bytes (it may be uninitialised).
     #[target_feature(enable = "avx2")]
-    pub unsafe fn encode_bf16(input: &[u8], cache: &mut [u8], dense: *mut u8, masks: &mut Vec<u64>, exps: &mut Vec<u8>) {
+    pub unsafe fn encode_bf16(
+        input: &[u8],
+        cache: &mut [u8],
+        dense: *mut u8,
+        masks: &mut Vec<u64>,
+        exps: &mut Vec<u8>,
+        hash: &mut StripeHash,
+    ) {
         let n = cache.len();
+        let mut acc = load_acc(hash);
+        let base = hash.stripes;
         debug_assert!(n % 64 == 0 && input.len() == 2 * n);
         let lo7 = _mm256_set1_epi16(0x7f);
         let hi80 = _mm256_set1_epi16(0x80);
@@ -135,6 +219,7 @@ mod avx2 {
                 let s = _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0b11_01_10_00);
                 // SAFETY: as above.
                 unsafe { _mm256_storeu_si256(dense.add(v) as *mut __m256i, s) };
+                acc = stripe_step(acc, s, base + (v / 32) as u64);
                 let diff = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(e, c)) as u32);
                 if diff != 0 {
                     // SAFETY: as above; tmp is 32 bytes.
@@ -152,6 +237,7 @@ mod avx2 {
             }
             masks.push(m);
         }
+        store_acc(acc, hash, (n / 32) as u64);
     }
 
     /// Decode `dense.len()` (a multiple of 64) bf16 values; returns how many exponents it used.
@@ -160,8 +246,17 @@ mod avx2 {
     /// The CPU must support AVX2. `cache` holds one byte and `out` two bytes per value of
     /// `dense`; `masks` one word per 64 values; `exps` at least as many bytes as mask bits.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn decode_bf16(dense: &[u8], masks: &[u64], exps: &[u8], cache: &mut [u8], out: &mut [u8]) -> Result<usize> {
+    pub unsafe fn decode_bf16(
+        dense: &[u8],
+        masks: &[u64],
+        exps: &[u8],
+        cache: &mut [u8],
+        out: &mut [u8],
+        hash: &mut StripeHash,
+    ) -> Result<usize> {
         let n = dense.len();
+        let mut acc = load_acc(hash);
+        let base = hash.stripes;
         debug_assert!(n % 64 == 0 && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64);
         let m7f = _mm256_set1_epi8(0x7f);
         let m80 = _mm256_set1_epi8(0x80u8 as i8);
@@ -191,6 +286,7 @@ mod avx2 {
                         _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
                     )
                 };
+                acc = stripe_step(acc, s, base + (v / 32) as u64);
                 // low byte: mantissa | exponent bit 0 << 7; high byte: sign | exponent >> 1.
                 let lowb = _mm256_or_si256(_mm256_and_si256(s, m7f), _mm256_and_si256(_mm256_slli_epi16(e, 7), m80));
                 let highb = _mm256_or_si256(_mm256_and_si256(s, m80), _mm256_and_si256(_mm256_srli_epi16(e, 1), m7f));
@@ -203,6 +299,7 @@ mod avx2 {
                 }
             }
         }
+        store_acc(acc, hash, (n / 32) as u64);
         Ok(k)
     }
 }
@@ -233,13 +330,15 @@ mod tests {
             let (mut d1, mut d2) = (vec![0u8; n], vec![0xaa]);
             let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             kernels::encode_exp::<Bf16>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
-            assert!(encode_exp::<Bf16>(&input, &mut CacheRef::Exp(&mut c2), &mut d2, &mut m2, &mut e2));
+            let h = encode_exp::<Bf16>(&input, &mut CacheRef::Exp(&mut c2), &mut d2, &mut m2, &mut e2);
             assert_eq!(d2.remove(0), 0xaa, "appends after existing bytes");
+            assert_eq!(h, Some(crate::codec::checksum::sh64_plain(&d1)), "fused hash n={n}");
             assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
             let (mut r1, mut r2) = (cache0.clone(), cache0.clone());
             let (mut o1, mut o2) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
             kernels::decode_exp::<Bf16>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
-            assert!(decode_exp::<Bf16>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap());
+            let h = decode_exp::<Bf16>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
+            assert_eq!(h, Some(crate::codec::checksum::sh64_plain(&d1)), "fused decode hash n={n}");
             assert_eq!(o1, input, "plain decode n={n}");
             assert_eq!(o2, input, "avx2 decode n={n}");
             assert_eq!(r1, r2);
