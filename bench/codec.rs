@@ -72,6 +72,12 @@ fn main() {
                 ("exp", CacheMode::Exponent, FrameChoice::Exp),
                 ("hybrid", CacheMode::FullValue, FrameChoice::Hybrid),
             ] {
+                // CIERA_BENCH_ONLY=substring picks rows, e.g. "bf16 hybrid".
+                if let Ok(f) = std::env::var("CIERA_BENCH_ONLY") {
+                    if !format!("{} {} {mode}", &b[5..], ta.name).contains(&f) {
+                        continue;
+                    }
+                }
                 let mut tx = CacheSlot::new(ta.dtype, cm, n);
                 let mut rx = CacheSlot::new(ta.dtype, cm, n);
                 tx.set_frame_choice(choice);
