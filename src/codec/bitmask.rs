@@ -56,7 +56,10 @@ fn nonzero_byte_map(w: u64) -> u8 {
 }
 
 fn mask_bytes(words: &[u64], m: usize) -> Vec<u8> {
-    let mut b: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut b: Vec<u8> = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        b.extend_from_slice(&w.to_le_bytes());
+    }
     b.truncate(m.div_ceil(8));
     b
 }

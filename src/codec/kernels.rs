@@ -185,9 +185,11 @@ pub fn emit_hybrid<L: Layout>(
     sm: &mut Vec<u8>,
     exp_sub: &mut Vec<u64>,
     exps: &mut Vec<u8>,
+    vals: &mut Vec<u32>,
 ) {
     let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
-    let mut vals: Vec<u32> = Vec::with_capacity(k);
+    vals.clear();
+    vals.reserve(k);
     exp_sub.clear();
     exp_sub.resize(k.div_ceil(64), 0);
     for (bi, (&a, &e)) in changed.iter().zip(exp_changed).enumerate() {
@@ -206,7 +208,7 @@ pub fn emit_hybrid<L: Layout>(
     }
     let start = sm.len();
     sm.resize(start + L::sm_len(k), 0);
-    L::pack(&vals, &mut sm[start..]);
+    L::pack(vals, &mut sm[start..]);
 }
 
 /// Inverse of `emit_hybrid`. The caller has checked `sm.len() == L::sm_len(k)` and
@@ -219,9 +221,11 @@ pub fn decode_hybrid<L: Layout>(
     k: usize,
     prev: &mut [u8],
     out: &mut [u8],
+    vals: &mut Vec<u32>,
 ) -> Result<()> {
-    let mut vals = vec![0u32; k];
-    if !L::unpack(sm, &mut vals) {
+    vals.clear();
+    vals.resize(k, 0);
+    if !L::unpack(sm, vals) {
         return Err(Error::corrupt("sign+mantissa section", "non-zero padding bits"));
     }
     out.copy_from_slice(prev);

@@ -405,42 +405,67 @@ struct Delta {
 /// rANS is worth its codec time in an `Exp` frame only when it saves this share of the frame.
 const EXP_RANS_MIN_GAIN: usize = 50; // 1/50 = 2%
 
+/// Reusable per-thread buffers for the coding temporaries: tensors are coded every iteration,
+/// and fresh multi-megabyte allocations would page-fault their way through every call.
+#[derive(Default)]
+struct Scratch {
+    masks: Vec<u64>,
+    exps: Vec<u8>,
+    changed: Vec<u64>,
+    exp_changed: Vec<u64>,
+    sm: Vec<u8>,
+    exp_sub: Vec<u64>,
+    vals: Vec<u32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    let mut s = SCRATCH.with(|c| c.take());
+    let r = f(&mut s);
+    SCRATCH.with(|c| c.replace(s));
+    r
+}
+
 fn encode_delta<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut Vec<u8>) -> Delta {
+    with_scratch(|s| encode_delta_with::<L>(c, input, out, s))
+}
+
+fn encode_delta_with<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut Vec<u8>, s: &mut Scratch) -> Delta {
     let n = c.len;
     frame::begin(out);
     let choice = if c.mode == CacheMode::Exponent { FrameChoice::Exp } else { c.choice };
-    let mut masks = Vec::new();
-    let mut exps = Vec::new();
+    let Scratch { masks, exps, changed, exp_changed, sm, exp_sub, vals } = s;
+    exps.clear();
     if choice == FrameChoice::Exp {
-        return write_exp::<L>(c, input, out, &mut masks, &mut exps);
+        return write_exp::<L>(c, input, out, masks, exps);
     }
     // Full-value cache: build the hybrid sections, compare with the Exp estimate.
-    let mut changed = Vec::new();
-    let mut exp_changed = Vec::new();
-    kernels::scan_full::<L>(input, c.state, &mut changed, &mut exp_changed);
-    let mut sm = Vec::new();
-    let mut exp_sub = Vec::new();
-    kernels::emit_hybrid::<L>(input, &changed, &exp_changed, &mut sm, &mut exp_sub, &mut exps);
+    kernels::scan_full::<L>(input, c.state, changed, exp_changed);
+    sm.clear();
+    kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
     let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
-    let pa = bitmask::plan(&changed, n, Some(0));
-    let pb = bitmask::plan(&exp_sub, k, Some(0));
+    let pa = bitmask::plan(changed, n, Some(0));
+    let pb = bitmask::plan(exp_sub, k, Some(0));
     let hybrid_bytes = sm.len() + pa.bytes + pb.bytes + exps.len();
     if choice == FrameChoice::Auto {
-        let pe = bitmask::plan(&exp_changed, n, Some(0));
+        let pe = bitmask::plan(exp_changed, n, Some(0));
         let exp_bytes = L::sm_len(n) + pe.bytes + exps.len();
         if exp_bytes < hybrid_bytes {
             exps.clear();
-            return write_exp::<L>(c, input, out, &mut masks, &mut exps);
+            return write_exp::<L>(c, input, out, masks, exps);
         }
     }
     c.state.copy_from_slice(input);
-    out.extend_from_slice(&sm);
+    out.extend_from_slice(sm);
     let s1 = out.len();
-    bitmask::encode(&changed, n, pa.coding, out);
+    bitmask::encode(changed, n, pa.coding, out);
     let s2 = out.len();
-    bitmask::encode(&exp_sub, k, pb.coding, out);
+    bitmask::encode(exp_sub, k, pb.coding, out);
     let s3 = out.len();
-    out.extend_from_slice(&exps);
+    out.extend_from_slice(exps);
     Delta {
         mode: Mode::Hybrid,
         s0_hash: None,
@@ -485,15 +510,24 @@ fn write_exp<L: Layout>(
 }
 
 fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8]) -> Result<(usize, Option<usize>)> {
+    with_scratch(|s| decode_delta_with::<L>(c, f, out, s))
+}
+
+fn decode_delta_with<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    f: &Frame<'_>,
+    out: &mut [u8],
+    scratch: &mut Scratch,
+) -> Result<(usize, Option<usize>)> {
     let n = c.len;
     let [s0, s1, s2, s3] = f.sections;
-    let mut masks = Vec::new();
+    let Scratch { masks, exp_sub: sub, vals, .. } = scratch;
     match f.mode {
         Mode::Exp => {
             if s0.len() != L::sm_len(n) {
                 return Err(Error::LengthMismatch { what: "sign+mantissa section bytes", expected: L::sm_len(n), found: s0.len() });
             }
-            let ones = bitmask::decode(s1, n, &mut masks)?;
+            let ones = bitmask::decode(s1, n, masks)?;
             if s2.len() != ones || !s3.is_empty() {
                 return Err(Error::corrupt(
                     "exponent section",
@@ -506,11 +540,11 @@ fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8])
             };
             // The fused path checks s0 as it decodes (the slot is poisoned if that fails);
             // the plain path checks first.
-            match simd::decode_exp::<L>(s0, &masks, s2, &mut cache, out)? {
+            match simd::decode_exp::<L>(s0, masks, s2, &mut cache, out)? {
                 Some(h) => f.check_s0(h)?,
                 None => {
                     f.verify_s0()?;
-                    kernels::decode_exp::<L>(s0, &masks, s2, cache, out)?;
+                    kernels::decode_exp::<L>(s0, masks, s2, cache, out)?;
                 }
             }
             Ok((ones, None))
@@ -521,9 +555,8 @@ fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8])
                     detail: "hybrid frame for an exponent-only slot (cache modes disagree)".into(),
                 });
             }
-            let k = bitmask::decode(s1, n, &mut masks)?;
-            let mut sub = Vec::new();
-            let ke = bitmask::decode(s2, k, &mut sub)?;
+            let k = bitmask::decode(s1, n, masks)?;
+            let ke = bitmask::decode(s2, k, sub)?;
             if s0.len() != L::sm_len(k) {
                 return Err(Error::LengthMismatch { what: "sign+mantissa section bytes", expected: L::sm_len(k), found: s0.len() });
             }
@@ -531,7 +564,7 @@ fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8])
                 return Err(Error::corrupt("exponent section", format!("{} exponents for {ke} marked changes", s3.len())));
             }
             f.verify_s0()?;
-            kernels::decode_hybrid::<L>(s0, &masks, &sub, s3, k, c.state, out)?;
+            kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
             Ok((ke, Some(k)))
         }
         Mode::Raw => unreachable!(),
