@@ -211,7 +211,8 @@ pub fn emit_hybrid<L: Layout>(
     L::pack(vals, &mut sm[start..]);
 }
 
-/// Inverse of `emit_hybrid`. The caller has checked `sm.len() == L::sm_len(k)` and
+/// Inverse of `emit_hybrid`. On error the cache range is half-updated: the caller must poison
+/// the slot. The caller has checked `sm.len() == L::sm_len(k)` and
 /// `exps.len() == popcount(exp_sub)`, where k = popcount(changed).
 pub fn decode_hybrid<L: Layout>(
     sm: &[u8],
@@ -228,7 +229,7 @@ pub fn decode_hybrid<L: Layout>(
     if !L::unpack(sm, vals) {
         return Err(Error::corrupt("sign+mantissa section", "non-zero padding bits"));
     }
-    out.copy_from_slice(prev);
+    // Patch the changed values into the cache in place, then copy the cache out once.
     let mut idx = 0usize;
     let mut ei = 0usize;
     for (bi, &a) in changed.iter().enumerate() {
@@ -255,10 +256,10 @@ pub fn decode_hybrid<L: Layout>(
                 }
                 w
             };
-            L::store(out, i, w);
+            L::store(prev, i, w);
             idx += 1;
         }
     }
-    prev.copy_from_slice(out);
+    out.copy_from_slice(prev);
     Ok(())
 }

@@ -443,7 +443,9 @@ fn encode_delta_with<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut V
         return write_exp::<L>(c, input, out, masks, exps);
     }
     // Full-value cache: build the hybrid sections, compare with the Exp estimate.
-    kernels::scan_full::<L>(input, c.state, changed, exp_changed);
+    if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
+        kernels::scan_full::<L>(input, c.state, changed, exp_changed);
+    }
     sm.clear();
     kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
     let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();

@@ -7,9 +7,11 @@
 //! ```text
 //! table   : u8 nsym-1 | symbols (nsym bytes if nsym < 32, else a 32-byte presence bitmap)
 //!           | nsym LEB128 varints freq-1   (frequencies sum to 4096)
-//! u32     : final encoder state x (L <= x < L*256)
+//! u32 u32 : final encoder states x0, x1 (L <= x < L*256)
 //! bytes   : renormalisation bytes, in decoding order
 //! ```
+//! Two interleaved states: symbol i is coded by state i % 2, so a decoder works on two
+//! independent dependency chains at once (about twice the speed of one state).
 //! The decoder checks every step: a table that does not sum to 4096, a state out of range, a
 //! stream that ends early, bytes left over, or a final state other than the encoder's initial
 //! one are all errors. No input can make it panic or read out of bounds.
@@ -82,7 +84,7 @@ impl FreqTable {
                 bits += hist[s] as f64 * (PROB_SCALE as f64 / self.freq[s] as f64).log2();
             }
         }
-        (bits / 8.0).ceil() as usize + self.table_bytes() + 4
+        (bits / 8.0).ceil() as usize + self.table_bytes() + 8
     }
 
     fn nsym(&self) -> usize {
@@ -198,18 +200,20 @@ pub fn histogram(data: &[u8]) -> [u64; 256] {
 pub fn encode(data: &[u8], table: &FreqTable, out: &mut Vec<u8>) {
     table.write(out);
     let mut rev: Vec<u8> = Vec::with_capacity(data.len() / 2 + 8);
-    let mut x: u32 = RANS_L;
-    for &s in data.iter().rev() {
+    let mut x = [RANS_L; 2];
+    for (i, &s) in data.iter().enumerate().rev() {
+        let st = &mut x[i & 1];
         let f = table.freq[s as usize];
         debug_assert!(f > 0, "symbol {s} missing from table");
         let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
-        while x >= x_max {
-            rev.push(x as u8);
-            x >>= 8;
+        while *st >= x_max {
+            rev.push(*st as u8);
+            *st >>= 8;
         }
-        x = ((x / f) << PROB_BITS) + (x % f) + table.cum[s as usize];
+        *st = ((*st / f) << PROB_BITS) + (*st % f) + table.cum[s as usize];
     }
-    out.extend_from_slice(&x.to_le_bytes());
+    out.extend_from_slice(&x[0].to_le_bytes());
+    out.extend_from_slice(&x[1].to_le_bytes());
     out.extend(rev.iter().rev());
 }
 
@@ -222,28 +226,43 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
         let (c, f) = (table.cum[s] as usize, table.freq[s] as usize);
         slot_sym[c..c + f].fill(s as u8);
     }
-    let st = take(input, &mut pos, 4)?;
-    let mut x = u32::from_le_bytes([st[0], st[1], st[2], st[3]]);
-    if !(RANS_L..=u32::MAX).contains(&x) || (x as u64) >= (RANS_L as u64) << 8 {
-        return Err(Error::corrupt("rans stream", format!("initial state {x:#x} out of range")));
+    let st = take(input, &mut pos, 8)?;
+    let mut x = [
+        u32::from_le_bytes([st[0], st[1], st[2], st[3]]),
+        u32::from_le_bytes([st[4], st[5], st[6], st[7]]),
+    ];
+    for s in x {
+        if s < RANS_L || (s as u64) >= (RANS_L as u64) << 8 {
+            return Err(Error::corrupt("rans stream", format!("initial state {s:#x} out of range")));
+        }
     }
     let bytes = &input[pos..];
     let mut bi = 0usize;
-    for o in out.iter_mut() {
-        let slot = x & (PROB_SCALE - 1);
+    let ends_early = || Error::corrupt("rans stream", "ends before all symbols are decoded");
+    let mut step = |x: &mut u32, o: &mut u8, bi: &mut usize| -> Result<()> {
+        let slot = *x & (PROB_SCALE - 1);
         let s = slot_sym[slot as usize];
         *o = s;
-        let f = table.freq[s as usize] as u64;
-        let nx = f * (x >> PROB_BITS) as u64 + slot as u64 - table.cum[s as usize] as u64;
-        let mut nx = nx as u32;
+        let f = table.freq[s as usize];
+        // f * (x >> 12) + slot - cum < 2^32 because slot - cum < f and x < 2^32.
+        let mut nx = f * (*x >> PROB_BITS) + slot - table.cum[s as usize];
         while nx < RANS_L {
-            let Some(&b) = bytes.get(bi) else {
-                return Err(Error::corrupt("rans stream", "ends before all symbols are decoded"));
-            };
-            bi += 1;
+            let &b = bytes.get(*bi).ok_or_else(ends_early)?;
+            *bi += 1;
             nx = (nx << 8) | b as u32;
         }
-        x = nx;
+        *x = nx;
+        Ok(())
+    };
+    let mut pairs = out.chunks_exact_mut(2);
+    for p in &mut pairs {
+        let [a, b] = p else { unreachable!() };
+        let [x0, x1] = &mut x;
+        step(x0, a, &mut bi)?;
+        step(x1, b, &mut bi)?;
+    }
+    if let [o] = pairs.into_remainder() {
+        step(&mut x[0], o, &mut bi)?;
     }
     if bi != bytes.len() {
         return Err(Error::corrupt(
@@ -251,8 +270,8 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
             format!("{} trailing bytes after the last symbol", bytes.len() - bi),
         ));
     }
-    if x != RANS_L {
-        return Err(Error::corrupt("rans stream", format!("final state {x:#x} != {RANS_L:#x}")));
+    if x != [RANS_L; 2] {
+        return Err(Error::corrupt("rans stream", format!("final states {x:#x?} != {RANS_L:#x}")));
     }
     Ok(())
 }

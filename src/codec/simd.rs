@@ -68,6 +68,39 @@ pub fn encode_exp<L: Layout>(
     Some(finish_hash(hash, &out[d0 + full..], n))
 }
 
+/// Value-changed and exponent-changed masks against a full-value cache (`kernels::scan_full`),
+/// with AVX2 for every compressible type. Returns false where it does not apply.
+pub fn scan_full<L: Layout>(input: &[u8], prev: &[u8], changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) -> bool {
+    if !enabled() {
+        return false;
+    }
+    let n = input.len() / L::BYTES;
+    assert_eq!(prev.len(), input.len());
+    let full = n / BLOCK * BLOCK;
+    changed.clear();
+    exp_changed.clear();
+    changed.reserve(n.div_ceil(BLOCK));
+    exp_changed.reserve(n.div_ceil(BLOCK));
+    let exp_mask = (L::EXP_MAX as u32) << L::EXP_SHIFT;
+    let bytes = full * L::BYTES;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2 checked by `enabled()`; both slices hold `full` values of L::BYTES bytes.
+    unsafe {
+        if L::BYTES == 2 {
+            avx2::scan16(&input[..bytes], &prev[..bytes], exp_mask as u16, changed, exp_changed)
+        } else {
+            avx2::scan32(&input[..bytes], &prev[..bytes], exp_mask, changed, exp_changed)
+        }
+    };
+    if full < n {
+        let (mut a, mut e) = (Vec::new(), Vec::new());
+        kernels::scan_full::<L>(&input[bytes..], &prev[bytes..], &mut a, &mut e);
+        changed.extend_from_slice(&a);
+        exp_changed.extend_from_slice(&e);
+    }
+    true
+}
+
 /// Finish a fused SH64 whose whole stripes up to a 64-byte boundary are in `hash`, given the
 /// remaining `rest` bytes of a section of `len` bytes.
 fn finish_hash(mut hash: StripeHash, rest: &[u8], len: usize) -> u64 {
@@ -172,6 +205,74 @@ mod avx2 {
             acc = stripe_step(acc, s, base + i as u64);
         }
         store_acc(acc, h, n as u64);
+    }
+
+    /// Masks of 16-bit values (`input.len()` a multiple of 128 bytes): changed, exponent changed.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `prev.len() == input.len()`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn scan16(input: &[u8], prev: &[u8], exp_mask: u16, changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) {
+        let em = _mm256_set1_epi16(exp_mask as i16);
+        let zero = _mm256_setzero_si256();
+        // 32 values (64 bytes) per step: two compares packed to one byte per value.
+        let half = |off: usize| -> (u32, u32) {
+            // SAFETY: the caller passes off + 64 <= input.len() == prev.len().
+            let (x0, x1, p0, p1) = unsafe {
+                (
+                    _mm256_loadu_si256(input.as_ptr().add(off) as *const __m256i),
+                    _mm256_loadu_si256(input.as_ptr().add(off + 32) as *const __m256i),
+                    _mm256_loadu_si256(prev.as_ptr().add(off) as *const __m256i),
+                    _mm256_loadu_si256(prev.as_ptr().add(off + 32) as *const __m256i),
+                )
+            };
+            let eqv = _mm256_packs_epi16(_mm256_cmpeq_epi16(x0, p0), _mm256_cmpeq_epi16(x1, p1));
+            let eqe = _mm256_packs_epi16(
+                _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_xor_si256(x0, p0), em), zero),
+                _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_xor_si256(x1, p1), em), zero),
+            );
+            let v = _mm256_movemask_epi8(_mm256_permute4x64_epi64(eqv, 0b11_01_10_00)) as u32;
+            let e = _mm256_movemask_epi8(_mm256_permute4x64_epi64(eqe, 0b11_01_10_00)) as u32;
+            (!v, !e)
+        };
+        for b in (0..input.len()).step_by(128) {
+            let (a0, e0) = half(b);
+            let (a1, e1) = half(b + 64);
+            changed.push(a0 as u64 | (a1 as u64) << 32);
+            exp_changed.push(e0 as u64 | (e1 as u64) << 32);
+        }
+    }
+
+    /// Masks of 32-bit values (`input.len()` a multiple of 256 bytes): changed, exponent changed.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `prev.len() == input.len()`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn scan32(input: &[u8], prev: &[u8], exp_mask: u32, changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) {
+        let em = _mm256_set1_epi32(exp_mask as i32);
+        let zero = _mm256_setzero_si256();
+        for b in (0..input.len()).step_by(256) {
+            let (mut a, mut e) = (0u64, 0u64);
+            for q in 0..8 {
+                let off = b + 32 * q;
+                // SAFETY: off + 32 <= input.len() == prev.len() (b + 256 <= len).
+                let (x, p) = unsafe {
+                    (
+                        _mm256_loadu_si256(input.as_ptr().add(off) as *const __m256i),
+                        _mm256_loadu_si256(prev.as_ptr().add(off) as *const __m256i),
+                    )
+                };
+                let eqv = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(x, p))) as u64;
+                let eqe = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                    _mm256_and_si256(_mm256_xor_si256(x, p), em),
+                    zero,
+                ))) as u64;
+                a |= (!eqv & 0xff) << (8 * q);
+                e |= (!eqe & 0xff) << (8 * q);
+            }
+            changed.push(a);
+            exp_changed.push(e);
+        }
     }
 
     /// Encode `cache.len()` (a multiple of 64) bf16 values, writing one sign+mantissa byte per
@@ -316,6 +417,34 @@ mod tests {
 
     /// The AVX2 kernels against the plain ones, on the same data, for lengths around the
     /// 64-value block size and with random cache states.
+    #[test]
+    fn scan_matches_plain() {
+        if !enabled() {
+            eprintln!("skipping: no AVX2");
+            return;
+        }
+        use crate::codec::float::{F16, F32};
+        let mut s = 3;
+        for n in [0usize, 1, 63, 64, 65, 200, 1000] {
+            for bytes in [2usize, 4] {
+                let input: Vec<u8> = (0..bytes * n).map(|_| lcg(&mut s) as u8).collect();
+                let prev: Vec<u8> = input.iter().map(|&b| if lcg(&mut s) % 3 == 0 { lcg(&mut s) as u8 } else { b }).collect();
+                let (mut a1, mut e1, mut a2, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                if bytes == 2 {
+                    kernels::scan_full::<Bf16>(&input, &prev, &mut a1, &mut e1);
+                    assert!(scan_full::<Bf16>(&input, &prev, &mut a2, &mut e2));
+                    assert_eq!((&a1, &e1), (&a2, &e2), "bf16 n={n}");
+                    kernels::scan_full::<F16>(&input, &prev, &mut a1, &mut e1);
+                    assert!(scan_full::<F16>(&input, &prev, &mut a2, &mut e2));
+                } else {
+                    kernels::scan_full::<F32>(&input, &prev, &mut a1, &mut e1);
+                    assert!(scan_full::<F32>(&input, &prev, &mut a2, &mut e2));
+                }
+                assert_eq!((a1, e1), (a2, e2), "n={n} bytes={bytes}");
+            }
+        }
+    }
+
     #[test]
     fn avx2_matches_plain() {
         if !enabled() {
