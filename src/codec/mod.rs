@@ -94,18 +94,28 @@ pub struct CacheSlot {
     state: Vec<u8>,
 }
 
+/// A fresh random slot version. A slot takes one whenever it becomes cold, and its FILL frames
+/// carry it: a receiver then adopts it. So a delta frame decoded against the wrong slot (say,
+/// ranks that inferred different cache keys) fails the version check instead of producing
+/// wrong bits, except with probability 2^-64.
+fn random_version() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS once per thread and stepped per call.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x9E37_79B9_7F4A_7C15);
+    h.finish()
+}
+
 impl CacheSlot {
-    /// A cold slot for `len` elements. Types the codec does not compress get an empty state.
+    /// A cold slot for `len` elements, at a random version. Types the codec does not compress
+    /// get an empty state.
     pub fn new(dtype: DType, mode: CacheMode, len: usize) -> CacheSlot {
-        CacheSlot {
-            dtype,
-            mode,
-            choice: FrameChoice::Auto,
-            len,
-            version: 0,
-            warm: false,
-            state: Vec::new(),
-        }
+        CacheSlot::with_version(dtype, mode, len, random_version())
+    }
+
+    /// A cold slot at a given version (reproducible frames, e.g. golden tests).
+    pub fn with_version(dtype: DType, mode: CacheMode, len: usize, version: u64) -> CacheSlot {
+        CacheSlot { dtype, mode, choice: FrameChoice::Auto, len, version, warm: false, state: Vec::new() }
     }
 
     /// Which delta frames a full-value slot sends (default `Auto`; exponent slots always `Exp`).
@@ -137,9 +147,11 @@ impl CacheSlot {
         self.len * self.mode.bytes_per_element(self.dtype)
     }
 
-    /// Forget the cached values: the next frame for this slot must be raw.
+    /// Forget the cached values: the next frame for this slot must be a raw FILL. The slot takes
+    /// a fresh random version, so no delta frame made against the old state can match it.
     pub fn poison(&mut self) {
         self.warm = false;
+        self.version = random_version();
     }
 
     fn ensure_state(&mut self) {
@@ -153,16 +165,15 @@ impl CacheSlot {
     /// to encode or decode its range independently of the others (e.g. on worker threads).
     /// After every chunk of an iteration has been coded, call [`commit`](Self::commit).
     pub fn chunks(&mut self, chunk_elems: usize) -> Vec<SlotChunk<'_>> {
+        if chunk_elems >= self.len {
+            return vec![self.chunk(0..self.len)];
+        }
         assert!(chunk_elems > 0, "chunk_elems must be positive");
         self.ensure_state();
         let per = self.mode.bytes_per_element(self.dtype);
         let (dtype, mode, choice, version, warm, len) =
             (self.dtype, self.mode, self.choice, self.version, self.warm, self.len);
-        let mut out = Vec::with_capacity(len.div_ceil(chunk_elems).max(1));
-        if len == 0 {
-            out.push(SlotChunk { dtype, mode, choice, version, warm, offset: 0, len: 0, state: &mut [] });
-            return out;
-        }
+        let mut out = Vec::with_capacity(len.div_ceil(chunk_elems));
         let mut rest: &mut [u8] = &mut self.state;
         let mut offset = 0;
         while offset < len {
@@ -175,13 +186,30 @@ impl CacheSlot {
         out
     }
 
+    /// The chunk of elements `elems` (within `0..len`), to code on its own.
+    pub fn chunk(&mut self, elems: std::ops::Range<usize>) -> SlotChunk<'_> {
+        assert!(elems.start <= elems.end && elems.end <= self.len, "chunk {elems:?} of a {}-element slot", self.len);
+        self.ensure_state();
+        let per = self.mode.bytes_per_element(self.dtype);
+        SlotChunk {
+            dtype: self.dtype,
+            mode: self.mode,
+            choice: self.choice,
+            version: self.version,
+            warm: self.warm,
+            offset: elems.start,
+            len: elems.len(),
+            state: &mut self.state[elems.start * per..elems.end * per],
+        }
+    }
+
     /// End an iteration whose chunks produced `infos` (all chunks, each exactly once). Both
     /// sides advance to `version + 1`; the slot is warm if it was, or if every chunk filled it.
     pub fn commit(&mut self, infos: &[FrameInfo]) -> Result<()> {
         let base = infos.first().map_or(self.version, |i| i.version);
         let covered: usize = infos.iter().map(|i| i.count).sum();
         if covered != self.len || infos.iter().any(|i| i.version != base) {
-            self.warm = false;
+            self.poison();
             return Err(Error::SlotState {
                 detail: format!(
                     "commit of {} chunk(s) covering {covered} of {} elements at versions {:?}",
@@ -201,10 +229,7 @@ impl CacheSlot {
 
     /// Encode the whole slot as one frame and commit. Cold slots send a raw FILL frame.
     pub fn encode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<FrameInfo> {
-        let info = {
-            let mut chunks = self.chunks(self.len.max(1));
-            chunks[0].encode(input, out)?
-        };
+        let info = self.chunk(0..self.len).encode(input, out)?;
         self.commit(std::slice::from_ref(&info))?;
         Ok(info)
     }
@@ -212,10 +237,8 @@ impl CacheSlot {
     /// Decode one whole-slot frame into `out` and commit. On error the slot is poisoned (the
     /// next frame it accepts is a raw FILL) and `out` holds unspecified bytes.
     pub fn decode(&mut self, frame: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
-        let r = {
-            let mut chunks = self.chunks(self.len.max(1));
-            frame::parse(frame).and_then(|f| chunks[0].decode(&f, out))
-        };
+        let len = self.len;
+        let r = frame::parse(frame).and_then(|f| self.chunk(0..len).decode(&f, out));
         match r {
             Ok(info) => {
                 self.commit(std::slice::from_ref(&info))?;
@@ -580,8 +603,7 @@ pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
         return Err(Error::SlotState { detail: format!("{} frame needs a cache slot", f.mode.name()) });
     }
     let mut slot = CacheSlot::new(f.dtype, CacheMode::Exponent, f.count);
-    let mut chunks = slot.chunks(f.count.max(1));
-    let mut info = chunks[0].decode(&Frame { offset: 0, ..f }, out)?;
+    let mut info = slot.chunk(0..f.count).decode(&Frame { offset: 0, ..f }, out)?;
     info.offset = f.offset;
     Ok(info)
 }

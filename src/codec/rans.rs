@@ -239,7 +239,7 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
     let bytes = &input[pos..];
     let mut bi = 0usize;
     let ends_early = || Error::corrupt("rans stream", "ends before all symbols are decoded");
-    let mut step = |x: &mut u32, o: &mut u8, bi: &mut usize| -> Result<()> {
+    let step = |x: &mut u32, o: &mut u8, bi: &mut usize| -> Result<()> {
         let slot = *x & (PROB_SCALE - 1);
         let s = slot_sym[slot as usize];
         *o = s;
