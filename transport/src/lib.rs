@@ -1,6 +1,61 @@
-//! Transports for CIERA (skeleton; see the transport issue).
-use std::fmt;
-#[derive(Debug)]
-pub struct TransportError(pub String);
-impl fmt::Display for TransportError { fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(&self.0) } }
-impl std::error::Error for TransportError {}
+//! Transports for CIERA: non-blocking, polled byte-stream links between ranks, over POSIX
+//! shared memory (same host) and TCP (any host), with authenticated connection setup.
+//!
+//! * [`Endpoint`] owns a rank's TCP listener and, after [`Endpoint::connect_all`], one
+//!   [`Link`] to every other rank. Links never block: [`Link::try_send`] and
+//!   [`Link::try_recv`] move what they can and return `Ok(0)` otherwise;
+//!   [`Endpoint::wait`] sleeps until some link may make progress.
+//! * Shared memory (`shm.rs`): one segment per pair with two SPSC byte rings, a futex doorbell
+//!   per rank (`doorbell.rs`, with the argument why no wake-up is lost), and the setup TCP
+//!   connection kept as a liveness channel. Segment names are unlinked as soon as both sides
+//!   have them mapped, so nothing is left in /dev/shm even if a rank is SIGKILLed.
+//! * TCP (`tcp.rs`): one non-blocking connection per pair, TCP_NODELAY, large buffers.
+//! * Authentication (`auth.rs`): mutual HMAC-SHA256 challenge-response with the job secret on
+//!   every connection.
+//!
+//! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
+//! default 4 MiB per direction), `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning),
+//! `CIERA_SOCKET_IFNAME`.
+//!
+//! Typical use (the communicator's bootstrap moves the `PeerInfo`s around):
+//!
+//! ```no_run
+//! # use std::time::{Duration, Instant};
+//! # use ciera_transport::*;
+//! # fn exchange_through_bootstrap(_: PeerInfo) -> Vec<PeerInfo> { unimplemented!() }
+//! # fn main() -> Result<()> {
+//! let mut ep = Endpoint::bind(interface_ip()?)?;
+//! let peers = exchange_through_bootstrap(ep.local_info());
+//! let deadline = Instant::now() + Duration::from_secs(60);
+//! ep.connect_all(0, &peers, &[7; 32], TransportChoice::from_env()?, deadline)?;
+//! let msg = b"hello";
+//! let mut sent = 0;
+//! while sent < msg.len() {
+//!     match ep.link(1).try_send(&msg[sent..])? {
+//!         0 => ep.wait(Duration::from_millis(10))?,
+//!         n => sent += n,
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod auth;
+mod config;
+mod doorbell;
+mod endpoint;
+mod error;
+mod iface;
+mod peer;
+mod setup;
+mod shm;
+mod sys;
+mod tcp;
+mod wire;
+
+pub use config::{
+    Kind, TransportChoice, ENV_SHM_RING_BYTES, ENV_SOCKET_IFNAME, ENV_TCP_BUF_BYTES, ENV_TRANSPORT,
+};
+pub use endpoint::{Endpoint, Link, Waker};
+pub use error::{Result, TransportError};
+pub use iface::{interface_ip, ipv4_interfaces, InterfaceAddr};
+pub use peer::{host_id, PeerInfo};

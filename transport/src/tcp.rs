@@ -1,0 +1,266 @@
+//! `TcpTransport`: a link to a peer over one non-blocking TCP connection (the authenticated
+//! setup connection itself). TCP_NODELAY, large socket buffers, keepalive so that a vanished
+//! host is noticed even on an idle link.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::config::TcpBuffers;
+use crate::sys::set_sockopt;
+use crate::wire::is_disconnect;
+use crate::{Result, TransportError};
+
+/// Puts a connected stream into data mode.
+pub(crate) fn configure(stream: &TcpStream, buffers: TcpBuffers, desc: &str) -> Result<()> {
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| TransportError::io("set socket non-blocking", desc, e))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| TransportError::io("set TCP_NODELAY", desc, e))?;
+    let fd = stream.as_raw_fd();
+    if let Some(bytes) = buffers.send {
+        let bytes = bytes.min(i32::MAX as usize) as i32;
+        set_sockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            bytes,
+            "set SO_SNDBUF",
+            desc,
+        )?;
+    }
+    if let Some(bytes) = buffers.recv {
+        let bytes = bytes.min(i32::MAX as usize) as i32;
+        set_sockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            bytes,
+            "set SO_RCVBUF",
+            desc,
+        )?;
+    }
+    // Best effort: probe an idle connection after 10 s, give up after 3 unanswered probes.
+    let _ = set_sockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_KEEPALIVE,
+        1,
+        "set SO_KEEPALIVE",
+        desc,
+    );
+    let _ = set_sockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPIDLE,
+        10,
+        "set TCP_KEEPIDLE",
+        desc,
+    );
+    let _ = set_sockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        5,
+        "set TCP_KEEPINTVL",
+        desc,
+    );
+    let _ = set_sockopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPCNT,
+        3,
+        "set TCP_KEEPCNT",
+        desc,
+    );
+    Ok(())
+}
+
+pub(crate) struct TcpLink {
+    stream: TcpStream,
+    peer_desc: String,
+    closed: Option<String>,
+    /// The last `try_recv` drained the socket (or none happened yet): `wait` watches POLLIN.
+    pub want_read: bool,
+    /// The last `try_send` was short: `wait` watches POLLOUT.
+    pub want_write: bool,
+}
+
+impl TcpLink {
+    pub fn new(stream: TcpStream, peer_desc: String) -> TcpLink {
+        TcpLink {
+            stream,
+            peer_desc,
+            closed: None,
+            want_read: true,
+            want_write: false,
+        }
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    fn closed_error(&self) -> TransportError {
+        TransportError::PeerClosed {
+            detail: self.closed.clone().unwrap_or_default(),
+        }
+    }
+
+    fn fail(&mut self, op: &'static str, e: io::Error) -> TransportError {
+        if is_disconnect(&e) {
+            self.closed = Some(format!("{} went away: {op}: {e}", self.peer_desc));
+            self.closed_error()
+        } else {
+            TransportError::io(op, &self.peer_desc, e)
+        }
+    }
+
+    /// After poll reported the socket readable (or hung up): true if bytes are waiting or the
+    /// peer's end just turned out to be closed. An EOF with nothing left to read marks the link
+    /// closed right away, so `wait` stops watching a socket that will stay readable forever
+    /// (a peer that finished and exited while this rank still waits for others).
+    pub fn check_readable(&mut self) -> bool {
+        if self.closed.is_some() {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        loop {
+            match self.stream.peek(&mut byte) {
+                Ok(0) => {
+                    self.closed = Some(format!(
+                        "{} closed the TCP connection (EOF)",
+                        self.peer_desc
+                    ));
+                    return true;
+                }
+                Ok(_) => return true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = self.fail("recv", e);
+                    return true;
+                }
+            }
+        }
+    }
+
+    pub fn try_send(&mut self, data: &[u8]) -> Result<usize> {
+        if self.closed.is_some() {
+            return Err(self.closed_error());
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            // std's TcpStream::write uses send(MSG_NOSIGNAL): a dead peer is EPIPE, not SIGPIPE.
+            match self.stream.write(data) {
+                Ok(n) => {
+                    self.want_write = n < data.len();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.want_write = true;
+                    return Ok(0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.fail("send", e)),
+            }
+        }
+    }
+
+    pub fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        if self.closed.is_some() {
+            return Err(self.closed_error());
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            match self.stream.read(buf) {
+                Ok(0) => {
+                    self.closed = Some(format!(
+                        "{} closed the TCP connection (EOF)",
+                        self.peer_desc
+                    ));
+                    return Err(self.closed_error());
+                }
+                Ok(n) => {
+                    self.want_read = n < buf.len();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.want_read = true;
+                    return Ok(0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.fail("recv", e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpLink, TcpLink) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let b = listener.accept().unwrap().0;
+        configure(
+            &a,
+            TcpBuffers {
+                send: Some(1 << 20),
+                recv: Some(1 << 20),
+            },
+            "a",
+        )
+        .unwrap();
+        configure(&b, TcpBuffers::default(), "b").unwrap();
+        (
+            TcpLink::new(a, "rank 1".into()),
+            TcpLink::new(b, "rank 0".into()),
+        )
+    }
+
+    #[test]
+    fn send_never_blocks_and_eof_is_peer_closed() {
+        let (mut a, mut b) = pair();
+        let big = vec![9u8; 64 << 20];
+        let mut sent = 0;
+        // Nobody reads: eventually the socket buffers fill and try_send returns 0.
+        loop {
+            let n = a.try_send(&big[sent..]).unwrap();
+            if n == 0 {
+                break;
+            }
+            sent += n;
+        }
+        assert!(a.want_write);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        drop(a);
+        loop {
+            match b.try_recv(&mut buf) {
+                Ok(n) => {
+                    assert!(buf[..n].iter().all(|&x| x == 9));
+                    got += n;
+                }
+                Err(e) => {
+                    assert!(e.is_peer_closed(), "{e}");
+                    assert!(e.to_string().contains("rank 0"), "{e}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(got, sent);
+    }
+}
