@@ -8,8 +8,10 @@
 //! - [`cli`]: the `ciera` command (`analyze`, `perf`, `launch`).
 
 pub mod algo;
+pub mod capi;
 pub mod cli;
 pub mod codec;
+pub mod compress;
 pub mod comm;
 pub mod dtype;
 pub mod error;
