@@ -15,6 +15,7 @@ pub mod compress;
 pub mod comm;
 pub mod dtype;
 pub mod error;
+pub mod logging;
 pub mod safetensors;
 
 pub use dtype::DType;

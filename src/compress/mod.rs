@@ -211,6 +211,7 @@ const STATUS_FIXED_WORDS: usize = 4; // call ns, encode ns, decode ns, shard has
 
 impl Compressor {
     pub fn new(config: CompressConfig) -> Compressor {
+        crate::logging::init_from_env();
         Compressor { config, groups: HashMap::new(), oversized: HashMap::new(), clock: 0, stats: Stats::default() }
     }
 
@@ -448,6 +449,19 @@ impl Compressor {
             g.stats.delta_calls += 1;
             g.stats.last_ratio = raw as f64 / wire.max(1) as f64;
         }
+        tracing::info!(
+            slot = key.id,
+            count = key.count,
+            dtype = %key.dtype,
+            fill = filling,
+            ratio = raw as f64 / wire.max(1) as f64,
+            wire_bytes = wire,
+            encode_ms = encode_ns as f64 / 1e6,
+            decode_ms = decode_ns as f64 / 1e6,
+            call_ms = elapsed.as_secs_f64() * 1e3,
+            slowest_ms = slowest.as_secs_f64() * 1e3,
+            "compressed allgather"
+        );
         if !bad.is_empty() {
             for &src in &bad {
                 g.slots[src].poison();
