@@ -370,11 +370,53 @@ impl Compressor {
             }
         }
         let t0 = Instant::now();
-        let mut codec = GroupCodec::new(&mut g.slots, me);
-        let r = comm.all_gather_framed(send, recv, count, dtype, &mut codec);
+        // Compress once, at the source, on a worker thread: it encodes this rank's chunks in
+        // order while the executor sends the ones already made and decodes what arrives.
+        let chunk_elems = (comm.config().chunk_bytes / dtype.size()).max(1);
+        let own_copy;
+        let own: &[u8] = match send {
+            Some(s) => s,
+            None => {
+                own_copy = recv[me * shard_bytes..(me + 1) * shard_bytes].to_vec();
+                &own_copy
+            }
+        };
+        let (before, rest) = g.slots.split_at_mut(me);
+        let (own_slot, after) = rest.split_first_mut().expect("own slot");
+        let (r, codec, enc) = std::thread::scope(|sc| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let worker = sc.spawn(move || {
+                let t = Instant::now();
+                let mut start = 0;
+                while start < count {
+                    let end = (start + chunk_elems).min(count);
+                    let mut out = Vec::new();
+                    let r = own_slot.chunk(start..end).encode(&own[start * dtype.size()..end * dtype.size()], &mut out);
+                    if tx.send(r.map(|info| (out, info))).is_err() {
+                        break;
+                    }
+                    start = end;
+                }
+                t.elapsed().as_nanos() as u64
+            });
+            let mut codec = GroupCodec::new(before, after, me, rx);
+            let r = comm.all_gather_framed(send, recv, count, dtype, &mut codec);
+            drop(codec.own_frames.take());
+            let enc = worker.join().unwrap_or(0);
+            (r, codec, enc)
+        });
         let elapsed = t0.elapsed();
-        let GroupCodec { infos, failures, encode_ns, decode_ns, .. } = codec;
-        r?;
+        let GroupCodec { mut infos, failures, decode_ns, own_infos, .. } = codec;
+        let encode_ns = enc;
+        infos[me] = own_infos;
+        if let Err(e) = r {
+            // The transfer failed (a peer died, an abort): caches are half-updated everywhere.
+            for s in g.slots.iter_mut() {
+                s.poison();
+            }
+            g.state = GroupState::Cold;
+            return Err(e);
+        }
         // Commit every source's slot, or note why it cannot be.
         let mut failed: Vec<Option<String>> = failures.into_iter().map(|f| f.map(|e| e.to_string())).collect();
         for (src, slot) in g.slots.iter_mut().enumerate() {
@@ -511,20 +553,46 @@ fn infos_wire(infos: &[Vec<FrameInfo>]) -> u64 {
     infos.iter().flatten().map(|i| i.frame_bytes as u64).sum()
 }
 
-/// The frame codec of one call: the group's slots, one per source rank.
+type OwnFrame = Result<(Vec<u8>, FrameInfo)>;
+
+/// The frame codec of one call: the receivers' slots of the other ranks, and the frames of
+/// this rank's chunks as the encoder thread makes them (in chunk order).
 struct GroupCodec<'a> {
-    slots: &'a mut [CacheSlot],
+    /// Slots of sources `0..me` and `me+1..n`.
+    before: &'a mut [CacheSlot],
+    after: &'a mut [CacheSlot],
     me: usize,
+    own_frames: Option<std::sync::mpsc::Receiver<OwnFrame>>,
+    parked: HashMap<usize, (Vec<u8>, FrameInfo)>,
+    own_infos: Vec<FrameInfo>,
     infos: Vec<Vec<FrameInfo>>,
     failures: Vec<Option<Error>>,
-    encode_ns: u64,
     decode_ns: u64,
 }
 
 impl<'a> GroupCodec<'a> {
-    fn new(slots: &'a mut [CacheSlot], me: usize) -> GroupCodec<'a> {
-        let n = slots.len();
-        GroupCodec { slots, me, infos: vec![Vec::new(); n], failures: (0..n).map(|_| None).collect(), encode_ns: 0, decode_ns: 0 }
+    fn new(
+        before: &'a mut [CacheSlot],
+        after: &'a mut [CacheSlot],
+        me: usize,
+        own_frames: std::sync::mpsc::Receiver<OwnFrame>,
+    ) -> GroupCodec<'a> {
+        let n = before.len() + after.len() + 1;
+        GroupCodec {
+            before,
+            after,
+            me,
+            own_frames: Some(own_frames),
+            parked: HashMap::new(),
+            own_infos: Vec::new(),
+            infos: vec![Vec::new(); n],
+            failures: (0..n).map(|_| None).collect(),
+            decode_ns: 0,
+        }
+    }
+
+    fn slot(&mut self, src: usize) -> &mut CacheSlot {
+        if src < self.me { &mut self.before[src] } else { &mut self.after[src - self.me - 1] }
     }
 }
 
@@ -540,11 +608,27 @@ impl FrameCodec for GroupCodec<'_> {
         raw_len + frame::HEADER_LEN
     }
 
-    fn encode(&mut self, chunk: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
-        let t = Instant::now();
-        let info = self.slots[self.me].chunk(chunk.elems.clone()).encode(raw, out)?;
-        self.infos[self.me].push(info);
-        self.encode_ns += t.elapsed().as_nanos() as u64;
+    fn encode(&mut self, chunk: &ChunkRef, _raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        // The encoder thread made this chunk already (or is making it), in chunk order; an
+        // algorithm that asks out of order gets the ones made meanwhile parked.
+        let (mut frame, info) = loop {
+            if let Some(f) = self.parked.remove(&chunk.elems.start) {
+                break f;
+            }
+            let rx = self.own_frames.as_ref().ok_or_else(|| Error::SlotState { detail: "encoder finished".into() })?;
+            let (frame, info) = rx.recv().map_err(|_| Error::SlotState {
+                detail: format!("encoder thread ended before chunk {}", chunk.chunk),
+            })??;
+            if info.offset == chunk.elems.start {
+                break (frame, info);
+            }
+            self.parked.insert(info.offset, (frame, info));
+        };
+        if info.count != chunk.elems.len() {
+            return Err(Error::LengthMismatch { what: "encoded chunk elements", expected: chunk.elems.len(), found: info.count });
+        }
+        std::mem::swap(out, &mut frame);
+        self.own_infos.push(info);
         Ok(())
     }
 
@@ -553,7 +637,7 @@ impl FrameCodec for GroupCodec<'_> {
         // exchanged and repaired after the call (module docs). Later frames of the same source
         // are skipped.
         let src = chunk.src;
-        if src >= self.slots.len() || self.failures[src].is_some() {
+        if src >= self.failures.len() || src == self.me || self.failures[src].is_some() {
             return Ok(());
         }
         let t = Instant::now();
@@ -561,7 +645,7 @@ impl FrameCodec for GroupCodec<'_> {
             if f.offset != chunk.elems.start || f.count != chunk.elems.len() {
                 return Err(Error::LengthMismatch { what: "frame element range start", expected: chunk.elems.start, found: f.offset });
             }
-            self.slots[src].chunk(chunk.elems.clone()).decode(&f, out)
+            self.slot(src).chunk(chunk.elems.clone()).decode(&f, out)
         });
         match r {
             Ok(info) => self.infos[src].push(info),
