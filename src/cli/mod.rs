@@ -5,3 +5,4 @@ pub mod analyze;
 pub mod args;
 pub mod launch;
 pub mod perf;
+pub mod perf_trace;

@@ -69,6 +69,9 @@ pub struct CompressConfig {
     pub verify: bool,
     /// Shards smaller than this go raw (latency-bound: nothing to win).
     pub min_shard_bytes: usize,
+    /// Force one cache mode (`CIERA_CACHE_MODE=exp|full`); None: full-value caches while they
+    /// fit the budget, else exponent caches.
+    pub cache_mode: Option<CacheMode>,
 }
 
 pub const DEFAULT_CACHE_MB: usize = 4096;
@@ -81,6 +84,7 @@ impl Default for CompressConfig {
             cache_bytes: DEFAULT_CACHE_MB << 20,
             verify: false,
             min_shard_bytes: DEFAULT_MIN_SHARD_BYTES,
+            cache_mode: None,
         }
     }
 }
@@ -105,6 +109,14 @@ impl CompressConfig {
         }
         if let Some(v) = env_var("CIERA_VERIFY") {
             c.verify = !matches!(v.trim(), "0" | "false" | "no" | "off");
+        }
+        if let Some(v) = env_var("CIERA_CACHE_MODE") {
+            c.cache_mode = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => None,
+                "exp" | "exponent" => Some(CacheMode::Exponent),
+                "full" | "value" | "full-value" => Some(CacheMode::FullValue),
+                _ => return Err(Error::InvalidArgument(format!("CIERA_CACHE_MODE={v:?}: expected auto, exp or full"))),
+            };
         }
         if let Some(v) = env_var("CIERA_COMPRESS_MIN_BYTES") {
             c.min_shard_bytes = crate::cli::args::parse_size(&v).ok_or_else(|| {
@@ -314,7 +326,9 @@ impl Compressor {
     fn admit(&mut self, key: SlotKey, n: usize) -> bool {
         let per = |mode: CacheMode| n * key.count * mode.bytes_per_element(key.dtype);
         let budget = self.config.cache_bytes;
-        let mode = if per(CacheMode::FullValue) <= budget {
+        let mode = if let Some(m) = self.config.cache_mode.filter(|&m| per(m) <= budget) {
+            m
+        } else if self.config.cache_mode != Some(CacheMode::Exponent) && per(CacheMode::FullValue) <= budget {
             CacheMode::FullValue
         } else if per(CacheMode::Exponent) <= budget {
             CacheMode::Exponent

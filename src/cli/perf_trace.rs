@@ -1,0 +1,363 @@
+//! `ciera perf --trace DIR`: the compressed Allgather on real weights. Rank r sends slice r of
+//! a trace tensor (tiled to the requested size) at step t; iterations walk the consecutive
+//! steps of each window of the trace back and forth (every call is a real one-step delta);
+//! every received bit is checked against the trace. For each window, size and mode it prints
+//! time, busbw, the wire ratio and the speedup over the raw mode measured in the same run.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::args::Args;
+use super::launch::{self, LaunchSpec};
+use crate::codec::CacheMode;
+use crate::comm::env::{real_env, LaunchEnv};
+use crate::comm::{Communicator, Config};
+use crate::compress::{CompressConfig, CompressMode, Compressor};
+use crate::error::{Error, Result};
+use crate::safetensors::SafeTensors;
+use crate::DType;
+
+const USAGE: &str = "usage: ciera perf --trace DIR [options]
+
+Replays a real training trace through the compressed Allgather and checks every bit.
+
+  -n N                 ranks to launch on this host (as in `ciera perf`)
+  --trace DIR          folder of step_NNNNN.safetensors snapshots (e.g. ../shared/traces/olmoe-mini-s0)
+  --tensor NAME        tensor to replay (default: the first *.bf16 tensor; give the .f32 one for fp32)
+  -b / -e / -f SIZE    total gathered sizes, as in `ciera perf` (default 16M..16M); the tensor is
+                       tiled to the size
+  -i, --iters N        timed calls per window, size and mode (default 10)
+  -w, --warmup N       untimed calls first, the cache-filling one included (default 3)
+  --modes LIST         comma list of: raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
+                       full (auto, full-value cache), exp-on, full-on (compression forced)
+                       (default raw,exp,full)
+  --json               one object per row: size count type time_us algbw busbw wrong mode step
+                       wire_ratio speedup window
+Columns: window (steps), mode, time (us, slowest rank's mean), busbw (GB/s), wire = raw bytes /
+bytes sent for the timed calls, speedup = raw time / time, compressed = calls that sent frames.";
+
+#[derive(Clone, Debug)]
+struct Opts {
+    nranks: Option<usize>,
+    dir: PathBuf,
+    tensor: Option<String>,
+    min_bytes: usize,
+    max_bytes: usize,
+    factor: f64,
+    iters: usize,
+    warmup: usize,
+    modes: Vec<String>,
+    json: bool,
+}
+
+pub fn main(args: &[String]) -> i32 {
+    let (o, pass) = match parse(args) {
+        Ok(Some(x)) => x,
+        Ok(None) => {
+            println!("{USAGE}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("ciera perf: {e}\n\n{USAGE}");
+            return 2;
+        }
+    };
+    let env = match LaunchEnv::detect(&real_env) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("ciera perf: {e}");
+            return 2;
+        }
+    };
+    if env.launcher == "none" && o.nranks.unwrap_or(1) > 1 {
+        let exe = match std::env::current_exe() {
+            Ok(p) => p.to_string_lossy().into_owned(),
+            Err(e) => {
+                eprintln!("ciera perf: cannot find my own executable: {e}");
+                return 1;
+            }
+        };
+        let mut a = vec!["perf".to_string()];
+        a.extend(pass);
+        return launch::run(&LaunchSpec {
+            nranks: o.nranks.unwrap_or(1),
+            program: exe,
+            args: a,
+            env: Vec::new(),
+            grace: std::time::Duration::from_secs(3),
+        });
+    }
+    match run_rank(&o) {
+        Ok(0) => 0,
+        Ok(_) => 1,
+        Err(e) => {
+            eprintln!("ciera perf: rank {}: {e}", env.rank);
+            1
+        }
+    }
+}
+
+fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, String> {
+    let mut o = Opts {
+        nranks: None,
+        dir: PathBuf::new(),
+        tensor: None,
+        min_bytes: 16 << 20,
+        max_bytes: 16 << 20,
+        factor: 2.0,
+        iters: 10,
+        warmup: 3,
+        modes: vec!["raw".into(), "exp".into(), "full".into()],
+        json: false,
+    };
+    let mut pass = Vec::new();
+    let mut a = Args::new(args);
+    let mut have_dir = false;
+    while let Some(flag) = a.next_flag("nNbefiw") {
+        let value = match flag.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "-n" | "-N" | "--nranks" => {
+                o.nranks = Some(a.value_parsed::<usize>(&flag)?.max(1));
+                continue;
+            }
+            "--trace" => {
+                let v = a.value(&flag)?;
+                o.dir = PathBuf::from(&v);
+                have_dir = true;
+                Some(v)
+            }
+            "--tensor" => {
+                let v = a.value(&flag)?;
+                o.tensor = Some(v.clone());
+                Some(v)
+            }
+            "-b" | "--minbytes" => {
+                o.min_bytes = a.value_size(&flag)?;
+                Some(o.min_bytes.to_string())
+            }
+            "-e" | "--maxbytes" => {
+                o.max_bytes = a.value_size(&flag)?;
+                Some(o.max_bytes.to_string())
+            }
+            "-f" | "--stepfactor" => {
+                o.factor = a.value_parsed(&flag)?;
+                if !(o.factor.is_finite() && o.factor > 1.0) {
+                    return Err(format!("{flag}: the step factor must be > 1"));
+                }
+                Some(o.factor.to_string())
+            }
+            "-i" | "--iters" => {
+                o.iters = a.value_parsed::<usize>(&flag)?.max(1);
+                Some(o.iters.to_string())
+            }
+            "-w" | "--warmup" | "--warmup_iters" => {
+                o.warmup = a.value_parsed(&flag)?;
+                Some(o.warmup.to_string())
+            }
+            "--modes" => {
+                let v = a.value(&flag)?;
+                o.modes = v.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+                for m in &o.modes {
+                    if !["raw", "exp", "full", "exp-on", "full-on"].contains(&m.as_str()) {
+                        return Err(format!("--modes: unknown mode {m:?}"));
+                    }
+                }
+                Some(v)
+            }
+            "--json" => {
+                o.json = true;
+                None
+            }
+            f => return Err(format!("unknown option {f}")),
+        };
+        pass.push(flag);
+        pass.extend(value);
+    }
+    if !have_dir {
+        return Err("--trace DIR is required here".into());
+    }
+    if o.min_bytes > o.max_bytes {
+        return Err(format!("-b {} is larger than -e {}", o.min_bytes, o.max_bytes));
+    }
+    Ok(Some((o, pass)))
+}
+
+/// The windows of consecutive steps in a trace folder, each a list of (step, path).
+fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
+    let shown = dir.display().to_string();
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::Io { what: format!("trace folder {shown}"), source: e })?;
+    let mut steps: Vec<(u64, PathBuf)> = Vec::new();
+    for e in rd {
+        let p = e.map_err(|e| Error::Io { what: format!("listing {shown}"), source: e })?.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let digits: String = p.file_stem().unwrap_or_default().to_string_lossy().chars().filter(|c| c.is_ascii_digit()).collect();
+            if let Ok(s) = digits.parse() {
+                steps.push((s, p));
+            }
+        }
+    }
+    steps.sort();
+    let mut out: Vec<Vec<(u64, PathBuf)>> = Vec::new();
+    for s in steps {
+        match out.last_mut() {
+            Some(w) if w.last().map(|l| l.0 + 1) == Some(s.0) => w.push(s),
+            _ => out.push(vec![s]),
+        }
+    }
+    out.retain(|w| w.len() >= 2);
+    if out.is_empty() {
+        return Err(Error::Format { path: shown, detail: "no two consecutive step_NNNNN.safetensors snapshots".into() });
+    }
+    Ok(out)
+}
+
+fn mode_config(mode: &str) -> CompressConfig {
+    let base = CompressConfig::from_env().unwrap_or_default();
+    let (m, cache) = match mode {
+        "raw" => (CompressMode::Off, None),
+        "exp" => (CompressMode::Auto, Some(CacheMode::Exponent)),
+        "full" => (CompressMode::Auto, Some(CacheMode::FullValue)),
+        "exp-on" => (CompressMode::On, Some(CacheMode::Exponent)),
+        _ => (CompressMode::On, Some(CacheMode::FullValue)),
+    };
+    CompressConfig { mode: m, cache_mode: cache, ..base }
+}
+
+fn run_rank(o: &Opts) -> Result<u64> {
+    let mut comm = Communicator::from_env(Config::from_env()?)?;
+    let (rank, n) = (comm.rank(), comm.size());
+    let wins = windows(&o.dir)?;
+    let print = rank == 0;
+    let mut wrong_total = 0u64;
+    let mut header_done = false;
+    for win in &wins {
+        // The window's values of the chosen tensor, one Vec per step.
+        let mut dtype = DType::U8;
+        let mut name = String::new();
+        let mut steps: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (step, path) in win {
+            let st = SafeTensors::open(path)?;
+            let t = match &o.tensor {
+                Some(want) => st.get(want).ok_or_else(|| Error::Format {
+                    path: st.path.clone(),
+                    detail: format!("no tensor named {want:?} (have: {})", st.tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")),
+                })?,
+                None => st.tensors.iter().find(|t| t.dtype == DType::BF16).or(st.tensors.first()).ok_or_else(|| Error::Format {
+                    path: st.path.clone(),
+                    detail: "holds no tensors".into(),
+                })?,
+            };
+            dtype = t.dtype;
+            name = t.name.clone();
+            steps.push((*step, st.bytes(t).to_vec()));
+        }
+        let es = dtype.size();
+        if print && !o.json && !header_done {
+            println!("# ciera perf --trace {}: {name} ({dtype}), {n} ranks, transport {:?}", o.dir.display(), comm.config().transport);
+            println!("#   iters {}, warmup {} (the first fills the caches), every bit checked", o.iters, o.warmup);
+            println!(
+                "# {:>9} {:>10} {:>10} {:>8} {:>7} {:>10} {:>11} {:>6} {:>7} {:>10} {:>6}",
+                "window", "size", "count", "type", "mode", "time(us)", "busbw(GB/s)", "wire", "speedup", "compressed", "#wrong"
+            );
+            header_done = true;
+        }
+        // Walk the window back and forth: 0 1 2 .. k k-1 .. 1 0 1 ...
+        let k = steps.len();
+        let order: Vec<usize> = (0..k).chain((1..k - 1).rev()).collect();
+        let mut bytes = o.min_bytes;
+        loop {
+            let count = (bytes / es / n).max(1);
+            let size = count * es * n;
+            let mut raw_time: Option<f64> = None;
+            for mode in &o.modes {
+                let mut cz = Compressor::new(mode_config(mode));
+                let mut recv = vec![0u8; size];
+                let mut shard = vec![0u8; count * es];
+                let mut timed = 0.0f64;
+                let mut wrong = 0u64;
+                let mut stats0 = cz.stats();
+                let mut last_step = 0;
+                for it in 0..o.warmup + o.iters {
+                    if it == o.warmup {
+                        comm.barrier()?;
+                        stats0 = cz.stats();
+                    }
+                    let (step, vals) = &steps[order[it % order.len()]];
+                    last_step = *step;
+                    // Rank r's shard: elements [r*count, (r+1)*count) of the tiled tensor.
+                    for (j, b) in shard.chunks_exact_mut(es).enumerate() {
+                        let src = ((rank * count + j) % (vals.len() / es)) * es;
+                        b.copy_from_slice(&vals[src..src + es]);
+                    }
+                    let t0 = Instant::now();
+                    cz.all_gather(&mut comm, Some(&shard), &mut recv, count, dtype, Some(1))?;
+                    if it >= o.warmup {
+                        timed += t0.elapsed().as_secs_f64();
+                    }
+                    let m = vals.len();
+                    wrong += recv.chunks_exact(es).enumerate().filter(|(i, b)| {
+                        let src = (i % (m / es)) * es;
+                        *b != &vals[src..src + es]
+                    }).count() as u64;
+                }
+                let mine = timed / o.iters as f64;
+                let times = gather_f64(&mut comm, mine)?;
+                let slowest = times.iter().cloned().fold(0.0, f64::max);
+                let wrongs: u64 = gather_f64(&mut comm, wrong as f64)?.iter().map(|&w| w as u64).sum();
+                wrong_total += wrongs;
+                let s1 = cz.stats();
+                let (rb, wb) = (s1.raw_bytes - stats0.raw_bytes, s1.wire_bytes - stats0.wire_bytes);
+                let wire_ratio = rb as f64 / wb.max(1) as f64;
+                let compressed = (s1.delta_calls + s1.fill_calls) - (stats0.delta_calls + stats0.fill_calls);
+                if mode == "raw" {
+                    raw_time = Some(slowest);
+                }
+                let speedup = raw_time.map(|r| r / slowest);
+                let algbw = size as f64 / slowest / 1e9;
+                let busbw = algbw * (n - 1) as f64 / n as f64;
+                let wname = format!("{}-{}", steps[0].0, steps[k - 1].0);
+                if print {
+                    if o.json {
+                        println!("{}", serde_json::json!({
+                            "size": size, "count": count, "type": dtype.name(), "time_us": slowest * 1e6,
+                            "algbw": algbw, "busbw": busbw, "wrong": wrongs, "mode": mode, "step": last_step,
+                            "window": wname, "wire_ratio": wire_ratio, "speedup": speedup,
+                            "compressed_calls": compressed, "nranks": n, "tensor": name,
+                        }));
+                    } else {
+                        println!(
+                            "  {:>9} {:>10} {:>10} {:>8} {:>7} {:>10.1} {:>11.3} {:>6.2} {:>7} {:>10} {:>6}",
+                            wname,
+                            size,
+                            count,
+                            dtype.name(),
+                            mode,
+                            slowest * 1e6,
+                            busbw,
+                            wire_ratio,
+                            speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
+                            format!("{compressed}/{}", o.iters),
+                            wrongs
+                        );
+                    }
+                }
+            }
+            let next = (((bytes as f64) * o.factor) as usize).max(bytes + 1);
+            if next > o.max_bytes {
+                break;
+            }
+            bytes = next;
+        }
+    }
+    if print && !o.json {
+        println!("# wrong elements: {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
+    }
+    Ok(wrong_total)
+}
+
+fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
+    let n = comm.size();
+    let mut out = vec![0u8; 8 * n];
+    comm.all_gather(&v.to_bits().to_le_bytes(), &mut out, 1, DType::U64)?;
+    Ok(out.chunks_exact(8).map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap()))).collect())
+}
