@@ -349,7 +349,7 @@ impl Compressor {
         let slots = (0..n).map(|_| CacheSlot::new(key.dtype, mode, key.count)).collect();
         self.groups.insert(
             key,
-            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, fill_time: None, backoff: 16, stats: SlotStats::default() },
+            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, fill_time: None, backoff: 256, stats: SlotStats::default() },
         );
         true
     }
@@ -555,7 +555,7 @@ impl Compressor {
                         "compression does not pay on this link for this tensor: raw for {} calls",
                         g.backoff
                     );
-                    g.state = GroupState::RawFor { until, backoff: (g.backoff * 2).min(4096) };
+                    g.state = GroupState::RawFor { until, backoff: (g.backoff * 2).min(1 << 16) };
                 }
             }
         }
