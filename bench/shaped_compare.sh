@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The compressed Allgather on a slow network, on one machine: a network namespace whose loopback
+# is shaped with tbf (the kernel has tbf, not netem), and in it, side by side on the same trace
+# tensor and sizes:
+#   ours raw          (CIERA_COMPRESS=off, TCP)
+#   ours exp / full   (auto, exponent cache / full-value cache, TCP)
+#   MPI_Allgather     (Open MPI, --mca btl tcp,self)
+# For every window of consecutive steps of the trace it prints the times and the ratios
+# raw/ours and MPI/ours. Needs root (ip netns, tc). Every bit ours receives is checked.
+#
+#   bench/shaped_compare.sh                                 # 1 Gbit/s, 4 ranks, 16 MiB
+#   RATE=1gbit NRANKS=4 SIZE=16M ITERS=5 TRACE=../shared/traces/olmoe-mini-s0 bench/shaped_compare.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATE=${RATE:-1gbit}
+NRANKS=${NRANKS:-4}
+SIZE=${SIZE:-16M}
+ITERS=${ITERS:-5}
+WARMUP=${WARMUP:-3}
+REPEAT=${REPEAT:-1}
+TRACE=${TRACE:-../shared/traces/olmoe-mini-s0}
+[[ -d $TRACE ]] || TRACE=tests/data/olmoe-slice
+TENSOR=${TENSOR:-}
+OUT=${OUT:-$(mktemp -d /tmp/ciera-shaped.XXXXXX)}
+NS=ciera-shaped-$$
+
+if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+    echo "# installing Open MPI from Debian" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2 && apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
+fi
+cargo build --release --quiet --bin ciera >&2
+TARGET=${CARGO_TARGET_DIR:-target}
+CIERA=$(realpath "$TARGET/release/ciera")
+mpicc -O2 -o "$OUT/mpi_allgather" bench/mpi_allgather.c
+
+ip netns add "$NS"
+trap 'ip netns del "$NS" 2>/dev/null || true' EXIT
+ip netns exec "$NS" ip link set lo up
+# burst: enough for the timer granularity at this rate; latency bounds the queue (10 ms).
+ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst 512kb latency 10ms
+echo "# netns $NS: loopback shaped with tbf rate $RATE; $NRANKS ranks; $SIZE gathered; trace $TRACE" >&2
+
+T_ARGS=(--trace "$TRACE" -n "$NRANKS" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" --json)
+[[ -n $TENSOR ]] && T_ARGS+=(--tensor "$TENSOR")
+for ((r = 1; r <= REPEAT; r++)); do
+    ip netns exec "$NS" env CIERA_TRANSPORT=tcp "$CIERA" perf "${T_ARGS[@]}" >>"$OUT/ours.json"
+    ip netns exec "$NS" mpirun --allow-run-as-root --oversubscribe -np "$NRANKS" --mca btl tcp,self \
+        --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+        "$OUT/mpi_allgather" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" -d uint8 -c 0 >>"$OUT/mpi.txt"
+done
+
+python3 - "$OUT/ours.json" "$OUT/mpi.txt" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+mpi = [l.split() for l in open(sys.argv[2]) if l.strip() and not l.startswith("#")]
+mpi_us = min(float(r[3]) for r in mpi) if mpi else float("nan")
+best = {}
+for r in rows:
+    k = (r["window"], r["mode"])
+    if k not in best or r["time_us"] < best[k]["time_us"]:
+        best[k] = r
+wins = sorted({r["window"] for r in rows}, key=lambda w: int(w.split("-")[0]))
+wrong = sum(r["wrong"] for r in rows)
+print(f"# {rows[0]['tensor'] if rows else '?'}, {rows[0]['nranks'] if rows else '?'} ranks, "
+      f"{rows[0]['size'] if rows else '?'} bytes gathered; MPI_Allgather (tcp) {mpi_us/1e3:.1f} ms")
+print(f"{'window':>9} {'raw ms':>8} {'exp ms':>8} {'full ms':>8} {'wire exp':>8} {'wire full':>9} "
+      f"{'raw/exp':>8} {'raw/full':>8} {'mpi/exp':>8} {'mpi/full':>8}")
+for w in wins:
+    g = lambda m, key="time_us": best.get((w, m), {}).get(key, float("nan"))
+    raw, e, f = g("raw"), g("exp"), g("full")
+    print(f"{w:>9} {raw/1e3:8.1f} {e/1e3:8.1f} {f/1e3:8.1f} {g('exp','wire_ratio'):8.2f} {g('full','wire_ratio'):9.2f} "
+          f"{raw/e:7.2f}x {raw/f:7.2f}x {mpi_us/e:7.2f}x {mpi_us/f:7.2f}x")
+print(f"# wrong elements: {wrong}")
+PY
+echo "# raw outputs in $OUT" >&2
