@@ -1,1 +1,502 @@
-//! Bootstrap, communicator and executor.
+//! Bootstrap, communicator and the executor that drives a schedule over the transport.
+//!
+//! - [`id`]: `UniqueId` (root address + job secret).
+//! - [`bootstrap`]: the authenticated TCP rendezvous that exchanges transport addresses.
+//! - [`env`]: `Communicator::from_env` — rank/size/root from mpirun, srun, torchrun, `ciera launch`.
+//! - [`wire`]: message headers, segments, abort notices.
+//! - [`payloads`]: where bytes live (raw user buffers, or codec frames: the [`FrameCodec`] hook).
+//! - [`exec`]: the polling loop that moves a [`crate::algo::Progress`] forward over the links.
+
+pub mod bootstrap;
+pub mod env;
+pub mod exec;
+pub mod id;
+pub mod payloads;
+pub mod wire;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ciera_transport::{Endpoint, TransportChoice, Waker};
+
+use crate::algo::{Algo, AlgoChoice, Progress, Schedule};
+use crate::error::{Error, Result};
+use crate::DType;
+use exec::{Exec, IdlePolicy, LinkRx, SendLane};
+pub use id::UniqueId;
+pub use payloads::{ChunkRef, FrameCodec};
+use payloads::{FramedPayloads, Layout, Payloads, RawPayloads};
+use wire::{CallSig, Op};
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+
+/// How a communicator behaves. `Config::default()` is what `from_env` gives with nothing set.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How long any wait (a peer's data, a bootstrap step) may make no progress before it
+    /// fails with `Error::Timeout` naming the rank waited for. `CIERA_TIMEOUT` (seconds).
+    pub timeout: Duration,
+    /// `CIERA_TRANSPORT=auto|shm|tcp`.
+    pub transport: TransportChoice,
+    /// `CIERA_ALGO=auto|ring|rd|bruck`.
+    pub algo: AlgoChoice,
+    /// Pipelining unit: a block is cut in chunks of this many bytes (rounded down to whole
+    /// elements). `CIERA_CHUNK_BYTES` (K/M/G suffixes).
+    pub chunk_bytes: usize,
+    /// How long an idle rank spins, then yields, before sleeping in the transport. None: chosen
+    /// from the number of ranks on this host versus its CPUs. `CIERA_SPIN_US`/`CIERA_YIELD_US`.
+    pub idle: Option<IdlePolicy>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: DEFAULT_TIMEOUT,
+            transport: TransportChoice::Auto,
+            algo: AlgoChoice::Auto,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            idle: None,
+        }
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = env::real_env("CIERA_TIMEOUT") {
+            let secs: f64 = v.trim().parse().ok().filter(|s: &f64| *s > 0.0 && s.is_finite()).ok_or_else(|| {
+                Error::InvalidArgument(format!("CIERA_TIMEOUT={v:?} is not a positive number of seconds"))
+            })?;
+            c.timeout = Duration::from_secs_f64(secs);
+        }
+        c.transport = TransportChoice::from_env()
+            .map_err(|e| Error::InvalidArgument(format!("CIERA_TRANSPORT: {e}")))?;
+        if let Some(v) = env::real_env("CIERA_ALGO") {
+            c.algo = AlgoChoice::parse(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!("CIERA_ALGO={v:?}: expected auto, ring, rd or bruck"))
+            })?;
+        }
+        if let Some(v) = env::real_env("CIERA_CHUNK_BYTES") {
+            c.chunk_bytes = crate::cli::args::parse_size(&v)
+                .filter(|&n| n > 0 && n <= u32::MAX as usize)
+                .ok_or_else(|| Error::InvalidArgument(format!("CIERA_CHUNK_BYTES={v:?} is not a size (e.g. 512K, 1M)")))?;
+        }
+        let us = |name: &str| -> Result<Option<Duration>> {
+            env::real_env(name)
+                .map(|v| {
+                    v.trim().parse::<u64>().map(Duration::from_micros).map_err(|_| {
+                        Error::InvalidArgument(format!("{name}={v:?} is not a number of microseconds"))
+                    })
+                })
+                .transpose()
+        };
+        let (spin, yld) = (us("CIERA_SPIN_US")?, us("CIERA_YIELD_US")?);
+        if spin.is_some() || yld.is_some() {
+            let auto = idle_policy(1);
+            c.idle = Some(IdlePolicy {
+                spin: spin.unwrap_or(auto.spin),
+                yield_for: yld.unwrap_or(auto.yield_for),
+                max_sleep: auto.max_sleep,
+            });
+        }
+        Ok(c)
+    }
+}
+
+/// Spin while this host has a CPU for every local rank; when oversubscribed, never spin (a
+/// spinning rank steals the CPU from the peer it waits for) but yield, which hands the CPU to
+/// that peer when it shares our run queue; sleep in the transport once yielding has not helped
+/// for a while. Measured on the 2-core dev VM, 4 ranks: spinning 20 us tripled the 8-byte
+/// latency; going straight to a futex sleep made it 8x worse (wake-ups are slow in a VM).
+fn idle_policy(local_ranks: usize) -> IdlePolicy {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if local_ranks <= cpus {
+        IdlePolicy {
+            spin: Duration::from_micros(200),
+            yield_for: Duration::from_millis(2),
+            max_sleep: Duration::from_millis(5),
+        }
+    } else {
+        IdlePolicy {
+            spin: Duration::ZERO,
+            yield_for: Duration::from_millis(1),
+            max_sleep: Duration::from_millis(5),
+        }
+    }
+}
+
+struct AbortShared {
+    flag: AtomicBool,
+    waker: Option<Waker>,
+}
+
+/// Aborts a communicator from any thread: a collective blocked in it (or the next one to
+/// start) returns `Error::Aborted`, its peers get an abort notice, and the communicator stays
+/// unusable.
+#[derive(Clone)]
+pub struct AbortHandle {
+    shared: Arc<AbortShared>,
+}
+
+impl AbortHandle {
+    pub fn abort(&self) {
+        self.shared.flag.store(true, Ordering::SeqCst);
+        if let Some(w) = &self.shared.waker {
+            w.wake();
+        }
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.shared.flag.load(Ordering::SeqCst)
+    }
+}
+
+/// A group of `size()` ranks (processes) that run collectives together.
+pub struct Communicator {
+    rank: usize,
+    nranks: usize,
+    config: Config,
+    /// None for a single rank, and after a failure that could not notify every peer.
+    ep: Option<Endpoint>,
+    rx: Vec<LinkRx>,
+    lanes: Vec<SendLane>,
+    frames: Vec<Vec<u8>>,
+    /// Schedules are cheap, but rebuilding one per call is wasted work for repeated shapes.
+    cached: Option<(Algo, usize, Progress)>,
+    seq: u64,
+    broken: Option<String>,
+    abort: Arc<AbortShared>,
+    idle: IdlePolicy,
+    /// Current spin budget (see `Exec::spin`).
+    spin: Duration,
+}
+
+impl Communicator {
+    /// Join the job `id` as `rank` of `nranks` (every rank passes the same id and nranks).
+    pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::InvalidArgument(format!("rank {rank} is out of range for nranks={nranks}")));
+        }
+        let root = id.root();
+        let secret = id.secret();
+        let mut source = || Ok(Some((vec![root], secret)));
+        Communicator::bootstrap(&mut source, nranks, rank, config, Instant::now())
+    }
+
+    /// Rank, size and rendezvous from the launcher's environment; see [`env`] for what is
+    /// read and what happens when the secret or root address is absent.
+    pub fn from_env(config: Config) -> Result<Communicator> {
+        let launch = env::LaunchEnv::detect(&env::real_env)?;
+        if launch.nranks == 1 {
+            return Ok(Communicator::single(config));
+        }
+        let started = Instant::now();
+        let deadline = started + config.timeout;
+        match env::rendezvous(&env::real_env, &launch)? {
+            env::Rendezvous::Address { addr, secret, serve_port } => {
+                if let Some(port) = serve_port {
+                    let listener = std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+                        Error::Bootstrap(format!("rank 0 binding the root port {port}: {e}"))
+                    })?;
+                    bootstrap::spawn_root(listener, secret, bootstrap::RootMode::Once, id::round_timeout(config.timeout))?;
+                }
+                let mut source = || Ok(Some((env::resolve(&addr)?, secret)));
+                Communicator::bootstrap(&mut source, launch.nranks, launch.rank, config, started)
+            }
+            env::Rendezvous::File { path, secret } => {
+                if launch.rank == 0 {
+                    let secret = match secret {
+                        Some(s) => s,
+                        None => id::random_secret()?,
+                    };
+                    let uid = UniqueId::with_secret(secret)?;
+                    env::publish_id(&path, &uid)?;
+                    let result = Communicator::init_rank(&uid, launch.nranks, 0, config);
+                    let _ = std::fs::remove_file(&path);
+                    result
+                } else {
+                    let mut source = || -> Result<Option<(Vec<std::net::SocketAddr>, [u8; 32])>> {
+                        Ok(env::read_id(&path)?.map(|id| (vec![id.root()], id.secret())))
+                    };
+                    // Wait for the file first so the error says what was missing.
+                    env::wait_for_id(&path, deadline)?;
+                    Communicator::bootstrap(&mut source, launch.nranks, launch.rank, config, started)
+                }
+            }
+        }
+    }
+
+    fn single(config: Config) -> Communicator {
+        Communicator::assemble(0, 1, config, None, 1, None)
+    }
+
+    fn bootstrap(
+        source: &mut bootstrap::RootSource<'_>,
+        nranks: usize,
+        rank: usize,
+        config: Config,
+        started: Instant,
+    ) -> Result<Communicator> {
+        let deadline = started + config.timeout;
+        let ip = ciera_transport::interface_ip()
+            .map_err(|e| Error::Bootstrap(format!("rank {rank}: choosing a network interface: {e}")))?;
+        let mut ep = Endpoint::bind(ip)
+            .map_err(|e| Error::Bootstrap(format!("rank {rank}: binding the transport endpoint on {ip}: {e}")))?;
+        let me = ep.local_info();
+        let table = bootstrap::join(source, nranks, rank, &me, deadline)?;
+        // Get the secret again for the transport's own handshakes.
+        let secret = match source()? {
+            Some((_, s)) => s,
+            None => return Err(Error::Bootstrap("the rendezvous file vanished during bootstrap".into())),
+        };
+        if nranks == 1 {
+            return Ok(Communicator::assemble(rank, nranks, config, None, 1, None));
+        }
+        ep.connect_all(rank, &table, &secret, config.transport, deadline).map_err(|e| {
+            Error::Bootstrap(format!("rank {rank}: connecting to the other {} ranks: {e}", nranks - 1))
+        })?;
+        let local = table.iter().filter(|p| p.host_id == me.host_id).count();
+        let waker = ep.waker();
+        Ok(Communicator::assemble(rank, nranks, config, Some(ep), local, Some(waker)))
+    }
+
+    fn assemble(
+        rank: usize,
+        nranks: usize,
+        config: Config,
+        ep: Option<Endpoint>,
+        local_ranks: usize,
+        waker: Option<Waker>,
+    ) -> Communicator {
+        let idle = config.idle.unwrap_or_else(|| idle_policy(local_ranks));
+        Communicator {
+            rank,
+            nranks,
+            config,
+            ep,
+            rx: (0..nranks).map(|_| LinkRx::new()).collect(),
+            lanes: Vec::new(),
+            frames: Vec::new(),
+            cached: None,
+            seq: 0,
+            broken: None,
+            abort: Arc::new(AbortShared { flag: AtomicBool::new(false), waker }),
+            spin: idle.spin,
+            idle,
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.nranks
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle { shared: self.abort.clone() }
+    }
+
+    /// The algorithm a call gathering `count` elements of `dtype` per rank will use.
+    pub fn algo_for(&self, count: usize, dtype: DType) -> Algo {
+        self.config.algo.resolve(self.nranks, count * dtype.size() * self.nranks)
+    }
+
+    /// Gather every rank's `send` (`count` elements of `dtype`) into `recv`, rank r's at
+    /// element r*count. `send.len() == count*dtype.size()`, `recv.len() == size()*send.len()`.
+    pub fn all_gather(&mut self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+        self.check_lengths(Some(send.len()), recv.len(), count, dtype)?;
+        self.start_call()?;
+        if self.nranks == 1 {
+            recv.copy_from_slice(send);
+            return Ok(());
+        }
+        let layout = Layout::new(self.rank, self.nranks, count, dtype, self.config.chunk_bytes);
+        let payloads = RawPayloads::new(layout, Some(send), recv);
+        self.execute(Op::AllGather, layout, dtype, payloads)
+    }
+
+    /// As [`Communicator::all_gather`], in place: this rank's shard is already at
+    /// `recv[rank*count*size..]`.
+    pub fn all_gather_in_place(&mut self, recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+        self.check_lengths(None, recv.len(), count, dtype)?;
+        self.start_call()?;
+        if self.nranks == 1 {
+            return Ok(());
+        }
+        let layout = Layout::new(self.rank, self.nranks, count, dtype, self.config.chunk_bytes);
+        let payloads = RawPayloads::new(layout, None, recv);
+        self.execute(Op::AllGather, layout, dtype, payloads)
+    }
+
+    /// Allgather through a frame codec: this rank's chunks are encoded by `codec` into frames
+    /// of any length, frames travel (and are forwarded unchanged) instead of raw bytes, and
+    /// every received frame is decoded into `recv`. `send` is None for in place. Every rank
+    /// must use the same codec format (checked: `CallMismatch` otherwise).
+    pub fn all_gather_framed(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+        codec: &mut dyn FrameCodec,
+    ) -> Result<()> {
+        self.check_lengths(send.map(|s| s.len()), recv.len(), count, dtype)?;
+        self.start_call()?;
+        if self.nranks == 1 {
+            if let Some(send) = send {
+                recv.copy_from_slice(send);
+            }
+            return Ok(());
+        }
+        let layout = Layout::new(self.rank, self.nranks, count, dtype, self.config.chunk_bytes);
+        let mut frames = std::mem::take(&mut self.frames);
+        let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames);
+        let r = self.execute(Op::AllGather, layout, dtype, payloads);
+        self.frames = frames;
+        r
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub fn barrier(&mut self) -> Result<()> {
+        self.start_call()?;
+        if self.nranks == 1 {
+            return Ok(());
+        }
+        let layout = Layout::new(self.rank, self.nranks, 0, DType::U8, self.config.chunk_bytes);
+        let mut empty: [u8; 0] = [];
+        let payloads = RawPayloads::new(layout, None, &mut empty);
+        self.execute(Op::Barrier, layout, DType::U8, payloads)
+    }
+
+    fn check_lengths(&self, send: Option<usize>, recv: usize, count: usize, dtype: DType) -> Result<()> {
+        let block = count.checked_mul(dtype.size()).ok_or_else(|| {
+            Error::InvalidArgument(format!("count {count} of {dtype} overflows a byte length"))
+        })?;
+        if let Some(send) = send {
+            if send != block {
+                return Err(Error::LengthMismatch {
+                    what: "all_gather send buffer bytes (count * dtype size)",
+                    expected: block,
+                    found: send,
+                });
+            }
+        }
+        let total = block.checked_mul(self.nranks).ok_or_else(|| {
+            Error::InvalidArgument(format!("count {count} x {} ranks overflows", self.nranks))
+        })?;
+        if recv != total {
+            return Err(Error::LengthMismatch {
+                what: "all_gather recv buffer bytes (nranks * count * dtype size)",
+                expected: total,
+                found: recv,
+            });
+        }
+        Ok(())
+    }
+
+    fn start_call(&mut self) -> Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Aborted { detail: format!("communicator unusable after an earlier error: {why}") });
+        }
+        if self.abort.flag.load(Ordering::SeqCst) {
+            self.broken = Some("abort() was called".into());
+            return Err(Error::Aborted { detail: "abort() was called".into() });
+        }
+        self.seq += 1;
+        Ok(())
+    }
+
+    fn execute<P: Payloads>(&mut self, op: Op, layout: Layout, dtype: DType, payloads: P) -> Result<()> {
+        let total = layout.block_bytes() * self.nranks;
+        let algo = if op == Op::Barrier {
+            self.config.algo.resolve(self.nranks, 0)
+        } else {
+            self.config.algo.resolve(self.nranks, total)
+        };
+        let own_ready = payloads.own_ready();
+        let progress = match &mut self.cached {
+            Some((a, n, p)) if *a == algo && *n == layout.nchunks => {
+                p.reset(own_ready);
+                p
+            }
+            slot => {
+                let s = Schedule::new(algo, self.rank, self.nranks, layout.nchunks);
+                &mut slot.insert((algo, layout.nchunks, Progress::new(&s, own_ready))).2
+            }
+        };
+        let sig = CallSig {
+            op,
+            seq: self.seq,
+            count: layout.count as u64,
+            dtype,
+            algo,
+            format: payloads.format(),
+            nchunks: layout.nchunks as u32,
+        };
+        let Some(ep) = self.ep.as_mut() else {
+            return Err(Error::Aborted { detail: "communicator has no links (closed after an error)".into() });
+        };
+        let exec = Exec {
+            ep,
+            rx: &mut self.rx,
+            lanes: &mut self.lanes,
+            progress,
+            payloads,
+            sig,
+            rank: self.rank,
+            nranks: self.nranks,
+            timeout: self.config.timeout,
+            idle: self.idle,
+            spin: &mut self.spin,
+            abort: &self.abort.flag,
+        };
+        match exec.run() {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                self.broken = Some(f.error.to_string());
+                if !f.notified_all {
+                    // Some peer could not be told; closing the links tells it.
+                    self.ep = None;
+                }
+                Err(f.error)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_cross_threads() {
+        fn send_sync<T: Send + Sync + Clone>() {}
+        fn send<T: Send>() {}
+        send_sync::<AbortHandle>();
+        send::<Communicator>();
+    }
+
+    #[test]
+    fn single_rank_gathers_its_own_shard() {
+        let mut c = Communicator::single(Config::default());
+        let mut out = [0u8; 6];
+        c.all_gather(&[1, 2, 3, 4, 5, 6], &mut out, 3, DType::BF16).unwrap();
+        assert_eq!(out, [1, 2, 3, 4, 5, 6]);
+        c.all_gather_in_place(&mut out, 3, DType::BF16).unwrap();
+        c.barrier().unwrap();
+        // Wrong lengths are refused, naming the sizes.
+        let e = c.all_gather(&[1, 2, 3], &mut out, 3, DType::BF16).unwrap_err();
+        assert!(matches!(e, Error::LengthMismatch { expected: 6, found: 3, .. }), "{e}");
+        c.abort_handle().abort();
+        assert!(matches!(c.barrier(), Err(Error::Aborted { .. })));
+        assert!(matches!(c.barrier(), Err(Error::Aborted { .. })));
+    }
+}

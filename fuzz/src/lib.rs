@@ -1,0 +1,139 @@
+//! Helpers shared by the fuzz targets: reading fuzzer bytes as parameters, building a cache
+//! slot in a given state through the public API, resealing frame checksums so the fuzzer gets
+//! past them, and the checks every accepted frame must pass.
+
+use ciera::codec::{bitmask, checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use ciera::DType;
+
+/// Fuzzer bytes consumed from the front; runs out into zeros.
+pub struct Input<'a>(pub &'a [u8]);
+
+impl Input<'_> {
+    pub fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+    pub fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    pub fn u64(&mut self) -> u64 {
+        (0..8).fold(0u64, |a, i| a | (self.u8() as u64) << (8 * i))
+    }
+    /// `n` bytes, cycling the remaining input (zeros if none is left). Consumes up to `n`.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let src = self.0;
+        let take = n.min(src.len());
+        self.0 = &src[take..];
+        if src.is_empty() {
+            return vec![0; n];
+        }
+        (0..n).map(|i| src[i % src.len()].wrapping_add((i / src.len()) as u8)).collect()
+    }
+    pub fn rest(&mut self) -> &[u8] {
+        std::mem::take(&mut self.0)
+    }
+}
+
+pub fn section_lens(f: &[u8]) -> [usize; 4] {
+    std::array::from_fn(|i| u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize)
+}
+
+/// Recompute both checksums of the frame at the start of `f` (as far as its bytes go).
+pub fn reseal(f: &mut [u8]) {
+    if f.len() < frame::HEADER_LEN {
+        return;
+    }
+    let s = section_lens(f);
+    let h = frame::HEADER_LEN;
+    let end0 = (h + s[0]).min(f.len());
+    let s0 = checksum::sh64(&f[h..end0]);
+    f[48..56].copy_from_slice(&s0.to_le_bytes());
+    let end = (h + s.iter().sum::<usize>()).min(f.len());
+    let mut x = xxhash_rust::xxh3::Xxh3::new();
+    x.update(&f[..56]);
+    x.update(&f[end0..end]);
+    let sum = x.digest();
+    f[56..64].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// A slot at `version` holding `values` as its previous iteration if `warm` (cold otherwise).
+pub fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, version: u64, warm: bool, values: &[u8]) -> CacheSlot {
+    let mut src = CacheSlot::new(dtype, mode, len);
+    let mut f = Vec::new();
+    src.encode(values, &mut f).expect("raw encode");
+    f[24..32].copy_from_slice(&version.wrapping_sub(1).to_le_bytes());
+    reseal(&mut f);
+    let mut s = CacheSlot::new(dtype, mode, len);
+    s.set_frame_choice(choice);
+    let mut out = vec![0u8; values.len()];
+    s.decode(&f, &mut out).expect("decode of a raw frame");
+    if !warm {
+        s.poison();
+    }
+    s
+}
+
+/// What the receiver held before the frame.
+pub struct Before<'a> {
+    pub dtype: DType,
+    pub mode: CacheMode,
+    pub choice: FrameChoice,
+    pub len: usize,
+    pub prev: &'a [u8],
+}
+
+/// An accepted delta frame is the canonical coding of its output against the prior state
+/// (same s0 and exponent bytes, masks with the same bits).
+pub fn assert_canonical(b: &Before<'_>, bytes: &[u8], info: &FrameInfo, out: &[u8]) {
+    if info.mode == Mode::Raw {
+        return;
+    }
+    let choice = if info.mode == Mode::Exp { FrameChoice::Exp } else { FrameChoice::Hybrid };
+    let mut tx = slot_at(b.dtype, b.mode, choice, b.len, info.version, true, b.prev);
+    let mut f = Vec::new();
+    let t = tx.encode(out, &mut f).expect("canonical encode");
+    assert_eq!((t.mode, t.exp_changes, t.value_changes), (info.mode, info.exp_changes, info.value_changes), "accepted a non-canonical frame");
+    let (p, q) = (frame::parse(bytes).unwrap(), frame::parse(&f).unwrap());
+    let masks: &[usize] = if info.mode == Mode::Exp { &[1] } else { &[1, 2] };
+    for i in 0..4 {
+        if masks.contains(&i) {
+            let m = if i == 1 { b.len } else { info.value_changes.unwrap() };
+            let (mut x, mut y) = (Vec::new(), Vec::new());
+            let _ = bitmask::decode(p.sections[i], m, &mut x);
+            let _ = bitmask::decode(q.sections[i], m, &mut y);
+            assert_eq!(x, y, "mask s{i} of an accepted frame");
+        } else {
+            assert_eq!(p.sections[i], q.sections[i], "s{i} of an accepted frame is not canonical");
+        }
+    }
+}
+
+/// After an accepted frame, the receiver's slot must be what it reported: a sender in that
+/// state (the output, or the previous values after a raw frame without FILL) gets `next`
+/// through exactly.
+pub fn assert_consistent(b: &Before<'_>, rx: &mut CacheSlot, info: &FrameInfo, out: &[u8], next: &[u8]) {
+    if !rx.is_warm() {
+        return;
+    }
+    let held = if info.mode == Mode::Raw && !info.fill { b.prev } else { out };
+    let mut tx = slot_at(b.dtype, b.mode, b.choice, b.len, rx.version(), true, held);
+    let mut f = Vec::new();
+    tx.encode(next, &mut f).expect("follow-up encode");
+    let mut o = vec![0u8; next.len()];
+    let r = rx.decode(&f, &mut o);
+    assert!(r.is_ok(), "follow-up frame refused: {r:?}");
+    assert!(o == next, "follow-up frame decoded to other values");
+}
+
+pub const DTYPES: [DType; 12] = DType::ALL;
+pub const MODES: [CacheMode; 2] = [CacheMode::Exponent, CacheMode::FullValue];
+pub const CHOICES: [FrameChoice; 3] = [FrameChoice::Exp, FrameChoice::Hybrid, FrameChoice::Auto];
+
+/// decode_raw sizes a temporary slot from the header's count before checking it (a known bug:
+/// huge counts panic or abort). Targets call it only below this count.
+pub const DECODE_RAW_MAX_COUNT: usize = 1 << 20;

@@ -1,0 +1,113 @@
+/* An MPI program (nothing in it knows CIERA) for tests/capi_mpi.rs:
+ *
+ *   mpirun -np N mpi_app ITERS
+ *
+ * ITERS iterations of MPI_Allgather on MPI_COMM_WORLD: fp32 data (MPI_FLOAT) and bf16 bit
+ * patterns (MPI_UINT16_T), drifting slowly, in and out of place, odd counts; then some calls
+ * the interposer must leave to MPI (a derived type, differing send/recv types) and gathers on a
+ * sub-communicator from MPI_Comm_split, which is freed before MPI_Finalize. Every received
+ * element is checked. Prints "mpi_app rank R: OK ..." or what differed (exit 1). */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_data.h"
+
+static int g_rank = -1;
+
+#define FAIL(...)                                      \
+    do {                                               \
+        fprintf(stderr, "mpi_app rank %d: ", g_rank);  \
+        fprintf(stderr, __VA_ARGS__);                  \
+        fprintf(stderr, "\n");                         \
+        MPI_Abort(MPI_COMM_WORLD, 1);                  \
+    } while (0)
+
+static float f32_value(int rank, size_t i, int iter) {
+    return sinf(0.011f * (float)i + 0.3f * (float)rank) * (1.0f + 0.0007f * (float)iter) + 0.00003f * (float)iter;
+}
+
+/* Gathers `count` fp32 and then `count` bf16 per rank on `comm`, checks both. Returns calls made. */
+static int gather_both(MPI_Comm comm, int it, int count, int inplace, float* fsend, float* frecv, uint16_t* hsend,
+                       uint16_t* hrecv) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    memset(frecv, 0xEE, sizeof(float) * count * size);
+    memset(hrecv, 0xEE, 2 * (size_t)count * size);
+    float* fmine = inplace ? frecv + (size_t)rank * count : fsend;
+    for (int i = 0; i < count; i++) fmine[i] = f32_value(rank, i, it);
+    uint16_t* hmine = inplace ? hrecv + (size_t)rank * count : hsend;
+    fill_bf16(hmine, rank, count, it);
+    if (MPI_Allgather(inplace ? MPI_IN_PLACE : fsend, count, MPI_FLOAT, frecv, count, MPI_FLOAT, comm) != MPI_SUCCESS)
+        FAIL("MPI_Allgather(float) failed");
+    if (MPI_Allgather(inplace ? MPI_IN_PLACE : hsend, count, MPI_UINT16_T, hrecv, count, MPI_UINT16_T, comm) != MPI_SUCCESS)
+        FAIL("MPI_Allgather(uint16) failed");
+    for (int r = 0; r < size; r++) {
+        for (int i = 0; i < count; i++) {
+            float want = f32_value(r, i, it);
+            if (memcmp(&frecv[(size_t)r * count + i], &want, 4) != 0)
+                FAIL("iteration %d count %d: float %d of rank %d is %a, expected %a", it, count, i, r,
+                     frecv[(size_t)r * count + i], want);
+        }
+        long bad = check_bf16(hrecv + (size_t)r * count, r, count, it);
+        if (bad >= 0) FAIL("iteration %d count %d: bf16 %ld of rank %d differs", it, count, bad, r);
+    }
+    return 2;
+}
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    g_rank = rank;
+    int iters = argc > 1 ? atoi(argv[1]) : 50;
+    const int max_count = 30011;
+    float* fsend = malloc(sizeof(float) * max_count);
+    float* frecv = malloc(sizeof(float) * max_count * size);
+    uint16_t* hsend = malloc(2 * (size_t)max_count);
+    uint16_t* hrecv = malloc(2 * (size_t)max_count * size);
+    static const int counts[] = {1, 17, 1000, 30011, 0, 4096};
+    int world_calls = 0;
+    double t0 = MPI_Wtime();
+    for (int it = 0; it < iters; it++)
+        world_calls += gather_both(MPI_COMM_WORLD, it, counts[it % 6], it % 2, fsend, frecv, hsend, hrecv);
+    double t1 = MPI_Wtime();
+
+    /* A double (served raw), then calls that must go to MPI: a derived type, and differing
+     * (but matching in signature) send and recv types. */
+    double d = rank + 0.25, dall[64];
+    MPI_Allgather(&d, 1, MPI_DOUBLE, dall, 1, MPI_DOUBLE, MPI_COMM_WORLD);
+    world_calls++;
+    for (int r = 0; r < size; r++)
+        if (dall[r] != r + 0.25) FAIL("double from rank %d is %f", r, dall[r]);
+    MPI_Datatype pair;
+    MPI_Type_contiguous(2, MPI_FLOAT, &pair);
+    MPI_Type_commit(&pair);
+    float p2[2] = {(float)rank, -(float)rank}, pall[128];
+    MPI_Allgather(p2, 1, pair, pall, 1, pair, MPI_COMM_WORLD);
+    MPI_Allgather(p2, 2, MPI_FLOAT, pall, 1, pair, MPI_COMM_WORLD);
+    for (int r = 0; r < size; r++)
+        if (pall[2 * r] != (float)r || pall[2 * r + 1] != -(float)r) FAIL("pair from rank %d differs", r);
+    MPI_Type_free(&pair);
+
+    /* A sub-communicator of the even and the odd ranks, freed before MPI_Finalize. */
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+    int half_calls = 0;
+    for (int it = 0; it < 5; it++) half_calls += gather_both(half, 1000 + it, 777, it % 2, fsend, frecv, hsend, hrecv);
+    MPI_Comm_free(&half);
+
+    printf("mpi_app rank %d: OK %d world allgathers, %d on the split communicator, %.1f us per allgather\n", rank,
+           world_calls, half_calls, iters ? (t1 - t0) * 1e6 / (2.0 * iters) : 0.0);
+    fflush(stdout);
+    free(fsend);
+    free(frecv);
+    free(hsend);
+    free(hrecv);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,107 @@
+//! libciera_mpi.so under Open MPI: an unmodified MPI program (tests/c/mpi_app.c) run by
+//! `mpirun -np 3 -x LD_PRELOAD=...` gathers fp32 and bf16-in-uint16 data exactly, its
+//! MPI_COMM_WORLD and split-communicator gathers are served by CIERA (its statistics, printed
+//! at MPI_Finalize / MPI_Comm_free with CIERA_STATS=1, say so), the calls CIERA must not take
+//! (derived types, a one-rank communicator) go to MPI, and CIERA_DISABLE=1 passes everything
+//! through. Skipped, with the reason printed, where mpicc or mpirun is missing (CI installs
+//! openmpi-bin and libopenmpi-dev).
+
+#[path = "c/support.rs"]
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use support::*;
+
+const RANKS: usize = 3;
+const ITERS: usize = 30;
+
+fn mpi_missing() -> Option<String> {
+    for tool in ["mpicc", "mpirun"] {
+        if !have(tool) {
+            return Some(format!("{tool} not found (apt-get install openmpi-bin libopenmpi-dev)"));
+        }
+    }
+    let v = Command::new("mpirun").arg("--version").output().ok()?;
+    let v = String::from_utf8_lossy(&v.stdout).to_string() + &String::from_utf8_lossy(&v.stderr);
+    (!v.contains("Open MPI")).then(|| format!("mpirun is not Open MPI's (the interposer speaks Open MPI's ABI): {v}"))
+}
+
+fn build_app() -> PathBuf {
+    let dir = scratch("mpi");
+    let exe = dir.join("mpi_app");
+    cc_with("mpicc", &exe, &[c_dir().join("mpi_app.c")], &[format!("-I{}", c_dir().display()), "-lm".into()]);
+    exe
+}
+
+fn mpirun(app: &PathBuf, env: &[(&str, String)]) -> (String, String) {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &RANKS.to_string()]);
+    for (k, v) in env {
+        cmd.args(["-x", &format!("{k}={v}")]);
+    }
+    cmd.arg(app).arg(ITERS.to_string());
+    let o = run_limited(cmd, Duration::from_secs(180));
+    assert_success("mpirun", &o);
+    let (out, err) = text(&o);
+    for r in 0..RANKS {
+        let want = format!("mpi_app rank {r}: OK {} world allgathers", 2 * ITERS + 1);
+        assert!(out.contains(&want), "no '{want}':\n{out}\n{err}");
+    }
+    (out, err)
+}
+
+fn stats_line(err: &str, rank: usize, size: usize) -> &str {
+    let head = format!("ciera-mpi: rank {rank}/{size} comm ");
+    err.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no stats for rank {rank}/{size}:\n{err}"))
+}
+
+#[test]
+fn mpi_allgathers_are_served_by_ciera() {
+    if let Some(why) = mpi_missing() {
+        println!("SKIPPED mpi_allgathers_are_served_by_ciera: {why}");
+        return;
+    }
+    build_libs(&["ciera-mpi"]);
+    let app = build_app();
+    let preload = lib_path("libciera_mpi.so").display().to_string();
+    let (out, err) = mpirun(
+        &app,
+        &[
+            ("LD_PRELOAD", preload.clone()),
+            ("CIERA_STATS", "1".into()),
+            ("CIERA_MPI_16BIT", "bf16".into()),
+            ("CIERA_TIMEOUT", "60".into()),
+        ],
+    );
+    // MPI_COMM_WORLD: every float, uint16 and double gather was CIERA's.
+    for r in 0..RANKS {
+        let line = stats_line(&err, r, RANKS);
+        assert!(line.contains(&format!(": {} allgathers served by CIERA", 2 * ITERS + 1)), "{line}");
+        assert!(line.contains(" 0 failed") && line.ends_with(", 0 passed to MPI"), "{line}");
+    }
+    // The split communicator of the even ranks {0, 2} (size 2) was served too; the odd rank is
+    // alone in its half, and a one-rank gather is left to MPI.
+    for r in [0, 1] {
+        let line = stats_line(&err, r, 2);
+        assert!(line.contains(": 10 allgathers served by CIERA"), "{line}");
+    }
+    // Derived types (2 calls) always go to MPI; rank 1 also passes its 10 one-rank gathers.
+    let passed: Vec<&str> = err.lines().filter(|l| l.contains("CIERA does not serve")).collect();
+    assert_eq!(passed.len(), RANKS, "{err}");
+    assert_eq!(passed.iter().filter(|l| l.starts_with("ciera-mpi: 2 allgathers")).count(), 2, "{err}");
+    assert_eq!(passed.iter().filter(|l| l.starts_with("ciera-mpi: 12 allgathers")).count(), 1, "{err}");
+    eprintln!("{out}{err}");
+
+    // CIERA_DISABLE=1: the same program, nothing served, nothing printed by the interposer.
+    let (_, err) = mpirun(&app, &[("LD_PRELOAD", preload), ("CIERA_STATS", "1".into()), ("CIERA_DISABLE", "1".into())]);
+    assert!(!err.contains("ciera-mpi"), "{err}");
+}
+
+#[test]
+fn mpi_interposer_exports_only_mpi_allgather() {
+    build_libs(&["ciera-mpi"]);
+    assert_eq!(exported_symbols(&lib_path("libciera_mpi.so")), ["MPI_Allgather"]);
+}

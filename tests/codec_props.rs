@@ -1,0 +1,982 @@
+//! Property tests of the codec: a sender slot and a receiver slot run many iterations of a
+//! drift model (values change with probability q, exponents with probability p, plus NaNs
+//! with payloads, infinities, signed zeros, subnormals and random bit patterns) and every
+//! frame must reproduce its input bit for bit, with both sides at the same version.
+//!
+//! Covered: every `DType`, both cache modes, every frame choice, lengths 0, 1, odd, around the
+//! 64-element block, ~100k; whole-slot and chunked coding (random chunk sizes, chunks decoded in
+//! a shuffled order and on two threads); poisoning mid-sequence; and the refusals (a replayed or
+//! future frame: `VersionMismatch`; another element type: `DTypeMismatch`; another count,
+//! offset or buffer size: `LengthMismatch`; a delta for a cold slot or a hybrid frame for an
+//! exponent slot: `SlotState`). `simd_and_plain_paths_agree` re-runs this binary with
+//! `CIERA_NO_SIMD=1` and checks that both paths produce the same bytes.
+//!
+//! Failures found by proptest are persisted in tests/codec_props.proptest-regressions (commit
+//! it) and replayed first on every run.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+
+use ciera::codec::{checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode, SlotChunk};
+use ciera::{DType, Error};
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+// ---- deterministic randomness -------------------------------------------------------------
+
+/// SplitMix64: the data of a case is derived from one proptest-chosen seed, so a persisted
+/// regression replays exactly.
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in 0..n (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64) / ((1u64 << 53) as f64) < p
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
+}
+
+// ---- element bit layouts, written from the IEEE / OCP definitions (not from the codec) -----
+
+#[derive(Clone, Copy)]
+struct FloatBits {
+    /// Mantissa bits (= the exponent field's shift).
+    mant: u32,
+    /// Exponent field bits.
+    exp: u32,
+}
+
+fn float_bits(dtype: DType) -> Option<FloatBits> {
+    Some(match dtype {
+        DType::BF16 => FloatBits { mant: 7, exp: 8 },
+        DType::F16 => FloatBits { mant: 10, exp: 5 },
+        DType::F32 => FloatBits { mant: 23, exp: 8 },
+        DType::F64 => FloatBits { mant: 52, exp: 11 },
+        DType::F8E4M3 => FloatBits { mant: 3, exp: 4 },
+        DType::F8E5M2 => FloatBits { mant: 2, exp: 5 },
+        _ => return None,
+    })
+}
+
+fn load(b: &[u8], size: usize, i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w[..size].copy_from_slice(&b[i * size..(i + 1) * size]);
+    u64::from_le_bytes(w)
+}
+
+fn store(b: &mut [u8], size: usize, i: usize, v: u64) {
+    b[i * size..(i + 1) * size].copy_from_slice(&v.to_le_bytes()[..size]);
+}
+
+fn low_bits(n: u32) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+fn exp_field(fb: FloatBits, v: u64) -> u64 {
+    (v >> fb.mant) & low_bits(fb.exp)
+}
+
+/// A weight-like value: random sign and mantissa, exponent a little below the bias (|x| ~ 0.01).
+fn fresh_value(rng: &mut Rng, dtype: DType) -> u64 {
+    let size = dtype.size() as u32;
+    let Some(fb) = float_bits(dtype) else { return rng.next() & low_bits(8 * size) };
+    let bias = low_bits(fb.exp - 1) as i64;
+    let emax = low_bits(fb.exp) as i64;
+    let e = (bias - 1 - rng.below(8) as i64).clamp(1, emax - 1) as u64;
+    let sign = rng.next() & 1;
+    let mant = rng.next() & low_bits(fb.mant);
+    (sign << (fb.mant + fb.exp)) | (e << fb.mant) | mant
+}
+
+/// A special value: NaN with a payload (quiet or signalling), +-Inf, +-0, a subnormal, the
+/// extremes, or a fully random bit pattern.
+fn special_value(rng: &mut Rng, dtype: DType) -> u64 {
+    let size = dtype.size() as u32;
+    let Some(fb) = float_bits(dtype) else {
+        return match rng.below(4) {
+            0 => 0,
+            1 => low_bits(8 * size),
+            2 => 1 << (8 * size - 1),
+            _ => rng.next() & low_bits(8 * size),
+        };
+    };
+    let sign = (rng.next() & 1) << (fb.mant + fb.exp);
+    let emax = low_bits(fb.exp);
+    let mmask = low_bits(fb.mant);
+    match rng.below(7) {
+        0 => sign | (emax << fb.mant) | (rng.next() & mmask).max(1), // NaN with payload
+        1 => sign | (emax << fb.mant),                                // +-Inf
+        2 => sign,                                                    // +-0
+        3 => sign | (rng.next() & mmask).max(1),                      // subnormal
+        4 => sign | ((emax - 1) << fb.mant) | mmask,                  // largest finite
+        5 => sign | (1 << fb.mant),                                   // smallest normal
+        _ => rng.next() & low_bits(8 * size),                         // any bits
+    }
+}
+
+/// How values move from one iteration to the next.
+#[derive(Clone, Copy, Debug)]
+struct Drift {
+    /// Probability that an element's sign+mantissa changes.
+    q: f64,
+    /// Probability that an element's exponent changes (by a small step).
+    p: f64,
+    /// Probability that an element becomes a special value.
+    special: f64,
+}
+
+fn initial_tensor(rng: &mut Rng, dtype: DType, len: usize, special: f64) -> Vec<u8> {
+    let size = dtype.size();
+    let mut v = vec![0u8; len * size];
+    for i in 0..len {
+        let x = if rng.chance(special) { special_value(rng, dtype) } else { fresh_value(rng, dtype) };
+        store(&mut v, size, i, x);
+    }
+    v
+}
+
+fn drift_step(rng: &mut Rng, dtype: DType, prev: &[u8], d: Drift) -> Vec<u8> {
+    let size = dtype.size();
+    let mut v = prev.to_vec();
+    for i in 0..prev.len() / size {
+        let mut x = load(prev, size, i);
+        if rng.chance(d.special) {
+            x = special_value(rng, dtype);
+        } else if let Some(fb) = float_bits(dtype) {
+            if rng.chance(d.q) {
+                // A small update: re-draw some low mantissa bits, sometimes the sign.
+                let k = 1 + rng.below(fb.mant as usize) as u32;
+                x ^= rng.next() & low_bits(k);
+                if rng.chance(0.05) {
+                    x ^= 1 << (fb.mant + fb.exp);
+                }
+            }
+            if rng.chance(d.p) {
+                let e = exp_field(fb, x) as i64;
+                let step = 1 + rng.below(3) as i64;
+                let ne = if rng.chance(0.5) { e + step } else { e - step };
+                let ne = ne.clamp(0, low_bits(fb.exp) as i64) as u64;
+                x = (x & !(low_bits(fb.exp) << fb.mant)) | (ne << fb.mant);
+            }
+        } else if rng.chance(d.q) {
+            x ^= 1 << rng.below(8 * size);
+        }
+        store(&mut v, size, i, x);
+    }
+    v
+}
+
+// ---- frame surgery -------------------------------------------------------------------------
+
+fn section_lens(f: &[u8]) -> [usize; 4] {
+    std::array::from_fn(|i| u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize)
+}
+
+/// Recompute both checksums of the frame at the start of `f` (SH64 of s0 at 48, xxh3 of the
+/// header and s1..s3 at 56), as frame.rs documents them.
+fn reseal(f: &mut [u8]) {
+    let s = section_lens(f);
+    let h = frame::HEADER_LEN;
+    let s0 = checksum::sh64(&f[h..h + s[0]]);
+    f[48..56].copy_from_slice(&s0.to_le_bytes());
+    let mut x = xxhash_rust::xxh3::Xxh3::new();
+    x.update(&f[..56]);
+    x.update(&f[h + s[0]..h + s[0] + s[1] + s[2] + s[3]]);
+    let sum = x.digest();
+    f[56..64].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// A slot at `version`, holding `values` as its previous iteration (when `warm`): the state a
+/// peer would be in after decoding `values` at `version - 1`. Built through the public API
+/// alone: a raw FILL frame whose version field is rewritten.
+fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, version: u64, warm: bool, values: &[u8]) -> CacheSlot {
+    let mut src = CacheSlot::new(dtype, mode, len);
+    let mut f = Vec::new();
+    src.encode(values, &mut f).expect("raw encode");
+    f[24..32].copy_from_slice(&version.wrapping_sub(1).to_le_bytes());
+    reseal(&mut f);
+    let mut s = CacheSlot::new(dtype, mode, len);
+    s.set_frame_choice(choice);
+    let mut out = vec![0u8; values.len()];
+    s.decode(&f, &mut out).expect("decode of a raw frame");
+    assert_eq!(out, values);
+    assert_eq!(s.version(), version);
+    if !warm {
+        s.poison();
+    }
+    assert_eq!(s.is_warm(), warm && dtype.is_compressible());
+    s
+}
+
+// ---- the sender/receiver pair ---------------------------------------------------------------
+
+/// Which refusals to probe on copies of the receiver after an iteration.
+#[derive(Clone, Copy, Debug, Default)]
+struct Probes {
+    replay: bool,
+    wrong_dtype: bool,
+    wrong_count: bool,
+    wrong_out_len: bool,
+    cold: bool,
+    other_version: bool,
+    other_mode: bool,
+}
+
+impl Probes {
+    fn random(rng: &mut Rng, p: f64) -> Probes {
+        Probes {
+            replay: rng.chance(p),
+            wrong_dtype: rng.chance(p),
+            wrong_count: rng.chance(p),
+            wrong_out_len: rng.chance(p),
+            cold: rng.chance(p),
+            other_version: rng.chance(p),
+            other_mode: rng.chance(p),
+        }
+    }
+    fn all() -> Probes {
+        Probes {
+            replay: true,
+            wrong_dtype: true,
+            wrong_count: true,
+            wrong_out_len: true,
+            cold: true,
+            other_version: true,
+            other_mode: true,
+        }
+    }
+}
+
+struct Pair {
+    dtype: DType,
+    mode: CacheMode,
+    choice: FrameChoice,
+    len: usize,
+    tx: CacheSlot,
+    rx: CacheSlot,
+    /// The sender's previous input (what its cache holds when warm).
+    tx_last: Vec<u8>,
+    /// The receiver's previous output.
+    rx_last: Vec<u8>,
+    /// Whether both sides have completed an iteration together since they were created or
+    /// poisoned (fresh and poisoned slots take random versions until a FILL is exchanged).
+    synced: bool,
+    frames: usize,
+    bytes: usize,
+}
+
+fn assert_kind(r: Result<FrameInfo, Error>, what: &str, ok: impl Fn(&Error) -> bool) {
+    match r {
+        Err(e) if ok(&e) => {}
+        Err(e) => panic!("{what}: wrong error {e:?}"),
+        Ok(i) => panic!("{what}: accepted ({i:?})"),
+    }
+}
+
+impl Pair {
+    fn new(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize) -> Pair {
+        let mut tx = CacheSlot::new(dtype, mode, len);
+        let mut rx = CacheSlot::new(dtype, mode, len);
+        tx.set_frame_choice(choice);
+        rx.set_frame_choice(choice);
+        let bytes = len * dtype.size();
+        Pair {
+            dtype,
+            mode,
+            choice,
+            len,
+            tx,
+            rx,
+            tx_last: vec![0; bytes],
+            rx_last: vec![0; bytes],
+            synced: false,
+            frames: 0,
+            bytes: 0,
+        }
+    }
+
+    fn ctx(&self) -> String {
+        format!("{:?}/{:?}/{:?} len {} v{}", self.dtype, self.mode, self.choice, self.len, self.tx.version())
+    }
+
+
+    /// What the frame the sender is about to produce for `input` must say about itself.
+    fn check_info(&self, info: &FrameInfo, input: &[u8], tx_warm: bool, offset: usize, count: usize) {
+        let ctx = self.ctx();
+        let size = self.dtype.size();
+        assert_eq!((info.dtype, info.count, info.offset), (self.dtype, count, offset), "{ctx}");
+        assert_eq!(info.raw_bytes, count * size, "{ctx}");
+        if !self.dtype.is_compressible() {
+            assert_eq!((info.mode, info.fill), (Mode::Raw, false), "{ctx}");
+            return;
+        }
+        if !tx_warm {
+            assert_eq!((info.mode, info.fill, info.exp_changes, info.value_changes), (Mode::Raw, true, 0, None), "{ctx}");
+            return;
+        }
+        assert!(!info.fill, "{ctx}");
+        let fb = float_bits(self.dtype).unwrap();
+        let range = offset..offset + count;
+        let exp_changed =
+            range.clone().filter(|&i| exp_field(fb, load(input, size, i)) != exp_field(fb, load(&self.tx_last, size, i))).count();
+        let value_changed = range.filter(|&i| load(input, size, i) != load(&self.tx_last, size, i)).count();
+        let want = match (self.mode, self.choice) {
+            (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => Some(Mode::Exp),
+            (CacheMode::FullValue, FrameChoice::Hybrid) => Some(Mode::Hybrid),
+            (CacheMode::FullValue, FrameChoice::Auto) => None,
+        };
+        if let Some(m) = want {
+            assert_eq!(info.mode, m, "{ctx}");
+        }
+        assert_eq!(info.exp_changes, exp_changed, "{ctx}: exponent changes");
+        match info.mode {
+            Mode::Exp => assert_eq!(info.value_changes, None, "{ctx}"),
+            Mode::Hybrid => assert_eq!(info.value_changes, Some(value_changed), "{ctx}: value changes"),
+            Mode::Raw => panic!("{ctx}: raw frame from a warm sender"),
+        }
+    }
+
+    /// Frame self-description: header fields and the section lengths add up to the frame.
+    fn check_frame(&self, f: &[u8], info: &FrameInfo) {
+        assert_eq!(f.len(), info.frame_bytes, "{}", self.ctx());
+        assert_eq!(frame::peek_len(f).unwrap(), f.len(), "{}", self.ctx());
+        let p = frame::parse(f).unwrap();
+        assert_eq!((p.dtype, p.mode, p.count, p.offset, p.version), (info.dtype, info.mode, info.count, info.offset, info.version));
+        assert_eq!(p.flags, if info.fill { frame::FLAG_FILL } else { 0 });
+    }
+
+    /// One iteration, whole slot: encode, probe refusals on copies of the receiver, decode.
+    fn step_whole(&mut self, input: &[u8], probes: Probes) {
+        let ctx = self.ctx();
+        let tx_warm = self.tx.is_warm();
+        let v = self.tx.version();
+        if self.synced {
+            assert_eq!(v, self.rx.version(), "{ctx}: versions before the iteration");
+        }
+        let mut f = Vec::new();
+        let info = self.tx.encode(input, &mut f).unwrap_or_else(|e| panic!("{ctx}: encode: {e}"));
+        assert_eq!(info.version, v);
+        self.check_info(&info, input, tx_warm, 0, self.len);
+        self.check_frame(&f, &info);
+        self.probe(&f, &info, input, probes);
+        // The receiver decodes into a buffer of stale bytes: every output byte must be written.
+        let mut out = vec![0xA5u8; input.len()];
+        let rinfo = self.rx.decode(&f, &mut out).unwrap_or_else(|e| panic!("{ctx}: decode {:?} frame: {e}", info.mode));
+        assert!(out == input, "{ctx}: decoded {:?} frame differs from the input", info.mode);
+        assert_eq!(rinfo, info, "{ctx}: receiver's and sender's frame info");
+        assert_eq!(self.rx.version(), self.tx.version(), "{ctx}");
+        assert_eq!(self.rx.is_warm(), self.tx.is_warm(), "{ctx}");
+        self.synced = true;
+        if probes.replay {
+            // The same frame again, to a receiver that has already taken it.
+            let mut copy = self.rx_copy_of(&out);
+            let r = copy.decode(&f, &mut vec![0u8; input.len()]);
+            if info.mode == Mode::Raw {
+                assert!(r.is_ok(), "{ctx}: replayed raw frame: {r:?}");
+            } else {
+                assert_kind(r, &ctx, |e| {
+                    matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == v.wrapping_add(1) && *frame_version == v)
+                });
+                assert!(!copy.is_warm(), "{ctx}: a refused frame poisons the slot");
+            }
+        }
+        self.frames += 1;
+        self.bytes += f.len();
+        self.tx_last = input.to_vec();
+        self.rx_last = out;
+    }
+
+    fn rx_copy_of(&self, values: &[u8]) -> CacheSlot {
+        slot_at(self.dtype, self.mode, self.choice, self.len, self.rx.version(), self.rx.is_warm(), values)
+    }
+
+    /// Refusals, each on a copy of the receiver's state before `f`.
+    fn probe(&self, f: &[u8], info: &FrameInfo, input: &[u8], probes: Probes) {
+        let ctx = self.ctx();
+        let (dtype, len, v) = (self.dtype, self.len, info.version);
+        let delta = info.mode != Mode::Raw;
+        let buf = || vec![0u8; input.len()];
+        if probes.wrong_dtype {
+            let other = DType::ALL[(DType::ALL.iter().position(|&d| d == dtype).unwrap() + 1 + len % 11) % 12];
+            let mut s = CacheSlot::new(other, self.mode, len);
+            let r = s.decode(f, &mut vec![0u8; len * other.size()]);
+            assert_kind(r, &ctx, |e| matches!(e, Error::DTypeMismatch { expected, found } if *expected == other && *found == dtype));
+        }
+        if probes.wrong_count {
+            for n in [len + 1, len.wrapping_sub(1)].into_iter().filter(|&n| n != usize::MAX) {
+                let mut s = CacheSlot::new(dtype, self.mode, n);
+                let r = s.decode(f, &mut vec![0u8; n * dtype.size()]);
+                assert_kind(r, &ctx, |e| {
+                    matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("count") && *expected == n && *found == len)
+                });
+            }
+        }
+        if probes.wrong_out_len {
+            let mut s = self.rx_copy_of(&self.rx_last);
+            let r = s.decode(f, &mut vec![0u8; input.len() + 1]);
+            assert_kind(r, &ctx, |e| matches!(e, Error::LengthMismatch { what, .. } if what.contains("output")));
+            assert!(!s.is_warm());
+        }
+        if probes.cold {
+            let mut s = CacheSlot::new(dtype, self.mode, len);
+            let mut out = buf();
+            let r = s.decode(f, &mut out);
+            if delta {
+                assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
+            } else {
+                assert!(r.is_ok() && out == input, "{ctx}: raw frame on a cold slot: {r:?}");
+            }
+        }
+        if probes.other_version && self.rx.is_warm() {
+            for w in [v.wrapping_add(1), v.wrapping_sub(1), v ^ (1 << 40)] {
+                let mut s = slot_at(dtype, self.mode, self.choice, len, w, true, &self.rx_last);
+                let mut out = buf();
+                let r = s.decode(f, &mut out);
+                if delta {
+                    assert_kind(r, &ctx, |e| {
+                        matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == w && *frame_version == v)
+                    });
+                } else {
+                    // A raw FILL resynchronises a slot at any version.
+                    assert!(r.is_ok() && out == input, "{ctx}: raw frame at another version: {r:?}");
+                    assert_eq!(s.version(), v.wrapping_add(1));
+                }
+            }
+        }
+        if probes.other_mode && self.rx.is_warm() {
+            // Exp frames only need exponents, which both cache modes hold; hybrid frames need values.
+            let other = match self.mode {
+                CacheMode::Exponent => CacheMode::FullValue,
+                CacheMode::FullValue => CacheMode::Exponent,
+            };
+            let mut s = slot_at(dtype, other, self.choice, len, v, true, &self.rx_last);
+            let mut out = buf();
+            let r = s.decode(f, &mut out);
+            if info.mode == Mode::Hybrid {
+                assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
+            } else {
+                assert!(r.is_ok() && out == input, "{ctx}: {:?} frame on a {other:?} slot: {r:?}", info.mode);
+            }
+        }
+    }
+
+    /// One iteration in chunks of `chunk` elements; the sender encodes and the receiver decodes
+    /// the chunks in shuffled orders, the receiver optionally on two threads.
+    fn step_chunked(&mut self, input: &[u8], chunk: usize, rng: &mut Rng, threads: bool) {
+        let ctx = format!("{} chunk {chunk}", self.ctx());
+        let size = self.dtype.size();
+        let tx_warm = self.tx.is_warm();
+        let v = self.tx.version();
+        if self.synced {
+            assert_eq!(v, self.rx.version(), "{ctx}: versions before the iteration");
+        }
+        let (frames, tx_infos) = {
+            let mut chunks = self.tx.chunks(chunk);
+            let n = chunks.len();
+            assert_eq!(n, self.len.div_ceil(chunk).max(1), "{ctx}: number of chunks");
+            let mut order: Vec<usize> = (0..n).collect();
+            rng.shuffle(&mut order);
+            let mut frames = vec![Vec::new(); n];
+            let mut infos = vec![None; n];
+            for &i in &order {
+                let c = &mut chunks[i];
+                assert_eq!((c.offset(), c.len()), (i * chunk, chunk.min(self.len - i * chunk)), "{ctx}");
+                let r = c.offset() * size..(c.offset() + c.len()) * size;
+                infos[i] = Some(c.encode(&input[r], &mut frames[i]).unwrap_or_else(|e| panic!("{ctx}: encode chunk {i}: {e}")));
+            }
+            (frames, infos.into_iter().map(Option::unwrap).collect::<Vec<_>>())
+        };
+        for (i, (f, info)) in frames.iter().zip(&tx_infos).enumerate() {
+            assert_eq!(info.version, v);
+            self.check_info(info, input, tx_warm, i * chunk, chunk.min(self.len - i * chunk));
+            self.check_frame(f, info);
+        }
+        // Commit in a shuffled order too: commit must not care.
+        let mut shuffled = tx_infos.clone();
+        rng.shuffle(&mut shuffled);
+        self.tx.commit(&shuffled).unwrap_or_else(|e| panic!("{ctx}: sender commit: {e}"));
+
+        let mut out = vec![0x5Au8; input.len()];
+        let results = {
+            let mut chunks = self.rx.chunks(chunk);
+            let mut outs: Vec<&mut [u8]> = if self.len == 0 { vec![&mut []] } else { out.chunks_mut(chunk * size).collect() };
+            assert_eq!(outs.len(), chunks.len());
+            // Wrong offset: chunk 1 refuses chunk 0's frame even where the lengths agree.
+            if chunks.len() >= 3 {
+                let p = frame::parse(&frames[0]).unwrap();
+                let r = chunks[1].decode(&p, &mut vec![0u8; chunk * size]);
+                assert_kind(r, &ctx, |e| {
+                    matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("offset") && *expected == chunk && *found == 0)
+                });
+            }
+            let mut jobs: Vec<(usize, &mut SlotChunk<'_>, &mut [u8])> =
+                chunks.iter_mut().zip(outs.iter_mut()).enumerate().map(|(i, (c, o))| (i, c, &mut **o)).collect();
+            rng.shuffle(&mut jobs);
+            let decode = |(i, c, o): (usize, &mut SlotChunk<'_>, &mut [u8])| (i, frame::parse(&frames[i]).and_then(|p| c.decode(&p, o)));
+            if threads && jobs.len() > 1 {
+                let second = jobs.split_off(jobs.len() / 2);
+                std::thread::scope(|s| {
+                    let h = s.spawn(|| second.into_iter().map(decode).collect::<Vec<_>>());
+                    let mut r: Vec<_> = jobs.into_iter().map(decode).collect();
+                    r.extend(h.join().expect("decoder thread"));
+                    r
+                })
+            } else {
+                jobs.into_iter().map(decode).collect::<Vec<_>>()
+            }
+        };
+        let mut rx_infos = Vec::new();
+        for (i, r) in results {
+            let info = r.unwrap_or_else(|e| panic!("{ctx}: decode chunk {i}: {e}"));
+            assert_eq!(info, tx_infos[i], "{ctx}: chunk {i} info");
+            rx_infos.push(info);
+        }
+        self.rx.commit(&rx_infos).unwrap_or_else(|e| panic!("{ctx}: receiver commit: {e}"));
+        assert!(out == input, "{ctx}: chunked decode differs from the input");
+        assert_eq!(self.rx.version(), self.tx.version(), "{ctx}");
+        assert_eq!(self.rx.is_warm(), self.tx.is_warm(), "{ctx}");
+        self.synced = true;
+        self.frames += frames.len();
+        self.bytes += frames.iter().map(Vec::len).sum::<usize>();
+        self.tx_last = input.to_vec();
+        self.rx_last = out;
+    }
+
+    /// One iteration in chunks of random, unequal sizes (`CacheSlot::chunk(range)`), coded one
+    /// at a time; the receiver decodes them in a shuffled order.
+    fn step_ranges(&mut self, input: &[u8], rng: &mut Rng) {
+        let ctx = format!("{} ranges", self.ctx());
+        let size = self.dtype.size();
+        let tx_warm = self.tx.is_warm();
+        let mut ranges = Vec::new();
+        let mut at = 0;
+        while at < self.len || ranges.is_empty() {
+            let n = (1 + rng.below(1 + self.len / 3)).min(self.len - at);
+            ranges.push(at..at + n);
+            at += n;
+        }
+        let mut frames = Vec::new();
+        let mut tx_infos = Vec::new();
+        for r in &ranges {
+            let mut f = Vec::new();
+            let info = self.tx.chunk(r.clone()).encode(&input[r.start * size..r.end * size], &mut f).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            self.check_info(&info, input, tx_warm, r.start, r.len());
+            self.check_frame(&f, &info);
+            frames.push(f);
+            tx_infos.push(info);
+        }
+        self.tx.commit(&tx_infos).unwrap();
+        let mut order: Vec<usize> = (0..ranges.len()).collect();
+        rng.shuffle(&mut order);
+        let mut out = vec![0x3Cu8; input.len()];
+        let mut rx_infos = Vec::new();
+        for i in order {
+            let r = ranges[i].clone();
+            let p = frame::parse(&frames[i]).unwrap();
+            let info = self.rx.chunk(r.clone()).decode(&p, &mut out[r.start * size..r.end * size]).unwrap_or_else(|e| panic!("{ctx}: range {r:?}: {e}"));
+            assert_eq!(info, tx_infos[i]);
+            rx_infos.push(info);
+        }
+        self.rx.commit(&rx_infos).unwrap();
+        assert!(out == input, "{ctx}: decoded ranges differ from the input");
+        assert_eq!((self.rx.version(), self.rx.is_warm()), (self.tx.version(), self.tx.is_warm()), "{ctx}");
+        self.synced = true;
+        self.frames += frames.len();
+        self.bytes += frames.iter().map(Vec::len).sum::<usize>();
+        self.tx_last = input.to_vec();
+        self.rx_last = out;
+    }
+
+    /// The receiver alone loses its cache (or gets a damaged frame): it refuses the sender's
+    /// delta, the sender is told, poisons its own slot and resends the iteration as a raw FILL.
+    fn step_receiver_lost(&mut self, input: &[u8], damage: Option<usize>) {
+        let ctx = self.ctx();
+        if damage.is_none() {
+            self.rx.poison();
+        }
+        let mut f = Vec::new();
+        let info = self.tx.encode(input, &mut f).unwrap();
+        if let Some(at) = damage {
+            let at = at % f.len();
+            f[at] ^= 0x10;
+        }
+        let mut out = vec![0u8; input.len()];
+        let r = self.rx.decode(&f, &mut out);
+        if damage.is_some() {
+            assert!(r.is_err(), "{ctx}: damaged {:?} frame accepted: {r:?}", info.mode);
+        } else if info.mode == Mode::Raw {
+            // Nothing was lost that a raw frame needed (raw types, or a FILL anyway).
+            assert!(r.is_ok() && out == input, "{ctx}: {r:?}");
+            self.synced = true;
+            self.tx_last = input.to_vec();
+            self.rx_last = out;
+            return;
+        } else {
+            assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
+        }
+        assert!(!self.rx.is_warm(), "{ctx}: a refused frame poisons the slot");
+        assert_ne!(self.rx.version(), info.version.wrapping_add(1), "{ctx}: a refused frame does not advance the receiver");
+        // Resend.
+        self.tx.poison();
+        let w = self.tx.version();
+        let mut f = Vec::new();
+        let info = self.tx.encode(input, &mut f).unwrap();
+        assert_eq!((info.mode, info.fill, info.version), (Mode::Raw, self.dtype.is_compressible(), w), "{ctx}");
+        let rinfo = self.rx.decode(&f, &mut out).unwrap_or_else(|e| panic!("{ctx}: resent raw frame: {e}"));
+        assert_eq!(rinfo, info);
+        assert!(out == input, "{ctx}: resent raw frame");
+        assert_eq!((self.rx.version(), self.rx.is_warm()), (self.tx.version(), self.tx.is_warm()), "{ctx}");
+        self.synced = true;
+        self.tx_last = input.to_vec();
+        self.rx_last = out;
+    }
+}
+
+/// A whole run: `iters` iterations of drift with random chunking, poisoning and probes.
+#[derive(Clone, Debug)]
+struct Run {
+    dtype: DType,
+    mode: CacheMode,
+    choice: FrameChoice,
+    len: usize,
+    iters: usize,
+    drift: Drift,
+    seed: u64,
+    /// Probability of each disturbance per iteration (poison, probes, chunking).
+    stir: f64,
+}
+
+impl Run {
+    fn go(&self) -> Pair {
+        let mut rng = Rng(self.seed);
+        let mut pair = Pair::new(self.dtype, self.mode, self.choice, self.len);
+        let mut x = initial_tensor(&mut rng, self.dtype, self.len, self.drift.special);
+        for it in 0..self.iters {
+            if it > 0 {
+                x = drift_step(&mut rng, self.dtype, &x, self.drift);
+            }
+            let r = rng.below(1000) as f64 / 1000.0;
+            if r < self.stir * 0.15 {
+                pair.tx.poison();
+                pair.rx.poison();
+                pair.synced = false;
+                pair.step_whole(&x, Probes::random(&mut rng, self.stir));
+            } else if r < self.stir * 0.25 && pair.tx.is_warm() {
+                pair.step_receiver_lost(&x, None);
+            } else if r < self.stir * 0.35 && pair.tx.is_warm() {
+                let at = rng.next() as usize;
+                pair.step_receiver_lost(&x, Some(at));
+            } else if r < self.stir * 0.45 {
+                pair.step_ranges(&x, &mut rng);
+            } else if r < self.stir * 0.7 {
+                let chunk = match rng.below(4) {
+                    0 => 64 * (1 + rng.below(4)),
+                    1 => 1 + rng.below(8),
+                    _ => 1 + rng.below(self.len + 10),
+                };
+                let threads = rng.chance(0.3);
+                pair.step_chunked(&x, chunk, &mut rng, threads);
+            } else {
+                pair.step_whole(&x, Probes::random(&mut rng, self.stir * 0.3));
+            }
+        }
+        pair
+    }
+}
+
+fn dtypes() -> impl Strategy<Value = DType> {
+    prop::sample::select(DType::ALL.to_vec())
+}
+
+fn compressible() -> impl Strategy<Value = DType> {
+    prop::sample::select(vec![DType::BF16, DType::F16, DType::F32])
+}
+
+fn modes() -> impl Strategy<Value = CacheMode> {
+    prop::sample::select(vec![CacheMode::Exponent, CacheMode::FullValue])
+}
+
+fn choices() -> impl Strategy<Value = FrameChoice> {
+    prop::sample::select(vec![FrameChoice::Exp, FrameChoice::Hybrid, FrameChoice::Auto])
+}
+
+fn lengths() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(0usize),
+        Just(1usize),
+        (0usize..600).prop_map(|k| 2 * k + 1),
+        (1usize..10, -3i64..=3).prop_map(|(k, d)| (64 * k as i64 + d) as usize),
+        0usize..5000,
+    ]
+}
+
+fn probabilities() -> impl Strategy<Value = f64> {
+    prop_oneof![Just(0.0), Just(1.0), Just(0.002), Just(0.03), 0.0..1.0f64]
+}
+
+fn drifts() -> impl Strategy<Value = Drift> {
+    (probabilities(), probabilities(), prop_oneof![Just(0.0), Just(0.001), Just(0.05), Just(0.5), Just(1.0)])
+        .prop_map(|(q, p, special)| Drift { q, p, special })
+}
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        max_shrink_iters: 2000,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Every dtype, cache mode and frame choice, random lengths, drift, chunking, poisoning.
+    #[test]
+    fn drift_round_trips(
+        dtype in dtypes(), mode in modes(), choice in choices(), len in lengths(),
+        iters in 1usize..7, drift in drifts(), seed in any::<u64>(), stir in 0.0..1.0f64,
+    ) {
+        Run { dtype, mode, choice, len, iters, drift, seed, stir }.go();
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// The compressed types over longer runs, where the caches carry state for many iterations.
+    #[test]
+    fn long_drift_round_trips(
+        dtype in compressible(), mode in modes(), choice in choices(), len in lengths(),
+        iters in 8usize..24, drift in drifts(), seed in any::<u64>(), stir in 0.0..0.5f64,
+    ) {
+        Run { dtype, mode, choice, len, iters, drift, seed, stir }.go();
+    }
+}
+
+const ALL_MODES: [(CacheMode, FrameChoice); 4] = [
+    (CacheMode::Exponent, FrameChoice::Auto),
+    (CacheMode::FullValue, FrameChoice::Exp),
+    (CacheMode::FullValue, FrameChoice::Hybrid),
+    (CacheMode::FullValue, FrameChoice::Auto),
+];
+
+/// Every length around the 64-element block (and the fp16 8-value packing group), every dtype
+/// and mode, with every refusal probed on every frame.
+#[test]
+fn block_boundary_lengths() {
+    let lens = [0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 1023, 1024, 1025];
+    for (k, &len) in lens.iter().enumerate() {
+        for dtype in DType::ALL {
+            for (mode, choice) in ALL_MODES {
+                let mut rng = Rng(k as u64 * 1000 + dtype.code() as u64);
+                let mut pair = Pair::new(dtype, mode, choice, len);
+                let drift = Drift { q: 0.3, p: 0.05, special: 0.02 };
+                let mut x = initial_tensor(&mut rng, dtype, len, 0.02);
+                for it in 0..4 {
+                    if it > 0 {
+                        x = drift_step(&mut rng, dtype, &x, drift);
+                    }
+                    pair.step_whole(&x, Probes::all());
+                }
+                x = drift_step(&mut rng, dtype, &x, drift);
+                pair.step_chunked(&x, 64, &mut rng, false);
+            }
+        }
+    }
+}
+
+/// Each special class alone, as the whole tensor and as the drift: NaN payloads, infinities,
+/// zeros, subnormals must survive every frame kind bit for bit.
+#[test]
+fn special_values_round_trip() {
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        let fb = float_bits(dtype).unwrap();
+        let size = dtype.size();
+        let sign = 1u64 << (fb.mant + fb.exp);
+        let emax = low_bits(fb.exp);
+        let classes: [(&str, Box<dyn Fn(u64) -> u64>); 6] = [
+            ("nan", Box::new(move |r: u64| (r & sign) | (emax << fb.mant) | (r & low_bits(fb.mant)).max(1))),
+            ("inf", Box::new(move |r: u64| (r & sign) | (emax << fb.mant))),
+            ("zero", Box::new(move |r: u64| r & sign)),
+            ("subnormal", Box::new(move |r: u64| (r & sign) | (r & low_bits(fb.mant)).max(1))),
+            ("normal", Box::new(move |r: u64| (r & sign) | (((r >> 32) % (emax - 1) + 1) << fb.mant) | (r & low_bits(fb.mant)))),
+            ("bits", Box::new(move |r: u64| r & low_bits(8 * size as u32))),
+        ];
+        for (mode, choice) in ALL_MODES {
+            let mut pair = Pair::new(dtype, mode, choice, 300);
+            let mut rng = Rng(dtype.code() as u64);
+            for (name, make) in classes.iter().chain(classes.iter().rev()) {
+                let mut x = vec![0u8; 300 * size];
+                for i in 0..300 {
+                    // Mix the class with the previous iteration's values so both frames and
+                    // masks see transitions into and out of the class.
+                    let v = if rng.chance(0.7) { make(rng.next()) } else { load(&pair.tx_last, size, i) };
+                    store(&mut x, size, i, v);
+                }
+                let _ = name;
+                pair.step_whole(&x, Probes::default());
+            }
+        }
+    }
+}
+
+/// ~100k elements, every compressed dtype and mode, chunked on two threads, and whole.
+#[test]
+fn large_tensors() {
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (mode, choice) in ALL_MODES {
+            let len = 100_003;
+            let mut rng = Rng(0xC1E7A + dtype.code() as u64);
+            let mut pair = Pair::new(dtype, mode, choice, len);
+            let mut x = initial_tensor(&mut rng, dtype, len, 0.001);
+            pair.step_whole(&x, Probes::default());
+            for (it, (q, p)) in [(0.9, 0.03), (0.2, 0.002), (1.0, 0.5)].into_iter().enumerate() {
+                x = drift_step(&mut rng, dtype, &x, Drift { q, p, special: 0.0005 });
+                if it % 2 == 0 {
+                    pair.step_chunked(&x, 16_384, &mut rng, true);
+                } else {
+                    pair.step_whole(&x, Probes::default());
+                }
+            }
+            assert_eq!(pair.tx.version(), pair.rx.version());
+        }
+    }
+    // And a raw type, where the frame is the tensor.
+    let mut pair = Pair::new(DType::I64, CacheMode::FullValue, FrameChoice::Auto, 100_001);
+    let x = initial_tensor(&mut Rng(5), DType::I64, 100_001, 0.0);
+    pair.step_chunked(&x, 30_000, &mut Rng(6), true);
+    pair.step_whole(&x, Probes::default());
+}
+
+// ---- SIMD against plain, in a child process ------------------------------------------------
+
+const ROLE_VAR: &str = "CIERA_CODECTEST_ROLE";
+const OUT_VAR: &str = "CIERA_CODECTEST_OUT";
+
+/// A deterministic transcript of everything the SIMD switch can influence: frames of drifting
+/// tensors (bf16 exponent caches take the AVX2 path), decodes of damaged frames (resealed, so
+/// the deep decoders run), and SH64 of assorted lengths. Identical transcripts from both
+/// processes mean identical behaviour.
+fn transcript() -> Vec<u8> {
+    let mut t = Vec::new();
+    let mut rng = Rng(0x51D);
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (mode, choice) in ALL_MODES {
+            for len in [0usize, 1, 31, 63, 64, 65, 200, 1000, 4097, 20_000] {
+                // Fixed start versions: the transcripts of two processes must be comparable.
+                let mut tx = CacheSlot::with_version(dtype, mode, len, 7);
+                let mut rx = CacheSlot::with_version(dtype, mode, len, 9);
+                tx.set_frame_choice(choice);
+                let mut x = initial_tensor(&mut rng, dtype, len, 0.01);
+                let mut prev = x.clone();
+                for it in 0..5 {
+                    if it > 0 {
+                        let p = [0.0, 0.002, 0.03, 0.3][it - 1];
+                        x = drift_step(&mut rng, dtype, &x, Drift { q: 0.5, p, special: 0.001 });
+                    }
+                    let (v, warm) = (rx.version(), rx.is_warm());
+                    let mut f = Vec::new();
+                    tx.encode(&x, &mut f).unwrap();
+                    t.extend_from_slice(&(f.len() as u64).to_le_bytes());
+                    t.extend_from_slice(&f);
+                    for d in 0..4 {
+                        if f.len() <= frame::HEADER_LEN {
+                            break;
+                        }
+                        let mut g = f.clone();
+                        let at = frame::HEADER_LEN + rng.below(g.len() - frame::HEADER_LEN);
+                        g[at] ^= 1 << (d * 3 % 8);
+                        reseal(&mut g);
+                        let mut s = slot_at(dtype, mode, choice, len, v, warm, &prev);
+                        let mut o = vec![0u8; x.len()];
+                        match s.decode(&g, &mut o) {
+                            Ok(_) => {
+                                t.push(1);
+                                t.extend_from_slice(&o);
+                            }
+                            Err(_) => t.push(0),
+                        }
+                    }
+                    let mut o = vec![0u8; x.len()];
+                    rx.decode(&f, &mut o).unwrap();
+                    assert!(o == x);
+                    prev = o;
+                }
+            }
+        }
+    }
+    for n in [0usize, 1, 31, 32, 33, 63, 64, 65, 1000, 4097] {
+        let d: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+        t.extend_from_slice(&checksum::sh64(&d).to_le_bytes());
+        t.extend_from_slice(&checksum::sh64_plain(&d).to_le_bytes());
+    }
+    t
+}
+
+/// Not a test of its own: the child half of `simd_and_plain_paths_agree`, run only when the
+/// parent re-executes this binary with the role variable set.
+#[test]
+fn simd_child_role() {
+    if std::env::var_os(ROLE_VAR).is_none_or(|r| r != "plain") {
+        return;
+    }
+    assert!(std::env::var_os("CIERA_NO_SIMD").is_some_and(|v| v == "1"), "child must run with CIERA_NO_SIMD=1");
+    let out = PathBuf::from(std::env::var_os(OUT_VAR).expect("output path"));
+    std::fs::File::create(out).unwrap().write_all(&transcript()).unwrap();
+}
+
+/// The AVX2 path (this process, when the CPU has AVX2) against the plain path (a child process
+/// with `CIERA_NO_SIMD=1`; the switch is read once per process): byte-identical frames and
+/// identical decodes.
+#[test]
+fn simd_and_plain_paths_agree() {
+    if std::env::var_os(ROLE_VAR).is_some() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    let simd_here = std::is_x86_feature_detected!("avx2") && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0");
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd_here = false;
+    if !simd_here {
+        eprintln!("note: no AVX2 or CIERA_NO_SIMD set: comparing the plain path with itself");
+    }
+    let path = std::env::temp_dir().join(format!("ciera-codec-plain-{}.bin", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "simd_child_role", "--nocapture", "--test-threads=1"])
+        .env("CIERA_NO_SIMD", "1")
+        .env(ROLE_VAR, "plain")
+        .env(OUT_VAR, &path)
+        .status()
+        .expect("re-running the test binary");
+    assert!(status.success(), "child (plain path) failed: {status}");
+    let plain = std::fs::read(&path).expect("the child wrote no transcript (test filter did not match?)");
+    let _ = std::fs::remove_file(&path);
+    let here = transcript();
+    if let Some(at) = here.iter().zip(&plain).position(|(a, b)| a != b) {
+        panic!("SIMD and plain transcripts differ first at byte {at} of {}", here.len());
+    }
+    assert_eq!(here.len(), plain.len(), "transcript lengths");
+}

@@ -1,0 +1,230 @@
+//! Failures must be clear errors naming who, on every rank, never hangs or garbage: a rank
+//! SIGKILLed mid-allgather, a process with the wrong secret, ranks that disagree on the call
+//! or on the job, abort from another thread, and a peer that never comes (timeout).
+
+#[path = "common/comm_harness.rs"]
+mod harness;
+
+use std::io::{BufRead, BufReader};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ciera::comm::{Communicator, Config, UniqueId};
+use ciera::{DType, Error};
+use harness::*;
+
+#[test]
+fn rank_main() {
+    let Ok(role) = std::env::var("CIERA_TEST_ROLE") else { return };
+    let connect = |c: Config| comm_from_test_env(c);
+    match role.as_str() {
+        "loop" => role_loop(&mut connect(Config::from_env().unwrap()).expect("init")),
+        "one_call" => role_one_call(&mut connect(Config::from_env().unwrap()).expect("init")),
+        "mismatch" => role_mismatch(&mut Communicator::from_env(Config::from_env().unwrap()).expect("init")),
+        "init_only" => {
+            let r = connect(Config::from_env().unwrap()).map(|_| ());
+            report(&describe(&r));
+        }
+        "abort" => {
+            let mut comm = connect(Config::from_env().unwrap()).expect("init");
+            if comm.rank() == 1 {
+                // Never joins the collective; the test kills this rank at the end.
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            let handle = comm.abort_handle();
+            let aborter = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                handle.abort();
+            });
+            let mut recv = vec![0u8; 8 * comm.size()];
+            let r = comm.all_gather(&[0u8; 8], &mut recv, 8, DType::U8);
+            aborter.join().unwrap();
+            let again = comm.all_gather(&[0u8; 8], &mut recv, 8, DType::U8);
+            assert!(matches!(again, Err(Error::Aborted { .. })), "after abort: {again:?}");
+            report(&describe(&r));
+        }
+        "timeout" => {
+            let mut comm = connect(Config::from_env().unwrap()).expect("init");
+            if comm.rank() == 1 {
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+            let mut recv = vec![0u8; 8 * comm.size()];
+            let r = comm.all_gather(&[0u8; 8], &mut recv, 8, DType::U8);
+            report(&describe(&r));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn kill_one_of_four(transport: &str) {
+    let id = UniqueId::new().unwrap();
+    let env = [("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "60")];
+    let mut children: Vec<_> = (0..4).map(|r| spawn_rank(&id, 4, r, "loop", &env)).collect();
+    // Read every rank's stderr in a thread; learn when all are inside the loop.
+    let (tx, rx) = mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .enumerate()
+        .map(|(rank, c)| {
+            let err = c.stderr.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut all = String::new();
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    if line == "READY" {
+                        let _ = tx.send(rank);
+                    }
+                    all.push_str(&line);
+                    all.push('\n');
+                }
+                all
+            })
+        })
+        .collect();
+    for _ in 0..4 {
+        rx.recv().expect("a rank died before it was ready");
+    }
+    // All four are looping over 8 MB-per-rank allgathers: kill rank 2 mid-call.
+    children[2].kill().unwrap();
+    let mut outputs = Vec::new();
+    for (c, reader) in children.iter_mut().zip(readers) {
+        let status = c.wait().unwrap();
+        outputs.push((status, reader.join().unwrap()));
+    }
+    for (rank, (status, err)) in outputs.iter().enumerate() {
+        println!("{transport} rank {rank}: {status}: {}", result_lines(err).join(" | "));
+        if rank == 2 {
+            continue;
+        }
+        assert!(!status.success(), "{transport}: rank {rank} should fail:\n{err}");
+        let res = result_lines(err);
+        assert_eq!(res.len(), 1, "{transport}: rank {rank}:\n{err}");
+        assert!(
+            res[0].starts_with("peer_failed peer=2 "),
+            "{transport}: rank {rank} should name rank 2 as the failed peer, said: {}",
+            res[0]
+        );
+    }
+}
+
+#[test]
+fn sigkill_of_one_rank_fails_the_others_naming_it_shm() {
+    kill_one_of_four("shm");
+}
+
+#[test]
+fn sigkill_of_one_rank_fails_the_others_naming_it_tcp() {
+    kill_one_of_four("tcp");
+}
+
+#[test]
+fn wrong_secret_is_refused_and_the_job_still_works() {
+    let id = UniqueId::new().unwrap();
+    let mut wrong = id.secret();
+    wrong[0] ^= 1;
+    let intruder_id = UniqueId::from_parts(id.root(), &wrong);
+    // The intruder comes first and claims rank 1.
+    let intruder = spawn_rank(&intruder_id, 2, 1, "init_only", &[("CIERA_TIMEOUT", "20")]);
+    let (status, err) = stderr_of(intruder);
+    let res = result_lines(&err);
+    assert!(status.success(), "{err}");
+    assert_eq!(res.len(), 1, "{err}");
+    assert!(res[0].starts_with("bootstrap :: "), "intruder: {}", res[0]);
+    assert!(res[0].contains("authenticat"), "intruder: {}", res[0]);
+    // The real ranks still form the job.
+    let ranks: Vec<_> = (0..2).map(|r| spawn_rank(&id, 2, r, "one_call", &[("CIERA_TIMEOUT", "60")])).collect();
+    for (r, c) in ranks.into_iter().enumerate() {
+        let (status, err) = stderr_of(c);
+        assert!(status.success(), "rank {r}: {err}");
+        assert_eq!(result_lines(&err), vec!["ok"], "rank {r}: {err}");
+    }
+}
+
+#[test]
+fn two_processes_claiming_one_rank_are_told_so() {
+    let id = UniqueId::new().unwrap();
+    let env = [("CIERA_TIMEOUT", "60")];
+    let a = spawn_rank(&id, 3, 1, "init_only", &env);
+    let b = spawn_rank(&id, 3, 1, "init_only", &env);
+    for c in [a, b] {
+        let (_, err) = stderr_of(c);
+        let res = result_lines(&err);
+        assert_eq!(res.len(), 1, "{err}");
+        assert!(res[0].starts_with("bootstrap :: ") && res[0].contains("two processes claim rank 1"), "{}", res[0]);
+    }
+}
+
+#[test]
+fn ranks_disagreeing_on_nranks_are_told_so() {
+    let id = UniqueId::new().unwrap();
+    let env = [("CIERA_TIMEOUT", "60")];
+    let a = spawn_rank(&id, 3, 0, "init_only", &env);
+    let b = spawn_rank(&id, 4, 2, "init_only", &env);
+    for c in [a, b] {
+        let (_, err) = stderr_of(c);
+        let res = result_lines(&err);
+        assert_eq!(res.len(), 1, "{err}");
+        assert!(res[0].starts_with("bootstrap :: ") && res[0].contains("disagree on the number of ranks"), "{}", res[0]);
+    }
+}
+
+fn mismatch(n: usize, odd: usize, what: &str, transport: &str) {
+    let odd_s = odd.to_string();
+    let out = launch(
+        n,
+        "mismatch",
+        &[("CIERA_TEST_ODD_RANK", &odd_s), ("CIERA_TEST_MISMATCH", what), ("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "60")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let res = result_lines(&err);
+    assert_eq!(res.len(), n, "{what} mismatch over {transport}, {n} ranks:\n{err}");
+    for r in &res {
+        assert!(r.starts_with("call_mismatch :: "), "{what} mismatch over {transport}: {r}\n{err}");
+    }
+}
+
+#[test]
+fn mismatched_count_fails_every_rank() {
+    mismatch(3, 2, "count", "shm"); // ring: rank 1 never reads from rank 2 directly
+    mismatch(4, 0, "count", "tcp");
+}
+
+#[test]
+fn mismatched_dtype_fails_every_rank() {
+    mismatch(2, 1, "dtype", "tcp");
+    mismatch(5, 3, "dtype", "shm");
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_waiting_collective() {
+    let id = UniqueId::new().unwrap();
+    let env = [("CIERA_TIMEOUT", "120")];
+    let r0 = spawn_rank(&id, 2, 0, "abort", &env);
+    let mut r1 = spawn_rank(&id, 2, 1, "abort", &env);
+    let (status, err) = stderr_of(r0);
+    r1.kill().unwrap();
+    r1.wait().unwrap();
+    assert!(status.success(), "{err}");
+    let res = result_lines(&err);
+    assert_eq!(res.len(), 1, "{err}");
+    assert!(res[0].starts_with("aborted :: "), "{}", res[0]);
+}
+
+#[test]
+fn a_peer_that_never_comes_is_a_timeout_naming_it() {
+    let id = UniqueId::new().unwrap();
+    let env = [("CIERA_TIMEOUT", "1")];
+    let r0 = spawn_rank(&id, 2, 0, "timeout", &env);
+    let mut r1 = spawn_rank(&id, 2, 1, "timeout", &env);
+    let (status, err) = stderr_of(r0);
+    r1.kill().unwrap();
+    r1.wait().unwrap();
+    assert!(status.success(), "{err}");
+    let res = result_lines(&err);
+    assert_eq!(res.len(), 1, "{err}");
+    assert!(res[0].starts_with("timeout peer=Some(1) "), "{}", res[0]);
+}
