@@ -9,7 +9,10 @@ use std::time::Instant;
 use ciera::codec::{CacheMode, CacheSlot, FrameChoice};
 use ciera::safetensors::SafeTensors;
 
-const BYTES: usize = 64 << 20;
+/// Bytes per run: 64 MiB, or CIERA_BENCH_BYTES (e.g. 1048576 for one pipeline chunk).
+fn bytes() -> usize {
+    std::env::var("CIERA_BENCH_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20)
+}
 const REPS: usize = 7;
 
 fn trace_dir() -> PathBuf {
@@ -22,7 +25,7 @@ fn trace_dir() -> PathBuf {
 }
 
 fn tile(b: &[u8]) -> Vec<u8> {
-    b.iter().copied().cycle().take(BYTES).collect()
+    b.iter().copied().cycle().take(bytes()).collect()
 }
 
 fn best<F: FnMut()>(mut f: F) -> f64 {
@@ -41,14 +44,15 @@ fn main() {
         return;
     }
     let dir = trace_dir();
-    println!("codec bench: 64 MiB per run, best of {REPS}, one thread, trace {}", dir.display());
-    let src = vec![1u8; BYTES];
-    let mut dst = vec![0u8; BYTES];
+    let bytes = bytes();
+    println!("codec bench: {} KiB per run, best of {REPS}, one thread, trace {}", bytes >> 10, dir.display());
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
     let memcpy = best(|| {
         std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
         std::hint::black_box(&dst);
     });
-    let memcpy_gbps = BYTES as f64 / memcpy / 1e9;
+    let memcpy_gbps = bytes as f64 / memcpy / 1e9;
     println!("memcpy baseline: {memcpy_gbps:.2} GB/s\n");
     println!(
         "{:<10} {:<26} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>8}",
@@ -67,7 +71,7 @@ fn main() {
             }
             let Some(tb) = sb.get(&ta.name) else { continue };
             let (x0, x1) = (tile(sa.bytes(ta)), tile(sb.bytes(tb)));
-            let n = BYTES / ta.dtype.size();
+            let n = bytes / ta.dtype.size();
             for (mode, cm, choice) in [
                 ("exp", CacheMode::Exponent, FrameChoice::Exp),
                 ("hybrid", CacheMode::FullValue, FrameChoice::Hybrid),
@@ -81,8 +85,8 @@ fn main() {
                 let mut tx = CacheSlot::new(ta.dtype, cm, n);
                 let mut rx = CacheSlot::new(ta.dtype, cm, n);
                 tx.set_frame_choice(choice);
-                let mut frame = Vec::with_capacity(BYTES + 4096);
-                let mut out = vec![0u8; BYTES];
+                let mut frame = Vec::with_capacity(bytes + 4096);
+                let mut out = vec![0u8; bytes];
                 tx.encode(&x0, &mut frame).unwrap();
                 rx.decode(&frame, &mut out).unwrap();
                 // Alternate the two steps so every timed run is a real delta of one step.
@@ -100,7 +104,7 @@ fn main() {
                     assert!(out == *x, "decoded bits differ");
                     ratio = info.raw_bytes as f64 / info.frame_bytes as f64;
                 }
-                let (eg, dg) = (BYTES as f64 / enc / 1e9, BYTES as f64 / dec / 1e9);
+                let (eg, dg) = (bytes as f64 / enc / 1e9, bytes as f64 / dec / 1e9);
                 println!(
                     "{:<10} {:<26} {:>7} {:>7.3} | {:>9.2} {:>8.2} | {:>9.2} {:>8.2}",
                     &b[5..],

@@ -31,6 +31,7 @@ use kernels::CacheRef;
 
 pub use frame::{Frame, Mode, HEADER_LEN};
 
+
 use crate::error::{Error, Result};
 use crate::DType;
 
@@ -428,10 +429,12 @@ struct Delta {
 /// rANS is worth its codec time in an `Exp` frame only when it saves this share of the frame.
 const EXP_RANS_MIN_GAIN: usize = 50; // 1/50 = 2%
 
-/// Reusable per-thread buffers for the coding temporaries: tensors are coded every iteration,
-/// and fresh multi-megabyte allocations would page-fault their way through every call.
+/// Reusable buffers for the coding temporaries: tensors are coded every iteration, and fresh
+/// multi-megabyte allocations would page-fault their way through every call. Each thread has
+/// one; a thread that lives for one call only (an encoder worker) can be lent a long-lived one
+/// with [`CodecScratch::lend`].
 #[derive(Default)]
-struct Scratch {
+pub struct Scratch {
     masks: Vec<u64>,
     exps: Vec<u8>,
     changed: Vec<u64>,
@@ -443,6 +446,21 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// A coding scratch that outlives threads: `lend` installs it as the current thread's for the
+/// duration of `f`, and takes it back (with whatever capacity it grew) afterwards.
+#[derive(Default)]
+pub struct CodecScratch(Scratch);
+
+impl CodecScratch {
+    pub fn lend<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let mine = std::mem::take(&mut self.0);
+        let prev = SCRATCH.with(|c| c.replace(mine));
+        let r = f();
+        self.0 = SCRATCH.with(|c| c.replace(prev));
+        r
+    }
 }
 
 fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {

@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::codec::{checksum, frame, CacheMode, CacheSlot, FrameInfo, Mode};
+use crate::codec::{checksum, frame, CacheMode, CacheSlot, CodecScratch, FrameInfo, Mode};
 use crate::comm::{ChunkRef, Communicator, FrameCodec};
 use crate::error::{Error, Result};
 use crate::DType;
@@ -217,6 +217,8 @@ pub struct Compressor {
     oversized: HashMap<SlotKey, ()>,
     clock: u64,
     stats: Stats,
+    /// The encoder worker's coding buffers, kept warm across calls.
+    encoder_scratch: CodecScratch,
 }
 
 const STATUS_FIXED_WORDS: usize = 4; // call ns, encode ns, decode ns, shard hash
@@ -224,7 +226,14 @@ const STATUS_FIXED_WORDS: usize = 4; // call ns, encode ns, decode ns, shard has
 impl Compressor {
     pub fn new(config: CompressConfig) -> Compressor {
         crate::logging::init_from_env();
-        Compressor { config, groups: HashMap::new(), oversized: HashMap::new(), clock: 0, stats: Stats::default() }
+        Compressor {
+            config,
+            groups: HashMap::new(),
+            oversized: HashMap::new(),
+            clock: 0,
+            stats: Stats::default(),
+            encoder_scratch: CodecScratch::default(),
+        }
     }
 
     pub fn stats(&self) -> Stats {
@@ -376,6 +385,7 @@ impl Compressor {
         } else {
             0
         };
+        let scratch = &mut self.encoder_scratch;
         let g = self.groups.get_mut(&key).expect("group exists");
         let filling = g.state == GroupState::Cold;
         if filling {
@@ -400,18 +410,21 @@ impl Compressor {
         let (r, codec, enc) = std::thread::scope(|sc| {
             let (tx, rx) = std::sync::mpsc::channel();
             let worker = sc.spawn(move || {
-                let t = Instant::now();
-                let mut start = 0;
-                while start < count {
-                    let end = (start + chunk_elems).min(count);
-                    let mut out = Vec::new();
-                    let r = own_slot.chunk(start..end).encode(&own[start * dtype.size()..end * dtype.size()], &mut out);
-                    if tx.send(r.map(|info| (out, info))).is_err() {
-                        break;
+                scratch.lend(|| {
+                    let t = Instant::now();
+                    let es = dtype.size();
+                    let mut start = 0;
+                    while start < count {
+                        let end = (start + chunk_elems).min(count);
+                        let mut out = Vec::with_capacity((end - start) * es + frame::HEADER_LEN);
+                        let r = own_slot.chunk(start..end).encode(&own[start * es..end * es], &mut out);
+                        if tx.send(r.map(|info| (out, info))).is_err() {
+                            break;
+                        }
+                        start = end;
                     }
-                    start = end;
-                }
-                t.elapsed().as_nanos() as u64
+                    t.elapsed().as_nanos() as u64
+                })
             });
             let mut codec = GroupCodec::new(before, after, me, rx);
             let r = comm.all_gather_framed(send, recv, count, dtype, &mut codec);
