@@ -14,9 +14,9 @@
 //! - raw: types the codec does not compress, shards below `min_shard_bytes`, latency-bound
 //!   algorithms (not the ring), and groups that did not fit the cache budget;
 //! - the first use of a group is a FILL call (raw values in frames: warms every cache);
-//! - then a delta call; its measured time (slowest rank) is compared with the FILL's; if
-//!   compression is not at least 5% faster the group goes raw for a back-off period (doubling
-//!   each time) and is re-probed after it. `on` always compresses, `off` never.
+//! - then delta calls; each one's time (slowest rank) is compared with the FILL's; after two
+//!   in a row that are not at least 5% faster, the group goes raw for a back-off period (256
+//!   calls, doubling each time) and is re-probed after it. `on` always compresses, `off` never.
 //!
 //! Failures: a frame that does not decode (version mismatch after a restart, a checksum error)
 //! or, with `CIERA_VERIFY=1`, a decoded shard whose hash differs from the sender's, is detected
@@ -200,6 +200,8 @@ struct Group {
     /// Agreed (slowest rank) time of the last FILL call: the raw baseline.
     fill_time: Option<Duration>,
     backoff: u64,
+    /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
+    slow_streak: u32,
     stats: SlotStats,
 }
 
@@ -358,7 +360,7 @@ impl Compressor {
         let slots = (0..n).map(|_| CacheSlot::new(key.dtype, mode, key.count)).collect();
         self.groups.insert(
             key,
-            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, fill_time: None, backoff: 256, stats: SlotStats::default() },
+            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, fill_time: None, backoff: 256, slow_streak: 0, stats: SlotStats::default() },
         );
         true
     }
@@ -556,10 +558,19 @@ impl Compressor {
         // Decide what the next call on this group does, from agreed values only.
         if filling {
             g.fill_time = Some(slowest);
+            g.slow_streak = 0;
             g.state = GroupState::Warm;
         } else if self.config.mode == CompressMode::Auto {
             if let Some(base) = g.fill_time {
                 if slowest.as_secs_f64() > 0.95 * base.as_secs_f64() {
+                    g.slow_streak += 1;
+                } else {
+                    g.slow_streak = 0;
+                }
+                // Two slow deltas in a row: the first after a FILL pays for cold buffers, and
+                // one slow call on a shared machine is noise.
+                if g.slow_streak >= 2 {
+                    g.slow_streak = 0;
                     let until = g.stats.calls + g.backoff;
                     tracing::info!(
                         slot = key.id,
