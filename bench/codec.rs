@@ -13,7 +13,9 @@ use ciera::safetensors::SafeTensors;
 fn bytes() -> usize {
     std::env::var("CIERA_BENCH_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20)
 }
-const REPS: usize = 7;
+fn reps() -> usize {
+    std::env::var("CIERA_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(7)
+}
 
 fn trace_dir() -> PathBuf {
     if let Ok(p) = std::env::var("CIERA_TRACE") {
@@ -30,7 +32,7 @@ fn tile(b: &[u8]) -> Vec<u8> {
 
 fn best<F: FnMut()>(mut f: F) -> f64 {
     let mut best = f64::INFINITY;
-    for _ in 0..REPS {
+    for _ in 0..reps() {
         let t = Instant::now();
         f();
         best = best.min(t.elapsed().as_secs_f64());
@@ -45,7 +47,7 @@ fn main() {
     }
     let dir = trace_dir();
     let bytes = bytes();
-    println!("codec bench: {} KiB per run, best of {REPS}, one thread, trace {}", bytes >> 10, dir.display());
+    println!("codec bench: {} KiB per run, best of {}, one thread, trace {}", bytes >> 10, reps(), dir.display());
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
     let memcpy = best(|| {
@@ -92,7 +94,7 @@ fn main() {
                 // Alternate the two steps so every timed run is a real delta of one step.
                 let (mut enc, mut dec) = (f64::INFINITY, f64::INFINITY);
                 let mut ratio = 0.0;
-                for r in 0..REPS * 2 {
+                for r in 0..reps() * 2 {
                     let x = if r % 2 == 0 { &x1 } else { &x0 };
                     frame.clear();
                     let t = Instant::now();

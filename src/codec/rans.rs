@@ -196,21 +196,61 @@ pub fn histogram(data: &[u8]) -> [u64; 256] {
     out
 }
 
+/// Per-symbol encoder constants: the division `x / freq` of the rANS step done as a multiply
+/// and shifts (exact for x < 2^31, which the renormalisation guarantees). See `enc_step`.
+#[derive(Clone, Copy, Default)]
+struct EncSym {
+    x_max: u32,
+    rcp_freq: u32,
+    rcp_shift: u32,
+    bias: u32,
+    cmpl_freq: u32,
+}
+
+impl EncSym {
+    fn new(freq: u32, cum: u32) -> EncSym {
+        let x_max = ((RANS_L >> PROB_BITS) << 8) * freq;
+        let cmpl_freq = PROB_SCALE - freq;
+        if freq < 2 {
+            // x / 1 = x: rcp = 2^32-1 with shift 0 gives x-1 for x >= 1, and the bias adds
+            // the missing M-1 back: x + (cum + M - 1) + (x-1)(M-1) = x*M + cum.
+            EncSym { x_max, rcp_freq: u32::MAX, rcp_shift: 0, bias: cum + PROB_SCALE - 1, cmpl_freq }
+        } else {
+            let shift = 32 - (freq - 1).leading_zeros(); // ceil(log2(freq))
+            let rcp = (((1u64 << (shift + 31)) + freq as u64 - 1) / freq as u64) as u32;
+            EncSym { x_max, rcp_freq: rcp, rcp_shift: shift - 1, bias: cum, cmpl_freq }
+        }
+    }
+}
+
+/// One encoder step without the renormalisation: x' = (x / f) * M + x % f + cum
+/// = x + cum + (x / f) * (M - f).
+#[inline(always)]
+fn enc_step(x: u32, e: &EncSym) -> u32 {
+    let q = (((x as u64 * e.rcp_freq as u64) >> 32) as u32) >> e.rcp_shift;
+    x.wrapping_add(e.bias).wrapping_add(q.wrapping_mul(e.cmpl_freq))
+}
+
 /// Encode `data` (non-empty) with `table`, appending to `out`.
 pub fn encode(data: &[u8], table: &FreqTable, out: &mut Vec<u8>) {
     table.write(out);
+    let mut syms = [EncSym::default(); 256];
+    for (s, e) in syms.iter_mut().enumerate() {
+        if table.freq[s] > 0 {
+            *e = EncSym::new(table.freq[s], table.cum[s]);
+        }
+    }
     let mut rev: Vec<u8> = Vec::with_capacity(data.len() / 2 + 8);
     let mut x = [RANS_L; 2];
     for (i, &s) in data.iter().enumerate().rev() {
         let st = &mut x[i & 1];
-        let f = table.freq[s as usize];
-        debug_assert!(f > 0, "symbol {s} missing from table");
-        let x_max = ((RANS_L >> PROB_BITS) << 8) * f;
-        while *st >= x_max {
+        let e = &syms[s as usize];
+        debug_assert!(table.freq[s as usize] > 0, "symbol {s} missing from table");
+        while *st >= e.x_max {
             rev.push(*st as u8);
             *st >>= 8;
         }
-        *st = ((*st / f) << PROB_BITS) + (*st % f) + table.cum[s as usize];
+        *st = enc_step(*st, e);
     }
     out.extend_from_slice(&x[0].to_le_bytes());
     out.extend_from_slice(&x[1].to_le_bytes());
@@ -317,6 +357,28 @@ mod tests {
         decode(&enc, &mut dec).unwrap();
         assert_eq!(dec, data);
         enc
+    }
+
+    /// The reciprocal step equals the division step for every frequency and many states.
+    #[test]
+    fn reciprocal_matches_division() {
+        let mut s = 1u64;
+        for f in 1..=PROB_SCALE {
+            let cum = (PROB_SCALE - f) / 2;
+            let e = EncSym::new(f, cum);
+            // After renormalisation the encoder's state is in [x_max / 256, x_max).
+            let (lo, hi) = (e.x_max >> 8, e.x_max);
+            for k in 0..200u32 {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let x = match k {
+                    0 => lo,
+                    1 => hi - 1,
+                    _ => lo + ((s >> 33) as u32) % (hi - lo),
+                };
+                let want = ((x / f) << PROB_BITS) + (x % f) + cum;
+                assert_eq!(enc_step(x, &e), want, "f={f} x={x}");
+            }
+        }
     }
 
     #[test]
