@@ -77,12 +77,12 @@ typedef enum {
 } cieraDataType_t;
 
 /* A config field left at this value takes its value from the environment (CIERA_TIMEOUT,
- * CIERA_TRANSPORT, ...) or the default. */
+ * CIERA_COMPRESS, CIERA_CACHE_MB, CIERA_TRANSPORT, CIERA_VERIFY) or the default. */
 #define CIERA_CONFIG_UNDEF_INT INT_MIN
 #define CIERA_API_MAGIC 0x43494552u /* "CIER" */
 
 typedef enum {
-  cieraCompressionAuto  = 0, /* compress element types the codec knows (bf16, fp16, fp32) */
+  cieraCompressionAuto  = 0, /* compress bf16/fp16/fp32 where it measurably pays */
   cieraCompressionOn    = 1,
   cieraCompressionOff   = 2,
   cieraCompressionUnset = CIERA_CONFIG_UNDEF_INT
@@ -103,9 +103,9 @@ typedef struct cieraConfig_v1 {
   unsigned int version;  /* set by the initializer; do not touch */
   int timeoutMs;         /* > 0: how long any wait may make no progress before it fails */
   int compression;       /* cieraCompression_t */
-  int cacheBudgetMB;     /* >= 0: memory for the per-rank cache of last iteration's data */
+  int cacheBudgetMB;     /* >= 0: memory all cache slots of the communicator may use (MiB) */
   int transport;         /* cieraTransport_t */
-  int verify;            /* 1: verify every decoded block's checksum; 0: codec default */
+  int verify;            /* 1: compare a hash of every decoded shard with the sender's; 0: don't */
 } cieraConfig_t;
 
 #define CIERA_CONFIG_INITIALIZER {                  \

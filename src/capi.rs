@@ -79,14 +79,13 @@ pub struct CConfig {
     pub version: u32,
     /// Milliseconds any wait may make no progress before failing (`CIERA_TIMEOUT` otherwise).
     pub timeout_ms: c_int,
-    /// `cieraCompression_t`.
+    /// `cieraCompression_t` (`CIERA_COMPRESS`).
     pub compression: c_int,
-    /// Memory the per-rank cache of last iteration's data may use, MiB.
+    /// Memory all cache slots of the communicator may use, MiB (`CIERA_CACHE_MB`).
     pub cache_budget_mb: c_int,
     /// `cieraTransport_t` (`CIERA_TRANSPORT` otherwise).
     pub transport: c_int,
-    /// 1: check every decoded block against the sender's checksum even where the codec would
-    /// skip it; 0: codec default.
+    /// 1: compare a hash of every decoded shard with the sender's (`CIERA_VERIFY`); 0: don't.
     pub verify: c_int,
 }
 
@@ -228,7 +227,8 @@ fn read_field(cfg: &CConfig, offset: usize, value: c_int) -> Option<c_int> {
     (present && value != CONFIG_UNDEF_INT).then_some(value)
 }
 
-/// `Config::from_env()` overridden by the fields of `cfg` that are set.
+/// `Config::from_env()` and `CompressConfig::from_env()`, overridden by the fields of `cfg`
+/// that are set (timeoutMs, transport; compression, cacheBudgetMB, verify).
 ///
 /// # Safety
 /// `cfg` is NULL or points to at least `VERSIONED_HEADER_BYTES` readable bytes whose `size`
@@ -538,7 +538,9 @@ impl LiveComm {
 
     /// One allgather through the compressor (compressed where it pays, raw otherwise). `key`
     /// names the tensor for the cache-slot choice (None: inferred from the buffer addresses);
-    /// results never depend on it.
+    /// results never depend on it. The one place that calls into `compress::Compressor`: if
+    /// the compressor moves into `Communicator` (an `all_gather_keyed` and a `stats()`), only
+    /// this function and `Engine` change.
     pub fn all_gather(&self, bufs: GatherBuffers<'_>, count: usize, dtype: DType, key: Option<u64>) -> Result<(), Failure> {
         let in_place = matches!(bufs, GatherBuffers::InPlace { .. });
         let (result, compress) = {

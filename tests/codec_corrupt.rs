@@ -20,7 +20,8 @@ use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
-use ciera::codec::{bitmask, checksum, decode_raw, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use ciera::codec::bitmask::MaskCoding;
+use ciera::codec::{bitmask, checksum, decode_raw, frame, rans, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
 use ciera::safetensors::SafeTensors;
 use ciera::{DType, Error};
 
@@ -311,6 +312,61 @@ fn follow_up(b: &Base, d: &mut Decoded) -> Result<(), String> {
     }
 }
 
+/// The frequency table at the start of a rANS block (docs/WIRE.md): freq per symbol.
+fn rans_table(b: &[u8]) -> Option<[u64; 256]> {
+    let nsym = *b.first()? as usize + 1;
+    let mut pos = 1;
+    let mut syms = Vec::new();
+    if nsym < 32 {
+        syms.extend(b.get(1..1 + nsym)?.iter().map(|&s| s as usize));
+        pos += nsym;
+    } else {
+        let bm = b.get(1..33)?;
+        syms.extend((0..256).filter(|&s| bm[s / 8] >> (s % 8) & 1 == 1));
+        pos += 32;
+    }
+    let mut freq = [0u64; 256];
+    for s in syms {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let x = *b.get(pos)?;
+            pos += 1;
+            v |= ((x & 0x7f) as u64) << shift;
+            shift += 7;
+            if x & 0x80 == 0 {
+                break;
+            }
+        }
+        freq[s] = v + 1;
+    }
+    Some(freq)
+}
+
+/// An accepted coded mask is the one encoding of its bits in its coding: Zero, Flat and Hier
+/// are deterministic; a rANS block re-encodes to itself with its own frequency table (a
+/// histogram equal to the frequencies scales to exactly that table).
+fn mask_is_canonical(section: &[u8], m: usize, words: &[u64]) -> Result<(), String> {
+    let coding = match section[0] {
+        0 => MaskCoding::Zero,
+        1 => MaskCoding::Flat,
+        2 => MaskCoding::Hier,
+        _ => MaskCoding::Rans,
+    };
+    let mut again = Vec::new();
+    if coding == MaskCoding::Rans {
+        let hist = rans_table(&section[1..]).ok_or("unparsable rANS table")?;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take(m.div_ceil(8)).collect();
+        again.push(3);
+        rans::encode(&bytes, &rans::FreqTable::from_histogram(&hist), &mut again);
+    } else {
+        bitmask::encode(words, m, coding, &mut again);
+    }
+    if again != section {
+        return Err(format!("{coding:?} mask accepted in a non-canonical form ({} bytes, canonical {})", section.len(), again.len()));
+    }
+    Ok(())
+}
+
 /// An accepted delta frame must be the canonical coding of what it decoded to: a sender in the
 /// receiver's prior state, sending the same mode, produces the same s0 and exponent bytes and
 /// masks with the same bits (the mask codings may differ: each coding is a valid choice). So
@@ -338,6 +394,7 @@ fn canonical(b: &Base, bytes: &[u8], info: &FrameInfo, out: &[u8]) -> Result<(),
             if x != y {
                 return Err(format!("accepted frame's mask s{i} differs from the canonical one"));
             }
+            mask_is_canonical(p.sections[i], m, &x).map_err(|e| format!("accepted frame's mask s{i}: {e}"))?;
         } else if p.sections[i] != q.sections[i] {
             return Err(format!("accepted frame's s{i} differs from the canonical coding of its output"));
         }
@@ -643,6 +700,76 @@ fn flat(bits: &[bool]) -> Vec<u8> {
         b[1 + i / 8] |= (x as u8) << (i % 8);
     }
     b
+}
+
+/// rANS blocks and coded masks on their own: damaged blocks are refused or, if accepted, are
+/// the canonical coding of what they decode to (with the block's own table).
+#[test]
+fn damaged_masks_are_refused_or_canonical() {
+    let mut rng = Rng(env_u64("CIERA_CORRUPT_SEED", 0x3A5C));
+    let scale = env_u64("CIERA_CORRUPT_SCALE", 1) as usize;
+    let mut accepted = 0;
+    for case in 0..3000 * scale {
+        let m = [1usize, 7, 8, 63, 64, 65, 200, 512, 1000, 4096][rng.below(10)];
+        let density = [1u64, 8, 32, 128, 255][rng.below(5)];
+        let mut words = vec![0u64; m.div_ceil(64)];
+        for i in 0..m {
+            if (rng.next() & 255) < density {
+                words[i / 64] |= 1 << (i % 64);
+            }
+        }
+        let ones: u32 = words.iter().map(|w| w.count_ones()).sum();
+        let coding = if ones == 0 { MaskCoding::Zero } else { [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans][rng.below(3)] };
+        let mut enc = Vec::new();
+        bitmask::encode(&words, m, coding, &mut enc);
+        let mut g = enc.clone();
+        let g_words = m.div_ceil(64);
+        if coding == MaskCoding::Hier && g_words % 8 != 0 && rng.below(4) == 0 {
+            // A level-1 bit for a word past the end, with a level-2 byte for it where the
+            // decoder would look: must be refused, not skipped.
+            let l1_len = g_words.div_ceil(8);
+            let nz: usize = g[1..1 + l1_len].iter().map(|b| b.count_ones() as usize).sum();
+            g[l1_len] |= 1 << (g_words % 8);
+            g.insert(1 + l1_len + nz, 1 + rng.below(255) as u8);
+        }
+        match rng.below(5) {
+            4 => {}
+            0 => {
+                let at = rng.below(g.len());
+                g[at] ^= 1 << rng.below(8);
+            }
+            1 => {
+                let at = rng.below(g.len());
+                g[at] = rng.next() as u8;
+            }
+            2 => {
+                let at = 1 + rng.below(g.len());
+                g.insert(at.min(g.len()), rng.next() as u8);
+            }
+            _ => {
+                if g.len() > 1 {
+                    let at = 1 + rng.below(g.len() - 1);
+                    g.remove(at);
+                }
+            }
+        }
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let mut back = Vec::new();
+            match bitmask::decode(&g, m, &mut back) {
+                Ok(n) => {
+                    assert_eq!(n, back.iter().map(|w| w.count_ones() as usize).sum::<usize>());
+                    mask_is_canonical(&g, m, &back).map(|_| 1)
+                }
+                Err(_) => Ok(0),
+            }
+        }));
+        match r {
+            Ok(Ok(n)) => accepted += n,
+            Ok(Err(e)) => panic!("case {case}: {coding:?} mask of {m} bits, damaged {:02x?}: {e}", g),
+            Err(_) => panic!("case {case}: mask decoder panicked on {:02x?} (m = {m})", g),
+        }
+    }
+    eprintln!("{} damaged masks, {accepted} accepted (all canonical)", 3000 * scale);
 }
 
 /// Arbitrary bytes, and arbitrary bytes behind a plausible resealed header, against random slots.

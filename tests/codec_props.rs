@@ -740,7 +740,9 @@ fn drifts() -> impl Strategy<Value = Drift> {
         .prop_map(|(q, p, special)| Drift { q, p, special })
 }
 
+/// `cases` per run; `PROPTEST_CASES` overrides it (e.g. a long soak: PROPTEST_CASES=100000).
 fn config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
     ProptestConfig {
         cases,
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
@@ -827,7 +829,7 @@ fn special_values_round_trip() {
         for (mode, choice) in ALL_MODES {
             let mut pair = Pair::new(dtype, mode, choice, 300);
             let mut rng = Rng(dtype.code() as u64);
-            for (name, make) in classes.iter().chain(classes.iter().rev()) {
+            for (_class, make) in classes.iter().chain(classes.iter().rev()) {
                 let mut x = vec![0u8; 300 * size];
                 for i in 0..300 {
                     // Mix the class with the previous iteration's values so both frames and
@@ -835,7 +837,6 @@ fn special_values_round_trip() {
                     let v = if rng.chance(0.7) { make(rng.next()) } else { load(&pair.tx_last, size, i) };
                     store(&mut x, size, i, v);
                 }
-                let _ = name;
                 pair.step_whole(&x, Probes::default());
             }
         }
@@ -964,14 +965,20 @@ fn simd_and_plain_paths_agree() {
     }
     let path = std::env::temp_dir().join(format!("ciera-codec-plain-{}.bin", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    let status = Command::new(std::env::current_exe().unwrap())
+    let child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "simd_child_role", "--nocapture", "--test-threads=1"])
         .env("CIERA_NO_SIMD", "1")
         .env(ROLE_VAR, "plain")
         .env(OUT_VAR, &path)
-        .status()
+        .output()
         .expect("re-running the test binary");
-    assert!(status.success(), "child (plain path) failed: {status}");
+    assert!(
+        child.status.success(),
+        "child (plain path) failed: {}\n{}{}",
+        child.status,
+        String::from_utf8_lossy(&child.stdout),
+        String::from_utf8_lossy(&child.stderr)
+    );
     let plain = std::fs::read(&path).expect("the child wrote no transcript (test filter did not match?)");
     let _ = std::fs::remove_file(&path);
     let here = transcript();

@@ -7,7 +7,7 @@
 
 use ciera::codec::bitmask::{self, MaskCoding};
 use ciera::codec::rans;
-use ciera_fuzz::Input;
+use ciera_fuzz::{assert_mask_canonical, rans_table, Input};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -54,23 +54,19 @@ fuzz_target!(|data: &[u8]| {
         _ => {
             let n = (sel >> 2) as usize * 7 + body.len() % 13;
             let mut out = vec![0u8; n];
-            let _ = rans::decode(body, &mut out);
             // As a coded mask of m bits; an accepted Zero/Flat/Hier mask re-encodes identically.
             let m = n * 3;
             let mut words = Vec::new();
             if let Ok(ones) = bitmask::decode(body, m, &mut words) {
                 assert_eq!(ones, words.iter().map(|w| w.count_ones() as usize).sum::<usize>());
-                let coding = match body[0] {
-                    0 => MaskCoding::Zero,
-                    1 => MaskCoding::Flat,
-                    2 => MaskCoding::Hier,
-                    _ => MaskCoding::Rans,
-                };
-                if coding != MaskCoding::Rans {
-                    let mut enc = Vec::new();
-                    bitmask::encode(&words, m, coding, &mut enc);
-                    assert_eq!(enc, body, "accepted mask is not in canonical {coding:?} form");
-                }
+                assert_mask_canonical(body, m, &words);
+            }
+            // An accepted rANS block re-encodes to itself with its own table.
+            if rans::decode(body, &mut out).is_ok() {
+                let hist = rans_table(body).expect("table of an accepted block");
+                let mut enc = Vec::new();
+                rans::encode(&out, &rans::FreqTable::from_histogram(&hist), &mut enc);
+                assert_eq!(enc, body, "accepted rANS block is not canonical");
             }
         }
     }

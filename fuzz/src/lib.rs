@@ -2,7 +2,8 @@
 //! slot in a given state through the public API, resealing frame checksums so the fuzzer gets
 //! past them, and the checks every accepted frame must pass.
 
-use ciera::codec::{bitmask, checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use ciera::codec::bitmask::MaskCoding;
+use ciera::codec::{bitmask, checksum, frame, rans, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
 use ciera::DType;
 
 /// Fuzzer bytes consumed from the front; runs out into zeros.
@@ -78,6 +79,58 @@ pub fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, v
     s
 }
 
+/// The frequency table at the start of a rANS block (docs/WIRE.md), as a histogram that
+/// `FreqTable::from_histogram` scales to exactly that table.
+pub fn rans_table(b: &[u8]) -> Option<[u64; 256]> {
+    let nsym = *b.first()? as usize + 1;
+    let mut pos = 1;
+    let mut syms = Vec::new();
+    if nsym < 32 {
+        syms.extend(b.get(1..1 + nsym)?.iter().map(|&s| s as usize));
+        pos += nsym;
+    } else {
+        let bm = b.get(1..33)?;
+        syms.extend((0..256).filter(|&s| bm[s / 8] >> (s % 8) & 1 == 1));
+        pos += 32;
+    }
+    let mut freq = [0u64; 256];
+    for s in syms {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let x = *b.get(pos)?;
+            pos += 1;
+            v |= ((x & 0x7f) as u64) << shift;
+            shift += 7;
+            if x & 0x80 == 0 {
+                break;
+            }
+        }
+        freq[s] = v + 1;
+    }
+    Some(freq)
+}
+
+/// An accepted coded mask is the one encoding of its bits in its coding (rANS: with its own
+/// frequency table).
+pub fn assert_mask_canonical(section: &[u8], m: usize, words: &[u64]) {
+    let coding = match section[0] {
+        0 => MaskCoding::Zero,
+        1 => MaskCoding::Flat,
+        2 => MaskCoding::Hier,
+        _ => MaskCoding::Rans,
+    };
+    let mut again = Vec::new();
+    if coding == MaskCoding::Rans {
+        let hist = rans_table(&section[1..]).expect("accepted rANS block has a table");
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take(m.div_ceil(8)).collect();
+        again.push(3);
+        rans::encode(&bytes, &rans::FreqTable::from_histogram(&hist), &mut again);
+    } else {
+        bitmask::encode(words, m, coding, &mut again);
+    }
+    assert!(again == section, "{coding:?} mask accepted in a non-canonical form");
+}
+
 /// What the receiver held before the frame.
 pub struct Before<'a> {
     pub dtype: DType,
@@ -107,6 +160,7 @@ pub fn assert_canonical(b: &Before<'_>, bytes: &[u8], info: &FrameInfo, out: &[u
             let _ = bitmask::decode(p.sections[i], m, &mut x);
             let _ = bitmask::decode(q.sections[i], m, &mut y);
             assert_eq!(x, y, "mask s{i} of an accepted frame");
+            assert_mask_canonical(p.sections[i], m, &x);
         } else {
             assert_eq!(p.sections[i], q.sections[i], "s{i} of an accepted frame is not canonical");
         }

@@ -4,7 +4,10 @@
 //! 127.0.0.1 on a port the kernel picks: no port race, no rank is special). Each rank gets
 //! CIERA_ROOT, CIERA_ROOT_SERVED=1, CIERA_RANK, CIERA_NRANKS, CIERA_LOCAL_RANK,
 //! CIERA_LOCAL_NRANKS and CIERA_SECRET, and inherits stdout/stderr (nothing is prefixed);
-//! stdin goes to rank 0 only, as with mpirun. If a rank exits non-zero or dies by a signal,
+//! stdin goes to rank 0 only, as with mpirun. With no more ranks than CPUs, rank i is bound to
+//! the i-th CPU this launcher may use (through `taskset`, as mpirun binds to cores): unbound
+//! busy ranks get stacked on one CPU by the scheduler when another job is running, and a rank
+//! spinning for its peer then holds that peer off. If a rank exits non-zero or dies by a signal,
 //! the launcher says which and how, gives the others a short grace period to fail on their own
 //! (their errors name the culprit), kills the rest, and exits non-zero.
 
@@ -19,13 +22,14 @@ use crate::comm::bootstrap::{spawn_root, RootMode};
 use crate::comm::id::{hex, random_secret, round_timeout};
 use crate::comm::{Config, DEFAULT_TIMEOUT};
 
-const USAGE: &str = "usage: ciera launch -n N [--grace SECONDS] [--] PROGRAM [ARGS...]
+const USAGE: &str = "usage: ciera launch -n N [--grace SECONDS] [--bind auto|none] [--] PROGRAM [ARGS...]
 
 Runs N ranks of PROGRAM on this host. Each rank finds its rank, the job size, the bootstrap
 root and the job secret in CIERA_RANK, CIERA_NRANKS, CIERA_ROOT, CIERA_SECRET (read by
 Communicator::from_env). stdout/stderr are passed through unprefixed; stdin goes to rank 0.
 If a rank fails, the others get --grace seconds (default 3) to exit, then are killed; the exit
-status is the failed rank's (128+signal for a signal).
+status is the failed rank's (128+signal for a signal). --bind auto (default; CIERA_BIND) binds
+rank i to the i-th allowed CPU when N is at most the number of CPUs and taskset is installed.
 ";
 
 /// What to run.
@@ -42,7 +46,7 @@ pub struct LaunchSpec {
 
 pub fn main(args: &[String]) -> i32 {
     match parse(args) {
-        Ok(Some(spec)) => run(&spec),
+        Ok(Some((spec, bind))) => run_with(&spec, bind),
         Ok(None) => {
             print!("{USAGE}");
             0
@@ -54,10 +58,11 @@ pub fn main(args: &[String]) -> i32 {
     }
 }
 
-fn parse(args: &[String]) -> Result<Option<LaunchSpec>, String> {
+fn parse(args: &[String]) -> Result<Option<(LaunchSpec, bool)>, String> {
     let mut a = Args::new(args);
     let mut nranks = None;
     let mut grace = Duration::from_secs(3);
+    let mut bind = bind_from_env();
     let program = loop {
         let Some(flag) = a.next_flag("n") else { return Err("no PROGRAM given".into()) };
         match flag.as_str() {
@@ -69,6 +74,13 @@ fn parse(args: &[String]) -> Result<Option<LaunchSpec>, String> {
                     return Err(format!("--grace {s}: expected seconds >= 0"));
                 }
                 grace = Duration::from_secs_f64(s);
+            }
+            "--bind" => {
+                bind = match a.value(&flag)?.as_str() {
+                    "auto" | "core" => true,
+                    "none" => false,
+                    v => return Err(format!("--bind {v}: expected auto or none")),
+                }
             }
             "--" => match a.rest().first() {
                 Some(p) => {
@@ -86,11 +98,22 @@ fn parse(args: &[String]) -> Result<Option<LaunchSpec>, String> {
     if nranks == 0 {
         return Err("-n must be at least 1".into());
     }
-    Ok(Some(LaunchSpec { nranks, program, args: a.rest().to_vec(), env: Vec::new(), grace }))
+    Ok(Some((LaunchSpec { nranks, program, args: a.rest().to_vec(), env: Vec::new(), grace }, bind)))
 }
 
-/// Start the ranks, watch them, return the exit code for the launcher.
+/// CIERA_BIND=none turns CPU binding off (default auto).
+fn bind_from_env() -> bool {
+    std::env::var("CIERA_BIND").map(|v| v != "none").unwrap_or(true)
+}
+
+/// Start the ranks, watch them, return the exit code for the launcher. CPU binding as
+/// `CIERA_BIND` says (auto unless "none").
 pub fn run(spec: &LaunchSpec) -> i32 {
+    run_with(spec, bind_from_env())
+}
+
+/// As [`run`], binding ranks to CPUs when `bind` (and there are enough CPUs).
+pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
     let secret = match random_secret() {
         Ok(s) => s,
         Err(e) => {
@@ -112,10 +135,18 @@ pub fn run(spec: &LaunchSpec) -> i32 {
         }
     };
     let secret_hex = hex(&secret);
+    let cpus = if bind { binding_cpus(spec.nranks) } else { None };
     let mut children: Vec<Option<Child>> = Vec::with_capacity(spec.nranks);
     let mut pids = Vec::with_capacity(spec.nranks);
     for rank in 0..spec.nranks {
-        let mut cmd = Command::new(&spec.program);
+        let mut cmd = match &cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", &cpus[rank].to_string(), &spec.program]);
+                c
+            }
+            None => Command::new(&spec.program),
+        };
         cmd.args(&spec.args)
             .env("CIERA_ROOT", root.to_string())
             .env("CIERA_ROOT_SERVED", "1")
@@ -207,6 +238,32 @@ pub fn run(spec: &LaunchSpec) -> i32 {
     }
 }
 
+/// CPUs to bind ranks 0..n to: the first n this process may run on, if there are that many
+/// and `taskset` is on the PATH.
+fn binding_cpus(n: usize) -> Option<Vec<usize>> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?.trim();
+    let cpus = parse_cpu_list(list)?;
+    if cpus.len() < n {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).find(|d| d.join("taskset").is_file())?;
+    Some(cpus[..n].to_vec())
+}
+
+/// "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11].
+fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse::<usize>().ok()?),
+            None => out.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
 /// "exited with status 3" / "was killed by signal 9 (SIGKILL)".
 pub fn describe(status: ExitStatus) -> String {
     if let Some(c) = status.code() {
@@ -247,15 +304,22 @@ mod tests {
 
     #[test]
     fn parses_program_and_its_args() {
-        let spec = parse(&s(&["-n", "3", "--", "prog", "-n", "x"])).unwrap().unwrap();
+        let (spec, _) = parse(&s(&["-n", "3", "--", "prog", "-n", "x"])).unwrap().unwrap();
         assert_eq!((spec.nranks, spec.program.as_str()), (3, "prog"));
         assert_eq!(spec.args, s(&["-n", "x"]));
-        let spec = parse(&s(&["-n4", "prog", "--flag"])).unwrap().unwrap();
+        let (spec, _) = parse(&s(&["-n4", "prog", "--flag"])).unwrap().unwrap();
         assert_eq!((spec.nranks, spec.program.as_str()), (4, "prog"));
         assert_eq!(spec.args, s(&["--flag"]));
         assert!(parse(&s(&["prog"])).is_err());
         assert!(parse(&s(&["-n", "0", "prog"])).is_err());
         assert!(parse(&s(&["-n", "2"])).is_err());
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("x"), None);
     }
 
     #[test]
@@ -267,8 +331,8 @@ mod tests {
             env: Vec::new(),
             grace: Duration::from_millis(100),
         };
-        assert_eq!(run(&spec), 7);
+        assert_eq!(run_with(&spec, false), 7);
         let ok = LaunchSpec { args: s(&["-c", "test -n \"$CIERA_SECRET\" -a \"$CIERA_NRANKS\" = 3"]), ..spec };
-        assert_eq!(run(&ok), 0);
+        assert_eq!(run_with(&ok, true), 0);
     }
 }

@@ -301,7 +301,18 @@ impl SlotChunk<'_> {
                 DType::F32 => encode_delta::<F32>(self, input, out),
                 _ => unreachable!("is_compressible covers exactly these"),
             };
-            (d.mode, false, d.sections, d.exp_changes, d.value_changes, d.s0_hash)
+            if out.len() - start > frame::HEADER_LEN + input.len() {
+                // A delta larger than the values (tiny chunks, or values that changed
+                // wholesale): send the values instead, as a FILL. The cache already holds
+                // `input`, which is what a FILL leaves on both sides, so a frame is never
+                // longer than the raw bytes plus the header.
+                out.truncate(start);
+                raw_sections(input, out);
+                self.fill(input);
+                (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
+            } else {
+                (d.mode, false, d.sections, d.exp_changes, d.value_changes, d.s0_hash)
+            }
         };
         let h = frame::Header {
             dtype: self.dtype,
@@ -624,4 +635,39 @@ pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
     let mut info = slot.chunk(0..f.count).decode(&Frame { offset: 0, ..f }, out)?;
     info.offset = f.offset;
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame is never longer than the values plus the header: tiny chunks and values whose
+    /// exponents all change fall back to a FILL, and still round-trip.
+    #[test]
+    fn frames_never_exceed_raw_plus_header() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for mode in [CacheMode::Exponent, CacheMode::FullValue] {
+                for n in [1usize, 2, 3, 5, 8, 13, 64, 65] {
+                    let (mut tx, mut rx) = (CacheSlot::new(dtype, mode, n), CacheSlot::new(dtype, mode, n));
+                    let mut s = 12345u64;
+                    for it in 0..12 {
+                        let input: Vec<u8> = (0..n * dtype.size())
+                            .map(|_| {
+                                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                                (s >> 56) as u8
+                            })
+                            .collect();
+                        let mut f = Vec::new();
+                        let info = tx.encode(&input, &mut f).unwrap();
+                        assert!(f.len() <= HEADER_LEN + input.len(), "{dtype} {mode:?} n={n} it={it}: {} bytes", f.len());
+                        let mut out = vec![0u8; input.len()];
+                        rx.decode(&f, &mut out).unwrap();
+                        assert_eq!(out, input);
+                        assert_eq!(tx.version(), rx.version());
+                        let _ = info;
+                    }
+                }
+            }
+        }
+    }
 }

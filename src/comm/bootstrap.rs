@@ -305,14 +305,15 @@ fn read_field(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 /// a rendezvous file may be rewritten by a new root.
 pub type RootSource<'a> = dyn FnMut() -> Result<Option<(Vec<SocketAddr>, [u8; 32])>> + 'a;
 
-/// Join a round at the root: authenticate, say hello, wait for the table.
+/// Join a round at the root: authenticate, say hello, wait for the table. Returns the table
+/// and the job secret that authenticated (the transport's handshakes use it too).
 pub fn join(
     source: &mut RootSource<'_>,
     nranks: usize,
     rank: usize,
     me: &PeerInfo,
     deadline: Instant,
-) -> Result<Vec<PeerInfo>> {
+) -> Result<(Vec<PeerInfo>, [u8; 32])> {
     let started = Instant::now();
     let (mut stream, addr, secret) = connect_root(source, deadline)?;
     if let Err(e) = auth::handshake(&mut stream, &secret, deadline) {
@@ -365,7 +366,7 @@ pub fn join(
                 })?;
                 table.push(p);
             }
-            Ok(table)
+            Ok((table, secret))
         }
         KIND_REFUSE => {
             let b = read_field(&mut stream).map_err(|e| io(e, "reading the root's answer"))?;

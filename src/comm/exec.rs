@@ -33,6 +33,9 @@ const STAGE_MAX: usize = 64 * 1024;
 /// big enough that the 8-byte segment header and the transport call are amortized.
 const MIN_FORWARD: usize = 64 * 1024;
 
+/// While spinning, yield the CPU once per this long (see `Exec::drive`).
+const SPIN_YIELD_EVERY: Duration = Duration::from_micros(20);
+
 /// How an idle rank waits: spin, then yield the CPU, then sleep in the transport.
 #[derive(Clone, Copy, Debug)]
 pub struct IdlePolicy {
@@ -124,10 +127,6 @@ pub struct Exec<'c, P: Payloads> {
     pub nranks: usize,
     pub timeout: Duration,
     pub idle: IdlePolicy,
-    /// The spin budget now (<= `idle.spin`), adapted across calls: spinning pays only while
-    /// the peer runs on another CPU; when waits keep outlasting the spin (the peer shares our
-    /// CPU, or the machine is busy), the budget shrinks toward yielding at once.
-    pub spin: &'c mut Duration,
     pub abort: &'c AtomicBool,
 }
 
@@ -172,6 +171,7 @@ impl<P: Payloads> Exec<'_, P> {
 
     fn drive(&mut self) -> Result<()> {
         let mut idle_since: Option<Instant> = None;
+        let mut next_yield = SPIN_YIELD_EVERY;
         let mut last_scan: Option<Instant> = None;
         loop {
             if self.abort.load(Ordering::Relaxed) {
@@ -189,9 +189,8 @@ impl<P: Payloads> Exec<'_, P> {
                 return Ok(());
             }
             if moved || self.payloads.background() {
-                if let Some(since) = idle_since.take() {
-                    self.adapt_spin(since.elapsed());
-                }
+                idle_since = None;
+                next_yield = SPIN_YIELD_EVERY;
                 continue;
             }
             let now = Instant::now();
@@ -200,11 +199,19 @@ impl<P: Payloads> Exec<'_, P> {
             if idle_for >= self.timeout {
                 return Err(self.timeout_error(idle_for));
             }
-            if idle_for < *self.spin {
-                for _ in 0..16 {
-                    std::hint::spin_loop();
+            if idle_for < self.idle.spin {
+                // Spin, but offer the CPU now and then: if a peer shares this CPU (the
+                // scheduler put us together, or another job took the other CPUs) spinning
+                // alone would hold it off for the whole spin.
+                if idle_for >= next_yield {
+                    std::thread::yield_now();
+                    next_yield = idle_for + SPIN_YIELD_EVERY;
+                } else {
+                    for _ in 0..16 {
+                        std::hint::spin_loop();
+                    }
                 }
-            } else if idle_for < *self.spin + self.idle.yield_for {
+            } else if idle_for < self.idle.spin + self.idle.yield_for {
                 std::thread::yield_now();
             } else {
                 // Before sleeping, look for notices (or stray calls) from peers this call does
@@ -219,17 +226,6 @@ impl<P: Payloads> Exec<'_, P> {
                     .map_err(|e| transport_error("wait", self.rank, e))?;
             }
         }
-    }
-
-    /// An idle episode just ended after `waited`: grow the spin budget if spinning would have
-    /// covered it, shrink it if not.
-    fn adapt_spin(&mut self, waited: Duration) {
-        let spin = *self.spin;
-        *self.spin = if waited <= spin {
-            (spin * 2 + Duration::from_micros(1)).min(self.idle.spin)
-        } else {
-            spin / 2
-        };
     }
 
     /// The peer this rank is stuck on, for a timeout: the first receive lane with units left,

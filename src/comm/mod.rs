@@ -169,8 +169,6 @@ pub struct Communicator {
     broken: Option<String>,
     abort: Arc<AbortShared>,
     idle: IdlePolicy,
-    /// Current spin budget (see `Exec::spin`).
-    spin: Duration,
 }
 
 impl Communicator {
@@ -245,12 +243,7 @@ impl Communicator {
         let mut ep = Endpoint::bind(ip)
             .map_err(|e| Error::Bootstrap(format!("rank {rank}: binding the transport endpoint on {ip}: {e}")))?;
         let me = ep.local_info();
-        let table = bootstrap::join(source, nranks, rank, &me, deadline)?;
-        // Get the secret again for the transport's own handshakes.
-        let secret = match source()? {
-            Some((_, s)) => s,
-            None => return Err(Error::Bootstrap("the rendezvous file vanished during bootstrap".into())),
-        };
+        let (table, secret) = bootstrap::join(source, nranks, rank, &me, deadline)?;
         if nranks == 1 {
             return Ok(Communicator::assemble(rank, nranks, config, None, 1, None));
         }
@@ -283,7 +276,6 @@ impl Communicator {
             seq: 0,
             broken: None,
             abort: Arc::new(AbortShared { flag: AtomicBool::new(false), waker }),
-            spin: idle.spin,
             idle,
         }
     }
@@ -455,7 +447,6 @@ impl Communicator {
             nranks: self.nranks,
             timeout: self.config.timeout,
             idle: self.idle,
-            spin: &mut self.spin,
             abort: &self.abort.flag,
         };
         match exec.run() {

@@ -208,15 +208,8 @@ int main(int argc, char** argv) {
     uint64_t calls = 0, in_place = 0, recv_bytes = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    /* Known bug, reported to the compressor's owner: with compression forced on, a delta frame
-     * of a tiny shard (seen with 1..5 bf16 elements) can be longer than
-     * FrameCodec::max_frame_len (raw bytes + 64) and the receiver rejects it as corrupt. Until
-     * that is fixed, forced-on runs use 16 elements where the list says fewer. */
-    const char* forced = getenv("CIERA_APP_EXPECT_DELTAS");
-    int tiny_ok = !(forced && strcmp(forced, "1") == 0);
     for (int it = 0; it < iters; it++) {
         size_t count = counts[it % ncounts];
-        if (!tiny_ok && count > 0 && count < 16) count = 16;
         int use_f32 = it % 5 == 4;      /* fp32: two bf16 patterns per element */
         size_t n16 = use_f32 ? 2 * count : count;
         int inplace = it % 2 == 1;

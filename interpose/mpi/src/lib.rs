@@ -295,6 +295,10 @@ impl TwinCell {
 static TWINS: Mutex<Vec<Arc<TwinCell>>> = Mutex::new(Vec::new());
 static PASSED_UNSERVABLE: AtomicU64 = AtomicU64::new(0);
 
+/// The copy callback of the per-communicator attribute (MPI_Comm_dup).
+///
+/// # Safety
+/// Called by MPI, with `flag` NULL or writable.
 unsafe extern "C" fn no_copy(_: MpiComm, _: c_int, _: *mut c_void, _: *mut c_void, _: *mut c_void, flag: *mut c_int) -> c_int {
     // A duplicated communicator gets no twin of its own until its first served call.
     if !flag.is_null() {
@@ -305,6 +309,9 @@ unsafe extern "C" fn no_copy(_: MpiComm, _: c_int, _: *mut c_void, _: *mut c_voi
 }
 
 /// The delete callback of the per-communicator attribute: MPI_Comm_free, or finalize.
+///
+/// # Safety
+/// Called by MPI, once per attribute, with the value `twin` stored (an `Arc::into_raw`).
 unsafe extern "C" fn free_twin(_: MpiComm, _: c_int, value: *mut c_void, _: *mut c_void) -> c_int {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if value.is_null() {
@@ -320,6 +327,9 @@ unsafe extern "C" fn free_twin(_: MpiComm, _: c_int, value: *mut c_void, _: *mut
 }
 
 /// The delete callback of the attribute on MPI_COMM_SELF, which MPI_Finalize runs first.
+///
+/// # Safety
+/// Called by MPI; touches none of its arguments.
 unsafe extern "C" fn at_finalize(_: MpiComm, _: c_int, _: *mut c_void, _: *mut c_void) -> c_int {
     let _ = catch_unwind(|| {
         // Report and let go; a communicator goes when the attribute on its MPI communicator is
