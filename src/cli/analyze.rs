@@ -20,7 +20,8 @@ pair and tensor encodes the later step against a cache filled by the earlier one
 and checks every bit. Modes:
   exp     exponent-only cache (1 byte/element): sign+mantissa always sent, exponent exceptions
   hybrid  full-value cache (element size/element): unchanged values cost ~nothing
-  auto    full-value cache, each frame picks the smaller of exp and hybrid
+  auto    full-value cache; each frame is hybrid where that saves at least a fifth of the
+          bytes of exp (hybrid costs more codec time), else exp
   all     (default) all three
 Columns: p_exp = fraction of exponents changed, q_val = fraction of values unchanged, ratio =
 raw bytes / frame bytes (headers included), bound = the entropy bound for the mode's cache

@@ -64,6 +64,11 @@ fn mask_bytes(words: &[u64], m: usize) -> Vec<u8> {
     b
 }
 
+/// Binary entropy in bits of a bit that is set with probability `p`.
+pub fn entropy(p: f64) -> f64 {
+    h2(p)
+}
+
 fn h2(p: f64) -> f64 {
     if p <= 0.0 || p >= 1.0 {
         0.0

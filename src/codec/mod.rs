@@ -62,7 +62,8 @@ impl CacheMode {
 pub enum FrameChoice {
     Exp,
     Hybrid,
-    /// Whichever is smaller for this chunk.
+    /// Per chunk: Hybrid where it saves at least a fifth of the bytes of Exp (it costs
+    /// several times the codec time), else Exp.
     Auto,
 }
 
@@ -494,24 +495,28 @@ fn encode_delta_with<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut V
     if choice == FrameChoice::Exp {
         return write_exp::<L>(c, input, out, masks, exps);
     }
-    // Full-value cache: build the hybrid sections, compare with the Exp estimate.
+    // Full-value cache: which values and which exponents changed.
     if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
         kernels::scan_full::<L>(input, c.state, changed, exp_changed);
     }
-    sm.clear();
-    kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
     let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
-    let pa = bitmask::plan(changed, n, Some(0));
-    let pb = bitmask::plan(exp_sub, k, Some(0));
-    let hybrid_bytes = sm.len() + pa.bytes + pb.bytes + exps.len();
     if choice == FrameChoice::Auto {
-        let pe = bitmask::plan(exp_changed, n, Some(0));
-        let exp_bytes = L::sm_len(n) + pe.bytes + exps.len();
-        if exp_bytes < hybrid_bytes {
-            exps.clear();
+        // Estimate both frames from the counts alone (the hybrid masks near their entropy),
+        // and take Hybrid only where it saves at least a fifth of the bytes: it costs several
+        // times the codec time of Exp, which must be paid back on the wire.
+        let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
+        let pe = bitmask::plan(exp_changed, n, None);
+        let exp_bytes = L::sm_len(n) + pe.bytes + ke;
+        let h = |x: usize, m: usize| if m == 0 { 0.0 } else { m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0 };
+        let hybrid_est = L::sm_len(k) as f64 + h(k, n) + h(ke, k) + ke as f64 + 300.0;
+        if hybrid_est * 1.25 >= exp_bytes as f64 {
             return write_exp::<L>(c, input, out, masks, exps);
         }
     }
+    sm.clear();
+    kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
+    let pa = bitmask::plan(changed, n, Some(0));
+    let pb = bitmask::plan(exp_sub, k, Some(0));
     c.state.copy_from_slice(input);
     out.extend_from_slice(sm);
     let s1 = out.len();
