@@ -208,7 +208,8 @@ fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
     let [x0, x1, x2] = [cut(&steps[0]), cut(&steps[1]), cut(&steps[2])];
     let mode = [CacheMode::Exponent, CacheMode::FullValue][rng.below(2)];
     let choice = [FrameChoice::Exp, FrameChoice::Hybrid, FrameChoice::Auto][rng.below(3)];
-    let mut tx = CacheSlot::new(dtype, mode, len);
+    // Versions from the seed, so a reported case replays exactly.
+    let mut tx = CacheSlot::with_version(dtype, mode, len, rng.next());
     tx.set_frame_choice(choice);
     let mut f0 = Vec::new();
     tx.encode(&x0, &mut f0).unwrap();
@@ -220,7 +221,7 @@ fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
             tx.encode(&x1, &mut frame).unwrap();
         }
         Kind::ColdFill => {
-            let mut cold = CacheSlot::new(dtype, mode, len);
+            let mut cold = CacheSlot::with_version(dtype, mode, len, rng.next());
             cold.set_frame_choice(choice);
             cold.encode(&x1, &mut frame).unwrap();
             rx_version = rng.next();
@@ -228,8 +229,10 @@ fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
             rx_prev = vec![0; x0.len()];
         }
         Kind::WarmFill => {
-            tx.poison();
-            tx.encode(&x1, &mut frame).unwrap();
+            // The sender lost its slot (as after `poison`, at a fresh version) and refills.
+            let mut fresh = CacheSlot::with_version(dtype, mode, len, rng.next());
+            fresh.set_frame_choice(choice);
+            fresh.encode(&x1, &mut frame).unwrap();
         }
         Kind::Chunk => {
             let a = rng.below(len + 1);
@@ -380,6 +383,11 @@ fn canonical(b: &Base, bytes: &[u8], info: &FrameInfo, out: &[u8]) -> Result<(),
     let mut tx = slot_at(b.dtype, b.mode, choice, b.len, info.version, true, &b.rx_prev);
     let mut f = Vec::new();
     let tinfo = tx.chunk(b.range.clone()).encode(out, &mut f).map_err(|e| format!("canonical encode: {e}"))?;
+    if tinfo.mode == Mode::Raw {
+        // The encoder sends a FILL where its delta would be longer than the values; such a
+        // delta is still a valid frame to accept, but there is no canonical one to compare.
+        return Ok(());
+    }
     if tinfo.mode != info.mode || (tinfo.exp_changes, tinfo.value_changes) != (info.exp_changes, info.value_changes) {
         return Err(format!("accepted {info:?}; the canonical frame for its output is {tinfo:?}"));
     }
@@ -928,12 +936,10 @@ fn damage_reports_a_codec_error() {
     }
 }
 
-/// Known weakness, kept visible: a raw frame WITHOUT the FILL flag for a compressible type
-/// (which no encoder produces) is accepted by a warm slot; it advances the version but leaves
-/// the cache at the previous values, while the sender's cache was refilled. The next delta then
-/// decodes against stale values: silently wrong output, not an error.
+/// A raw frame WITHOUT the FILL flag for a compressible type (which no encoder produces) would
+/// advance the version but leave the cache at the previous values while the sender's was
+/// refilled; the next delta would decode against stale values. It must be refused.
 #[test]
-#[ignore = "bug: a warm slot accepts a raw frame without FILL for a compressible dtype, leaving its cache stale (silent wrong output on the next delta)"]
 fn raw_frame_without_fill_leaves_no_stale_cache() {
     let dtype = DType::BF16;
     let (x0, x1) = (vec![0x80, 0x3F, 0x80, 0x3F], vec![0x00, 0x40, 0x80, 0x3F]); // 1.0 1.0 -> 2.0 1.0
@@ -959,12 +965,9 @@ fn raw_frame_without_fill_leaves_no_stale_cache() {
     );
 }
 
-/// decode_raw (no cache slot) sizes a temporary slot from the frame's element count before it
-/// checks the count against the section: a small resealed frame claiming 2^63 elements must be
-/// refused, not panic on capacity overflow (or abort the process on a failed allocation, as a
-/// count of 2^40 does).
+/// decode_raw (no cache slot): a small resealed frame claiming 2^63 elements must be refused,
+/// not panic on capacity overflow or abort on a failed allocation.
 #[test]
-#[ignore = "bug: decode_raw allocates the frame's element count before validating it (panics with capacity overflow; a count of 2^40 aborts)"]
 fn decode_raw_refuses_a_huge_count() {
     let mut src = CacheSlot::new(DType::BF16, CacheMode::Exponent, 2);
     let mut f = Vec::new();

@@ -194,6 +194,15 @@ pub fn emit_hybrid<L: Layout>(
     exp_sub.resize(k.div_ceil(64), 0);
     for (bi, (&a, &e)) in changed.iter().zip(exp_changed).enumerate() {
         let mut t = a;
+        if e == 0 {
+            // The common block: values changed, exponents kept.
+            while t != 0 {
+                let j = t.trailing_zeros() as usize;
+                t &= t - 1;
+                vals.push(L::load(input, bi * BLOCK + j));
+            }
+            continue;
+        }
         while t != 0 {
             let j = t.trailing_zeros() as usize;
             t &= t - 1;
@@ -229,7 +238,9 @@ pub fn decode_hybrid<L: Layout>(
     if !L::unpack(sm, vals) {
         return Err(Error::corrupt("sign+mantissa section", "non-zero padding bits"));
     }
-    // Patch the changed values into the cache in place, then copy the cache out once.
+    // Patch the changed values into the cache in place, then copy the cache out once. The
+    // exponent changes are few: walk them with a cursor instead of testing a bit per value.
+    let mut next_e = next_set(exp_sub, 0);
     let mut idx = 0usize;
     let mut ei = 0usize;
     for (bi, &a) in changed.iter().enumerate() {
@@ -239,7 +250,8 @@ pub fn decode_hybrid<L: Layout>(
             t &= t - 1;
             let i = bi * BLOCK + j;
             let p = L::load(prev, i);
-            let w = if exp_sub[idx / 64] >> (idx % 64) & 1 == 1 {
+            let w = if idx == next_e {
+                next_e = next_set(exp_sub, idx + 1);
                 let e = exps[ei];
                 ei += 1;
                 if e > L::EXP_MAX || e == L::exp(p) {
@@ -262,4 +274,23 @@ pub fn decode_hybrid<L: Layout>(
     }
     out.copy_from_slice(prev);
     Ok(())
+}
+
+/// Index of the first set bit at or after `from` in `words`, or usize::MAX.
+fn next_set(words: &[u64], from: usize) -> usize {
+    let mut wi = from / 64;
+    if wi >= words.len() {
+        return usize::MAX;
+    }
+    let mut w = words[wi] & (u64::MAX << (from % 64));
+    loop {
+        if w != 0 {
+            return wi * 64 + w.trailing_zeros() as usize;
+        }
+        wi += 1;
+        if wi >= words.len() {
+            return usize::MAX;
+        }
+        w = words[wi];
+    }
 }

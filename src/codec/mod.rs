@@ -367,6 +367,11 @@ impl SlotChunk<'_> {
         };
         match f.mode {
             Mode::Raw => {
+                if self.dtype.is_compressible() && !info.fill {
+                    // Every encoder FILLs with raw frames of these types: a raw frame that
+                    // leaves the cache alone would desynchronise it from the sender's.
+                    return Err(Error::corrupt("flags", format!("raw {} frame without FILL", self.dtype)));
+                }
                 if f.sections[0].len() != bytes || f.sections[1..].iter().any(|s| !s.is_empty()) {
                     return Err(Error::corrupt(
                         "raw frame",
@@ -636,10 +641,29 @@ pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
     if f.mode != Mode::Raw {
         return Err(Error::SlotState { detail: format!("{} frame needs a cache slot", f.mode.name()) });
     }
-    let mut slot = CacheSlot::new(f.dtype, CacheMode::Exponent, f.count);
-    let mut info = slot.chunk(0..f.count).decode(&Frame { offset: 0, ..f }, out)?;
-    info.offset = f.offset;
-    Ok(info)
+    let bytes = f.count.checked_mul(f.dtype.size()).filter(|&b| b == f.sections[0].len()).ok_or_else(|| {
+        Error::corrupt("raw frame", format!("{} elements of {} in a {}-byte section", f.count, f.dtype, f.sections[0].len()))
+    })?;
+    if out.len() != bytes {
+        return Err(Error::LengthMismatch { what: "decoder output bytes", expected: bytes, found: out.len() });
+    }
+    if f.sections[1..].iter().any(|s| !s.is_empty()) {
+        return Err(Error::corrupt("raw frame", "raw frames have one section"));
+    }
+    f.verify_s0()?;
+    out.copy_from_slice(f.sections[0]);
+    Ok(FrameInfo {
+        mode: Mode::Raw,
+        fill: f.flags & frame::FLAG_FILL != 0,
+        dtype: f.dtype,
+        count: f.count,
+        offset: f.offset,
+        version: f.version,
+        raw_bytes: bytes,
+        frame_bytes: f.len,
+        exp_changes: 0,
+        value_changes: None,
+    })
 }
 
 #[cfg(test)]
