@@ -13,10 +13,12 @@
 //! Decisions (`CIERA_COMPRESS=auto`, the default):
 //! - raw: types the codec does not compress, shards below `min_shard_bytes`, latency-bound
 //!   algorithms (not the ring), and groups that did not fit the cache budget;
-//! - the first use of a group is a FILL call (raw values in frames: warms every cache);
-//! - then delta calls; each one's time (slowest rank) is compared with the FILL's; after two
-//!   in a row that are not at least 5% faster, the group goes raw for a back-off period (256
-//!   calls, doubling each time) and is re-probed after it. `on` always compresses, `off` never.
+//! - the first use of a group is a FILL call (raw values in frames: warms every cache), the
+//!   second a timed raw call (the baseline; one call in 64 is again, to keep it current);
+//! - then delta calls; each one's time (slowest rank) is compared with the raw baseline
+//!   (slowest rank); after two in a row that are not at least 5% faster, the group goes raw for
+//!   a back-off period (256 calls, doubling each time) and is re-probed after it. `on` always
+//!   compresses, `off` never.
 //!
 //! Failures: a frame that does not decode (version mismatch after a restart, a checksum error)
 //! or, with `CIERA_VERIFY=1`, a decoded shard whose hash differs from the sender's, is detected
@@ -197,8 +199,10 @@ struct Group {
     mode: CacheMode,
     state: GroupState,
     last_use: u64,
-    /// Agreed (slowest rank) time of the last FILL call: the raw baseline.
-    fill_time: Option<Duration>,
+    /// The raw baseline: agreed (slowest rank) time of the last timed raw call.
+    raw_time: Option<Duration>,
+    /// This rank's time of a raw probe call not yet exchanged (sent with the next status).
+    pending_raw: Option<Duration>,
     backoff: u64,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
@@ -223,7 +227,9 @@ pub struct Compressor {
     encoder_scratch: CodecScratch,
 }
 
-const STATUS_FIXED_WORDS: usize = 4; // call ns, encode ns, decode ns, shard hash
+const STATUS_FIXED_WORDS: usize = 5; // call ns, encode ns, decode ns, shard hash, raw probe ns
+/// A warm group times one raw call in this many, to keep its raw baseline current.
+const RAW_PROBE_EVERY: u64 = 64;
 
 impl Compressor {
     pub fn new(config: CompressConfig) -> Compressor {
@@ -309,6 +315,23 @@ impl Compressor {
             g.backoff = backoff;
             g.state = GroupState::Cold;
         }
+        // In auto mode the raw baseline comes from timed raw calls: the second call of a group
+        // (the first, a FILL, has touched every buffer by then), then one in RAW_PROBE_EVERY.
+        // Every rank makes the same choice (call counts); each rank's time travels in the next
+        // compressed call's status record. A raw call between compressed ones is safe: no cache
+        // changes on any side.
+        let probe = self.config.mode == CompressMode::Auto
+            && g.state == GroupState::Warm
+            && g.pending_raw.is_none()
+            && (g.raw_time.is_none() || g.stats.calls % RAW_PROBE_EVERY == 0);
+        if probe {
+            g.stats.raw_calls += 1;
+            let t = Instant::now();
+            let r = self.raw(comm, send, recv, count, dtype, None);
+            let g = self.groups.get_mut(&skey).expect("admitted");
+            g.pending_raw = Some(t.elapsed());
+            return r;
+        }
         self.framed(comm, skey, send, recv, count, dtype)
     }
 
@@ -360,7 +383,7 @@ impl Compressor {
         let slots = (0..n).map(|_| CacheSlot::new(key.dtype, mode, key.count)).collect();
         self.groups.insert(
             key,
-            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, fill_time: None, backoff: 256, slow_streak: 0, stats: SlotStats::default() },
+            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, raw_time: None, pending_raw: None, backoff: 256, slow_streak: 0, stats: SlotStats::default() },
         );
         true
     }
@@ -465,6 +488,7 @@ impl Compressor {
         mine[1] = encode_ns;
         mine[2] = decode_ns;
         mine[3] = own_hash;
+        mine[4] = g.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
         let mut all = vec![0u8; n * words * 8];
         let collect_status = |mine: &Vec<u64>, all: &mut Vec<u8>, comm: &mut Communicator| -> Result<Vec<Vec<u64>>> {
             let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -494,6 +518,10 @@ impl Compressor {
         }
         let status = collect_status(&mine, &mut all, comm)?;
         let slowest = Duration::from_nanos(status.iter().map(|s| s[0]).max().unwrap_or(0));
+        let probe = status.iter().map(|s| s[4]).max().unwrap_or(0);
+        if probe > 0 && status.iter().all(|s| s[4] > 0) {
+            g.raw_time = Some(Duration::from_nanos(probe));
+        }
         let mut bad: Vec<usize> = Vec::new();
         for src in 0..n {
             if status.iter().any(|s| s[STATUS_FIXED_WORDS + src / 64] >> (src % 64) & 1 == 1) {
@@ -557,11 +585,10 @@ impl Compressor {
         }
         // Decide what the next call on this group does, from agreed values only.
         if filling {
-            g.fill_time = Some(slowest);
             g.slow_streak = 0;
             g.state = GroupState::Warm;
         } else if self.config.mode == CompressMode::Auto {
-            if let Some(base) = g.fill_time {
+            if let Some(base) = g.raw_time {
                 if slowest.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     g.slow_streak += 1;
                 } else {
