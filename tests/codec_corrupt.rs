@@ -295,16 +295,13 @@ enum Class {
     Consistent,
 }
 
-/// The receiver's slot after an Ok must be what it reported: the decoded values (or, after a
-/// raw frame without FILL, which leaves caches alone, the values it held before) at its version.
+/// The receiver's slot after an Ok must be what it reported: the decoded values at its version.
 /// A sender in exactly that state sends the next iteration; it must come through exactly.
 fn follow_up(b: &Base, d: &mut Decoded) -> Result<(), String> {
     if b.kind == Kind::Chunk || !d.rx.is_warm() {
         return Ok(());
     }
-    let info = d.result.as_ref().unwrap();
-    let held = if info.mode == Mode::Raw && !info.fill { &b.rx_prev } else { &d.out };
-    let mut tx = slot_at(b.dtype, b.mode, b.choice, b.len, d.rx.version(), true, held);
+    let mut tx = slot_at(b.dtype, b.mode, b.choice, b.len, d.rx.version(), true, &d.out);
     let mut f = Vec::new();
     tx.encode(&b.next, &mut f).map_err(|e| format!("follow-up encode: {e}"))?;
     let mut out = vec![0u8; b.next.len()];
@@ -889,12 +886,11 @@ fn arbitrary_bytes_are_refused_without_panicking() {
             } else {
                 assert!(!rx.is_warm(), "a refused frame poisons the slot");
             }
-            // The cache-free decoder too, where the header's count is modest (see
-            // decode_raw_refuses_a_huge_count for larger ones).
+            // The cache-free decoder too, whatever count the header claims.
             if let Ok(p) = frame::parse(&g) {
-                if p.count <= 1 << 20 {
-                    let mut o = vec![0u8; p.count.saturating_mul(p.dtype.size()).min(1 << 24)];
-                    let _ = decode_raw(&g, &mut o);
+                let mut o = vec![0u8; p.count.saturating_mul(p.dtype.size()).min(1 << 24)];
+                if let Ok(info) = decode_raw(&g, &mut o) {
+                    assert_eq!((info.count, &o[..]), (p.count, p.sections[0]));
                 }
             }
             r.is_ok()
@@ -969,11 +965,18 @@ fn raw_frame_without_fill_leaves_no_stale_cache() {
 /// not panic on capacity overflow or abort on a failed allocation.
 #[test]
 fn decode_raw_refuses_a_huge_count() {
-    let mut src = CacheSlot::new(DType::BF16, CacheMode::Exponent, 2);
-    let mut f = Vec::new();
-    src.encode(&[1, 2, 3, 4], &mut f).unwrap();
-    f[8..16].copy_from_slice(&(1u64 << 63).to_le_bytes());
-    reseal(&mut f);
-    let r = catch_unwind(AssertUnwindSafe(|| decode_raw(&f, &mut [0u8; 4]).map(|_| ())));
-    assert!(matches!(r, Ok(Err(_))), "decode_raw of a 68-byte frame claiming 2^63 elements: {r:?}");
+    // 2^63 overflowed a capacity (a panic); 2^40 failed an allocation (an abort); u64::MAX
+    // overflows count x size.
+    for count in [1u64 << 63, 1 << 40, u64::MAX, 3] {
+        for dtype in [DType::BF16, DType::F32, DType::I64] {
+            let mut src = CacheSlot::new(dtype, CacheMode::Exponent, 2);
+            let mut f = Vec::new();
+            src.encode(&vec![7u8; 2 * dtype.size()], &mut f).unwrap();
+            f[8..16].copy_from_slice(&count.to_le_bytes());
+            reseal(&mut f);
+            let mut out = vec![0u8; 2 * dtype.size()];
+            let r = catch_unwind(AssertUnwindSafe(|| decode_raw(&f, &mut out).map(|_| ())));
+            assert!(matches!(r, Ok(Err(_))), "decode_raw of a {dtype:?} frame of 2 values claiming {count}: {r:?}");
+        }
+    }
 }

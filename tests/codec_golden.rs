@@ -506,6 +506,21 @@ fn cases() -> Vec<Case> {
         ],
     });
     v.push(Case {
+        name: "bf16_fill_fallback_4",
+        about: "bf16, exponent cache, 4 values whose exponents all change: the exp frame would be \
+                74 bytes, more than the 72 of the values plus the header, so the warm sender sends \
+                a raw FILL instead (version 1); then an exp frame again",
+        dtype: DType::BF16,
+        mode: CacheMode::Exponent,
+        choice: FrameChoice::Auto,
+        chunk: None,
+        steps: plain(vec![
+            u16s(&[0x3F80, 0x3F81, 0x3F82, 0x3F83]),
+            u16s(&[0x4080, 0x4081, 0x4082, 0x4083]),
+            u16s(&[0x4081, 0x4081, 0x4082, 0x4083]),
+        ]),
+    });
+    v.push(Case {
         name: "i32_raw_3",
         about: "int32 (not compressed), 3 values: raw frames without FILL, versions 0 and 1",
         dtype: DType::I32,
@@ -640,23 +655,37 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                 let olds: Vec<u32> = (0..n).map(|i| spec::value(c.dtype, old, i)).collect();
                 let exp_changed: Vec<bool> =
                     (0..n).map(|i| spec::exponent(c.dtype, vals[i]) != spec::exponent(c.dtype, olds[i])).collect();
+                let fallback = actual[6] == 0;
                 let mode = match (c.mode, c.choice) {
                     (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => 1,
                     (_, FrameChoice::Hybrid) => 2,
+                    (_, FrameChoice::Auto) if fallback => panic!("{ctx}: cannot tell which delta an Auto slot replaced by a FILL"),
                     (_, FrameChoice::Auto) => actual[6],
                 };
-                h.mode = mode;
+                let mut h = spec::Header { mode, ..h };
                 // Each mask section's coding byte is read from the stored frame, the rest derived.
+                // (Where the encoder sent a FILL instead, the delta is sized with the smallest
+                // of the cheap codings.)
                 let coded = |bits: &[bool], at: usize| -> Vec<u8> {
-                    let coding = actual[at];
-                    let m = spec::mask(bits, coding, Some(&actual[at + 1..]));
+                    let coding = if fallback {
+                        if bits.iter().all(|&b| !b) {
+                            0
+                        } else if spec::mask(bits, 2, None).len() <= spec::mask(bits, 1, None).len() {
+                            2
+                        } else {
+                            1
+                        }
+                    } else {
+                        actual[at]
+                    };
+                    let m = spec::mask(bits, coding, (coding == 3).then(|| &actual[at + 1..]));
                     if coding != 3 {
                         let best = *spec::cheap_sizes(bits).iter().min().unwrap();
                         assert_eq!(m.len(), best, "{ctx}: the encoder picks the smallest cheap coding");
                     }
                     m
                 };
-                if mode == 1 {
+                let delta = if mode == 1 {
                     let s0 = spec::pack_sm(c.dtype, &vals);
                     let s1 = coded(&exp_changed, spec::HEADER + s0.len());
                     let s2: Vec<u8> = (0..n).filter(|&i| exp_changed[i]).map(|i| spec::exponent(c.dtype, vals[i])).collect();
@@ -670,6 +699,15 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                     let s2 = coded(&sub, spec::HEADER + s0.len() + s1.len());
                     let s3: Vec<u8> = idx.iter().filter(|&&i| exp_changed[i]).map(|&i| spec::exponent(c.dtype, vals[i])).collect();
                     spec::frame(&h, [&s0, &s1, &s2, &s3])
+                };
+                // "An encoder never emits a frame longer than 64 + n x size bytes": a longer
+                // delta goes as a raw FILL.
+                if delta.len() > spec::HEADER + n * size {
+                    h.mode = 0;
+                    h.fill = true;
+                    spec::frame(&h, [cur, &[], &[], &[]])
+                } else {
+                    delta
                 }
             };
             assert_eq!(hex(&f), hex(actual), "{ctx}: frame re-derived from docs/WIRE.md");

@@ -320,7 +320,6 @@ impl Pair {
         format!("{:?}/{:?}/{:?} len {} v{}", self.dtype, self.mode, self.choice, self.len, self.tx.version())
     }
 
-
     /// What the frame the sender is about to produce for `input` must say about itself.
     fn check_info(&self, info: &FrameInfo, input: &[u8], tx_warm: bool, offset: usize, count: usize) {
         let ctx = self.ctx();
@@ -331,8 +330,12 @@ impl Pair {
             assert_eq!((info.mode, info.fill), (Mode::Raw, false), "{ctx}");
             return;
         }
-        if !tx_warm {
+        // No frame is longer than the values plus the header.
+        assert!(info.frame_bytes <= frame::HEADER_LEN + info.raw_bytes, "{ctx}: {} byte frame for {} bytes", info.frame_bytes, info.raw_bytes);
+        if !tx_warm || info.mode == Mode::Raw {
+            // A cold sender FILLs; so does a warm one whose delta would be longer than that.
             assert_eq!((info.mode, info.fill, info.exp_changes, info.value_changes), (Mode::Raw, true, 0, None), "{ctx}");
+            assert_eq!(info.frame_bytes, frame::HEADER_LEN + info.raw_bytes, "{ctx}");
             return;
         }
         assert!(!info.fill, "{ctx}");
@@ -752,7 +755,7 @@ fn config(cases: u32) -> ProptestConfig {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(config(1024))]
 
     /// Every dtype, cache mode and frame choice, random lengths, drift, chunking, poisoning.
     #[test]
@@ -765,7 +768,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(config(512))]
 
     /// The compressed types over longer runs, where the caches carry state for many iterations.
     #[test]
@@ -809,6 +812,9 @@ fn block_boundary_lengths() {
     }
 }
 
+/// A value of one special class from random bits.
+type MakeValue = Box<dyn Fn(u64) -> u64>;
+
 /// Each special class alone, as the whole tensor and as the drift: NaN payloads, infinities,
 /// zeros, subnormals must survive every frame kind bit for bit.
 #[test]
@@ -818,7 +824,7 @@ fn special_values_round_trip() {
         let size = dtype.size();
         let sign = 1u64 << (fb.mant + fb.exp);
         let emax = low_bits(fb.exp);
-        let classes: [(&str, Box<dyn Fn(u64) -> u64>); 6] = [
+        let classes: [(&str, MakeValue); 6] = [
             ("nan", Box::new(move |r: u64| (r & sign) | (emax << fb.mant) | (r & low_bits(fb.mant)).max(1))),
             ("inf", Box::new(move |r: u64| (r & sign) | (emax << fb.mant))),
             ("zero", Box::new(move |r: u64| r & sign)),

@@ -138,7 +138,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_canonical(&before, &g, &info, &out);
             }
             let next = x0;
-            assert_consistent(&before, &mut rx, &info, &out, &next);
+            assert_consistent(&before, &mut rx, &out, &next);
         }
         Err(_) => assert!(!rx.is_warm()),
     }

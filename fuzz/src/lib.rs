@@ -150,6 +150,11 @@ pub fn assert_canonical(b: &Before<'_>, bytes: &[u8], info: &FrameInfo, out: &[u
     let mut tx = slot_at(b.dtype, b.mode, choice, b.len, info.version, true, b.prev);
     let mut f = Vec::new();
     let t = tx.encode(out, &mut f).expect("canonical encode");
+    if t.mode == Mode::Raw {
+        // The encoder sends a FILL where its delta would be longer than the values; such a
+        // delta is still a valid frame to accept, but there is no canonical one to compare.
+        return;
+    }
     assert_eq!((t.mode, t.exp_changes, t.value_changes), (info.mode, info.exp_changes, info.value_changes), "accepted a non-canonical frame");
     let (p, q) = (frame::parse(bytes).unwrap(), frame::parse(&f).unwrap());
     let masks: &[usize] = if info.mode == Mode::Exp { &[1] } else { &[1, 2] };
@@ -167,15 +172,13 @@ pub fn assert_canonical(b: &Before<'_>, bytes: &[u8], info: &FrameInfo, out: &[u
     }
 }
 
-/// After an accepted frame, the receiver's slot must be what it reported: a sender in that
-/// state (the output, or the previous values after a raw frame without FILL) gets `next`
-/// through exactly.
-pub fn assert_consistent(b: &Before<'_>, rx: &mut CacheSlot, info: &FrameInfo, out: &[u8], next: &[u8]) {
+/// After an accepted frame, the receiver's slot must be what it reported: a sender holding the
+/// output at the receiver's version gets `next` through exactly.
+pub fn assert_consistent(b: &Before<'_>, rx: &mut CacheSlot, out: &[u8], next: &[u8]) {
     if !rx.is_warm() {
         return;
     }
-    let held = if info.mode == Mode::Raw && !info.fill { b.prev } else { out };
-    let mut tx = slot_at(b.dtype, b.mode, b.choice, b.len, rx.version(), true, held);
+    let mut tx = slot_at(b.dtype, b.mode, b.choice, b.len, rx.version(), true, out);
     let mut f = Vec::new();
     tx.encode(next, &mut f).expect("follow-up encode");
     let mut o = vec![0u8; next.len()];
@@ -187,7 +190,3 @@ pub fn assert_consistent(b: &Before<'_>, rx: &mut CacheSlot, info: &FrameInfo, o
 pub const DTYPES: [DType; 12] = DType::ALL;
 pub const MODES: [CacheMode; 2] = [CacheMode::Exponent, CacheMode::FullValue];
 pub const CHOICES: [FrameChoice; 3] = [FrameChoice::Exp, FrameChoice::Hybrid, FrameChoice::Auto];
-
-/// decode_raw sizes a temporary slot from the header's count before checking it (a known bug:
-/// huge counts panic or abort). Targets call it only below this count.
-pub const DECODE_RAW_MAX_COUNT: usize = 1 << 20;
