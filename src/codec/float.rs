@@ -48,6 +48,16 @@ pub trait Layout {
     fn unpack(inp: &[u8], out: &mut [u32]) -> bool;
 }
 
+#[inline(always)]
+fn load16(b: &[u8], i: usize) -> u32 {
+    u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+}
+
+#[inline(always)]
+fn store16(b: &mut [u8], i: usize, w: u32) {
+    b[2 * i..2 * i + 2].copy_from_slice(&(w as u16).to_le_bytes());
+}
+
 pub struct Bf16;
 pub struct F16;
 pub struct F32;
@@ -60,11 +70,11 @@ impl Layout for Bf16 {
 
     #[inline(always)]
     fn load(b: &[u8], i: usize) -> u32 {
-        u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+        load16(b, i)
     }
     #[inline(always)]
     fn store(b: &mut [u8], i: usize, w: u32) {
-        b[2 * i..2 * i + 2].copy_from_slice(&(w as u16).to_le_bytes());
+        store16(b, i, w)
     }
     fn sm_len(k: usize) -> usize {
         k
@@ -127,11 +137,11 @@ impl Layout for F16 {
 
     #[inline(always)]
     fn load(b: &[u8], i: usize) -> u32 {
-        u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+        load16(b, i)
     }
     #[inline(always)]
     fn store(b: &mut [u8], i: usize, w: u32) {
-        b[2 * i..2 * i + 2].copy_from_slice(&(w as u16).to_le_bytes());
+        store16(b, i, w)
     }
     fn sm_len(k: usize) -> usize {
         k + (3 * k).div_ceil(8)

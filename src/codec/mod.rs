@@ -85,6 +85,24 @@ pub struct FrameInfo {
     pub value_changes: Option<usize>,
 }
 
+impl FrameInfo {
+    /// What a parsed frame says of itself (change counts filled in by the decoder).
+    fn of(f: &Frame<'_>, raw_bytes: usize) -> FrameInfo {
+        FrameInfo {
+            mode: f.mode,
+            fill: f.flags & frame::FLAG_FILL != 0,
+            dtype: f.dtype,
+            count: f.count,
+            offset: f.offset,
+            version: f.version,
+            raw_bytes,
+            frame_bytes: f.len,
+            exp_changes: 0,
+            value_changes: None,
+        }
+    }
+}
+
 /// One source shard's cache, identical on the sender and on every receiver.
 pub struct CacheSlot {
     dtype: DType,
@@ -353,18 +371,7 @@ impl SlotChunk<'_> {
         if out.len() != bytes {
             return Err(Error::LengthMismatch { what: "decoder output bytes", expected: bytes, found: out.len() });
         }
-        let mut info = FrameInfo {
-            mode: f.mode,
-            fill: f.flags & frame::FLAG_FILL != 0,
-            dtype: f.dtype,
-            count: f.count,
-            offset: f.offset,
-            version: f.version,
-            raw_bytes: bytes,
-            frame_bytes: f.len,
-            exp_changes: 0,
-            value_changes: None,
-        };
+        let mut info = FrameInfo::of(f, bytes);
         match f.mode {
             Mode::Raw => {
                 if self.dtype.is_compressible() && !info.fill {
@@ -652,18 +659,7 @@ pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
     }
     f.verify_s0()?;
     out.copy_from_slice(f.sections[0]);
-    Ok(FrameInfo {
-        mode: Mode::Raw,
-        fill: f.flags & frame::FLAG_FILL != 0,
-        dtype: f.dtype,
-        count: f.count,
-        offset: f.offset,
-        version: f.version,
-        raw_bytes: bytes,
-        frame_bytes: f.len,
-        exp_changes: 0,
-        value_changes: None,
-    })
+    Ok(FrameInfo::of(&f, bytes))
 }
 
 #[cfg(test)]
