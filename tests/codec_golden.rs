@@ -42,12 +42,12 @@ mod spec {
         }
     }
 
-    /// (exponent shift, exponent field mask) of a compressible type.
+    /// (shift, mask) of the cached field of a compressible type ("Modes and sections").
     fn exp_field(d: DType) -> (u32, u32) {
         match d {
-            DType::BF16 => (7, 0xff),
+            DType::BF16 => (8, 0xff),
             DType::F16 => (10, 0x1f),
-            DType::F32 => (23, 0xff),
+            DType::F32 => (24, 0xff),
             _ => panic!("{d} is not delta-coded"),
         }
     }
@@ -78,14 +78,12 @@ mod spec {
         match d {
             DType::BF16 => {
                 for &v in vals {
-                    let sign = (v >> 15) & 1;
-                    out.push(((sign << 7) | (v & 0x7f)) as u8);
+                    out.push((v & 0xff) as u8); // bits 7..0
                 }
             }
             DType::F32 => {
                 for &v in vals {
-                    let sm = ((v >> 31) << 23) | (v & 0x7f_ffff);
-                    out.extend_from_slice(&sm.to_le_bytes()[..3]);
+                    out.extend_from_slice(&(v & 0xff_ffff).to_le_bytes()[..3]); // bits 23..0
                 }
             }
             DType::F16 => {
@@ -898,11 +896,12 @@ fn header_layout_by_hand() {
     assert_eq!(u64::from_le_bytes(f[8..16].try_into().unwrap()), 8, "count");
     assert_eq!(u64::from_le_bytes(f[16..24].try_into().unwrap()), 0, "offset");
     assert_eq!(u64::from_le_bytes(f[24..32].try_into().unwrap()), 1, "version: the second iteration");
-    // s0: 8 sm bytes; s1: flat mask (coding 1, one byte 0b0000_0001); s2: one exponent (128).
+    // s0: 8 sm bytes; s1: flat mask (coding 1, one byte 0b0000_0001); s2: one new cached
+    // field, the high byte of 2.0 (0x4000), where 1.0 (0x3F80) had 0x3F.
     assert_eq!(&f[32..48], &[8, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
-    // sm of 2.0, -2.5, 0.5, 3.5, 0, -0, 1.75, 100: sign<<7 | 7-bit mantissa.
-    assert_eq!(&f[64..72], &[0x00, 0xA0, 0x00, 0x60, 0x00, 0x80, 0x60, 0x48]);
-    assert_eq!(&f[72..75], &[1, 0x01, 128]);
+    // sm of 2.0, -2.5, 0.5, 3.5, 0, -0, 1.75, 100: the low byte of each value.
+    assert_eq!(&f[64..72], &[0x00, 0x20, 0x00, 0x60, 0x00, 0x00, 0xE0, 0xC8]);
+    assert_eq!(&f[72..75], &[1, 0x01, 0x40]);
     assert_eq!(f.len(), 75);
     let fill = &e[0][0].1;
     assert_eq!((fill[6], fill[7]), (0, 1), "raw FILL");

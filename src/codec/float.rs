@@ -1,13 +1,20 @@
 //! Bit layouts of the compressible types and the plain (portable) coding kernels.
 //!
-//! A value is split into its exponent field and the rest ("sign+mantissa", sm):
+//! A value is split into its *cached field* (what the exponent cache keeps, one byte) and the
+//! rest ("sm", always sent in Exp frames):
 //!
-//! | type | exponent bits | sm bits | sm packing                                              |
-//! |------|---------------|---------|---------------------------------------------------------|
-//! | bf16 | 14..7  (8)    | 8       | 1 byte: sign<<7 \| mantissa                             |
-//! | fp16 | 14..10 (5)    | 11      | per 8 values: 8 low mantissa bytes, then 3 bytes holding |
-//! |      |               |         | 8 x 3 bits (sign<<2 \| mantissa bits 9..8), LSB first    |
-//! | fp32 | 30..23 (8)    | 24      | 3 bytes LE: sign<<23 \| mantissa                        |
+//! | type | cached field            | sm bits | sm packing                                      |
+//! |------|-------------------------|---------|-------------------------------------------------|
+//! | bf16 | bits 15..8: sign and exponent bits 7..1 | 8 | 1 byte: exponent bit 0 and mantissa (bits 7..0) |
+//! | fp16 | bits 14..10: exponent   | 11      | per 8 values: 8 low mantissa bytes, then 3 bytes |
+//! |      |                         |         | holding 8 x 3 bits (sign<<2 \| mantissa bits 9..8) |
+//! | fp32 | bits 31..24: sign and exponent bits 7..1 | 24 | 3 bytes LE: bits 23..0                 |
+//!
+//! Why the high byte rather than the exponent for bf16 and fp32: from one step to the next an
+//! exponent moves by one, and half of those moves only flip its lowest bit. Keeping that bit in
+//! the always-sent byte (where the mantissa bits are as good as random anyway) and the sign in
+//! the cache (weights rarely cross zero) halves the exceptions: at peak learning rate 2.0%
+//! instead of 3.6% of values, 2.4% fewer bits than the exponent-exception bound.
 //!
 //! Values are handled as `u32` words (16-bit types in the low half), loaded little-endian.
 
@@ -18,8 +25,9 @@ pub trait Layout {
     const DTYPE: DType;
     /// Bytes per element.
     const BYTES: usize;
+    /// Position of the cached field (see the table above; "exponent" in names below).
     const EXP_SHIFT: u32;
-    /// The largest exponent field value (all ones).
+    /// The largest cached field value (all ones).
     const EXP_MAX: u8;
 
     fn load(b: &[u8], i: usize) -> u32;
@@ -65,7 +73,7 @@ pub struct F32;
 impl Layout for Bf16 {
     const DTYPE: DType = DType::BF16;
     const BYTES: usize = 2;
-    const EXP_SHIFT: u32 = 7;
+    const EXP_SHIFT: u32 = 8;
     const EXP_MAX: u8 = 0xff;
 
     #[inline(always)]
@@ -82,14 +90,13 @@ impl Layout for Bf16 {
     #[inline(always)]
     fn pack(words: &[u32], out: &mut [u8]) {
         for (o, &w) in out.iter_mut().zip(words) {
-            *o = (((w >> 8) & 0x80) | (w & 0x7f)) as u8;
+            *o = w as u8;
         }
     }
     #[inline(always)]
     fn unpack(inp: &[u8], out: &mut [u32]) -> bool {
         for (o, &b) in out.iter_mut().zip(inp) {
-            let b = b as u32;
-            *o = ((b & 0x80) << 8) | (b & 0x7f);
+            *o = b as u32;
         }
         true
     }
@@ -98,7 +105,7 @@ impl Layout for Bf16 {
 impl Layout for F32 {
     const DTYPE: DType = DType::F32;
     const BYTES: usize = 4;
-    const EXP_SHIFT: u32 = 23;
+    const EXP_SHIFT: u32 = 24;
     const EXP_MAX: u8 = 0xff;
 
     #[inline(always)]
@@ -115,15 +122,13 @@ impl Layout for F32 {
     #[inline(always)]
     fn pack(words: &[u32], out: &mut [u8]) {
         for (o, &w) in out.chunks_exact_mut(3).zip(words) {
-            let v = (w & 0x7f_ffff) | ((w >> 31) << 23);
-            o.copy_from_slice(&v.to_le_bytes()[..3]);
+            o.copy_from_slice(&w.to_le_bytes()[..3]);
         }
     }
     #[inline(always)]
     fn unpack(inp: &[u8], out: &mut [u32]) -> bool {
         for (o, c) in out.iter_mut().zip(inp.chunks_exact(3)) {
-            let v = u32::from_le_bytes([c[0], c[1], c[2], 0]);
-            *o = ((v >> 23) << 31) | (v & 0x7f_ffff);
+            *o = u32::from_le_bytes([c[0], c[1], c[2], 0]);
         }
         true
     }

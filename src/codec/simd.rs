@@ -1,6 +1,6 @@
 //! AVX2 fast path for the bf16 exponent-cache kernels: the hot loop of the exponent mode
-//! (split 32 values into sign+mantissa bytes and exponent bytes, compare with the cache, build
-//! the change mask; and the inverse). Everything else, and every CPU without AVX2, uses the
+//! (split 32 values into their low (sent) and high (cached) bytes, compare with the cache,
+//! build the change mask; and the inverse). Everything else, and every CPU without AVX2, uses the
 //! plain kernels in `kernels.rs`; `tests` below check both paths bit for bit on the same data.
 //!
 //! Dispatch returns `false` when this path does not apply, so callers fall back to the plain
@@ -294,8 +294,6 @@ mod avx2 {
         let mut acc = load_acc(hash);
         let base = hash.stripes;
         debug_assert!(n % 64 == 0 && input.len() == 2 * n);
-        let lo7 = _mm256_set1_epi16(0x7f);
-        let hi80 = _mm256_set1_epi16(0x80);
         let ff = _mm256_set1_epi16(0xff);
         let mut tmp = [0u8; 32];
         for b in (0..n).step_by(64) {
@@ -311,10 +309,11 @@ mod avx2 {
                         _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
                     )
                 };
-                let ea = _mm256_and_si256(_mm256_srli_epi16(xa, 7), ff);
-                let eb = _mm256_and_si256(_mm256_srli_epi16(xb, 7), ff);
-                let sa = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(xa, 8), hi80), _mm256_and_si256(xa, lo7));
-                let sb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(xb, 8), hi80), _mm256_and_si256(xb, lo7));
+                // Cached field: the high byte; always sent: the low byte.
+                let ea = _mm256_srli_epi16(xa, 8);
+                let eb = _mm256_srli_epi16(xb, 8);
+                let sa = _mm256_and_si256(xa, ff);
+                let sb = _mm256_and_si256(xb, ff);
                 // packus works per 128-bit lane; the permute restores element order.
                 let e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0b11_01_10_00);
                 let s = _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0b11_01_10_00);
@@ -359,8 +358,6 @@ mod avx2 {
         let mut acc = load_acc(hash);
         let base = hash.stripes;
         debug_assert!(n % 64 == 0 && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64);
-        let m7f = _mm256_set1_epi8(0x7f);
-        let m80 = _mm256_set1_epi8(0x80u8 as i8);
         let mut k = 0usize;
         for (bi, &mask) in masks.iter().enumerate() {
             let b = bi * 64;
@@ -388,11 +385,9 @@ mod avx2 {
                     )
                 };
                 acc = stripe_step(acc, s, base + (v / 32) as u64);
-                // low byte: mantissa | exponent bit 0 << 7; high byte: sign | exponent >> 1.
-                let lowb = _mm256_or_si256(_mm256_and_si256(s, m7f), _mm256_and_si256(_mm256_slli_epi16(e, 7), m80));
-                let highb = _mm256_or_si256(_mm256_and_si256(s, m80), _mm256_and_si256(_mm256_srli_epi16(e, 1), m7f));
-                let lo = _mm256_unpacklo_epi8(lowb, highb);
-                let hi = _mm256_unpackhi_epi8(lowb, highb);
+                // value = cached byte << 8 | sent byte.
+                let lo = _mm256_unpacklo_epi8(s, e);
+                let hi = _mm256_unpackhi_epi8(s, e);
                 // SAFETY: as above.
                 unsafe {
                     _mm256_storeu_si256(out.as_mut_ptr().add(2 * v) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
@@ -454,7 +449,7 @@ mod tests {
         let mut s = 7;
         for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
             let input: Vec<u8> = (0..2 * n).map(|_| lcg(&mut s) as u8).collect();
-            let cache0: Vec<u8> = (0..n).map(|i| if lcg(&mut s) % 4 == 0 { lcg(&mut s) as u8 } else { input[2 * i + 1] << 1 | input[2 * i] >> 7 }).collect();
+            let cache0: Vec<u8> = (0..n).map(|i| if lcg(&mut s) % 4 == 0 { lcg(&mut s) as u8 } else { input[2 * i + 1] }).collect();
             let (mut c1, mut c2) = (cache0.clone(), cache0.clone());
             let (mut d1, mut d2) = (vec![0u8; n], vec![0xaa]);
             let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
