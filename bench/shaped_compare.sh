@@ -22,6 +22,7 @@ TRACE=${TRACE:-../shared/traces/olmoe-mini-s0}
 [[ -d $TRACE ]] || TRACE=tests/data/olmoe-slice
 TENSOR=${TENSOR:-}
 OUT=${OUT:-$(mktemp -d /tmp/ciera-shaped.XXXXXX)}
+mkdir -p "$OUT"
 NS=ciera-shaped-$$
 
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
