@@ -516,7 +516,9 @@ impl Compressor {
                 mine[STATUS_FIXED_WORDS + src / 64] |= 1 << (src % 64);
             }
         }
+        let t_status = Instant::now();
         let status = collect_status(&mine, &mut all, comm)?;
+        let status_time = t_status.elapsed();
         let slowest = Duration::from_nanos(status.iter().map(|s| s[0]).max().unwrap_or(0));
         let probe = status.iter().map(|s| s[4]).max().unwrap_or(0);
         if probe > 0 && status.iter().all(|s| s[4] > 0) {
@@ -558,6 +560,7 @@ impl Compressor {
             encode_ms = encode_ns as f64 / 1e6,
             decode_ms = decode_ns as f64 / 1e6,
             call_ms = elapsed.as_secs_f64() * 1e3,
+            status_ms = status_time.as_secs_f64() * 1e3,
             slowest_ms = slowest.as_secs_f64() * 1e3,
             "compressed allgather"
         );
