@@ -97,6 +97,16 @@ fn exp_field(fb: FloatBits, v: u64) -> u64 {
     (v >> fb.mant) & low_bits(fb.exp)
 }
 
+/// The field an exponent cache keeps (docs/WIRE.md, "Modes and sections"): the high byte of
+/// bf16 and fp32 (sign and exponent bits 7..1), the exponent of fp16.
+fn cached_field(dtype: DType, fb: FloatBits, v: u64) -> u64 {
+    match dtype {
+        DType::BF16 => (v >> 8) & 0xff,
+        DType::F32 => (v >> 24) & 0xff,
+        _ => exp_field(fb, v),
+    }
+}
+
 /// A weight-like value: random sign and mantissa, exponent a little below the bias (|x| ~ 0.01).
 fn fresh_value(rng: &mut Rng, dtype: DType) -> u64 {
     let size = dtype.size() as u32;
@@ -342,7 +352,7 @@ impl Pair {
         let fb = float_bits(self.dtype).unwrap();
         let range = offset..offset + count;
         let exp_changed =
-            range.clone().filter(|&i| exp_field(fb, load(input, size, i)) != exp_field(fb, load(&self.tx_last, size, i))).count();
+            range.clone().filter(|&i| cached_field(self.dtype, fb, load(input, size, i)) != cached_field(self.dtype, fb, load(&self.tx_last, size, i))).count();
         let value_changed = range.filter(|&i| load(input, size, i) != load(&self.tx_last, size, i)).count();
         let want = match (self.mode, self.choice) {
             (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => Some(Mode::Exp),

@@ -35,7 +35,8 @@ fn snapshots(dir: &Path) -> Vec<SafeTensors> {
 fn role_trace(comm: &mut Communicator) {
     let (rank, n) = (comm.rank(), comm.size());
     let lose_cache_at: Option<usize> = std::env::var("CIERA_TEST_LOSE_CACHE").ok().map(|v| v.parse().unwrap());
-    let mut cz = Compressor::new(CompressConfig { mode: CompressMode::On, ..CompressConfig::default() });
+    let base = CompressConfig::from_env().expect("compression settings");
+    let mut cz = Compressor::new(CompressConfig { mode: CompressMode::On, ..base });
     let snaps = snapshots(&trace_dir());
     for (si, st) in snaps.iter().enumerate() {
         if lose_cache_at == Some(si) && rank == 1 {
@@ -134,6 +135,16 @@ fn trace_exact_shm_and_tcp_2_to_5_ranks() {
                 assert!(ratio > 1.3, "{transport} x {n}: ratio {ratio}");
             }
         }
+    }
+}
+
+/// CIERA_VERIFY=1: every receiver checks every decoded shard against its sender's hash (an
+/// extra status exchange per call); results stay exact and nothing is flagged.
+#[test]
+fn verify_mode_is_exact() {
+    for (_, delta, repairs, _) in run("tcp", 3, &[("CIERA_VERIFY", "1")]) {
+        assert!(delta > 0);
+        assert_eq!(repairs, 0);
     }
 }
 
