@@ -14,7 +14,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-REPEAT=${REPEAT:-3}
+REPEAT=${REPEAT:-5}
 NPS=${NPS:-"2 4"}
 TRANSPORTS=${TRANSPORTS:-"shm tcp"}
 MINBYTES=${MINBYTES:-8}

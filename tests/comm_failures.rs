@@ -15,12 +15,16 @@ use harness::*;
 
 #[test]
 fn rank_main() {
-    let Ok(role) = std::env::var("CIERA_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("CIERA_TEST_ROLE") else {
+        return;
+    };
     let connect = |c: Config| comm_from_test_env(c);
     match role.as_str() {
         "loop" => role_loop(&mut connect(Config::from_env().unwrap()).expect("init")),
         "one_call" => role_one_call(&mut connect(Config::from_env().unwrap()).expect("init")),
-        "mismatch" => role_mismatch(&mut Communicator::from_env(Config::from_env().unwrap()).expect("init")),
+        "mismatch" => {
+            role_mismatch(&mut Communicator::from_env(Config::from_env().unwrap()).expect("init"))
+        }
         "init_only" => {
             let r = connect(Config::from_env().unwrap()).map(|_| ());
             report(&describe(&r));
@@ -42,7 +46,10 @@ fn rank_main() {
             let r = comm.all_gather(&[0u8; 8], &mut recv, 8, DType::U8);
             aborter.join().unwrap();
             let again = comm.all_gather(&[0u8; 8], &mut recv, 8, DType::U8);
-            assert!(matches!(again, Err(Error::Aborted { .. })), "after abort: {again:?}");
+            assert!(
+                matches!(again, Err(Error::Aborted { .. })),
+                "after abort: {again:?}"
+            );
             report(&describe(&r));
         }
         "timeout" => {
@@ -63,7 +70,9 @@ fn rank_main() {
 fn kill_one_of_four(transport: &str) {
     let id = UniqueId::new().unwrap();
     let env = [("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "60")];
-    let mut children: Vec<_> = (0..4).map(|r| spawn_rank(&id, 4, r, "loop", &env)).collect();
+    let mut children: Vec<_> = (0..4)
+        .map(|r| spawn_rank(&id, 4, r, "loop", &env))
+        .collect();
     // Read every rank's stderr in a thread; learn when all are inside the loop.
     let (tx, rx) = mpsc::channel();
     let readers: Vec<_> = children
@@ -96,11 +105,17 @@ fn kill_one_of_four(transport: &str) {
         outputs.push((status, reader.join().unwrap()));
     }
     for (rank, (status, err)) in outputs.iter().enumerate() {
-        println!("{transport} rank {rank}: {status}: {}", result_lines(err).join(" | "));
+        println!(
+            "{transport} rank {rank}: {status}: {}",
+            result_lines(err).join(" | ")
+        );
         if rank == 2 {
             continue;
         }
-        assert!(!status.success(), "{transport}: rank {rank} should fail:\n{err}");
+        assert!(
+            !status.success(),
+            "{transport}: rank {rank} should fail:\n{err}"
+        );
         let res = result_lines(err);
         assert_eq!(res.len(), 1, "{transport}: rank {rank}:\n{err}");
         assert!(
@@ -136,7 +151,9 @@ fn wrong_secret_is_refused_and_the_job_still_works() {
     assert!(res[0].starts_with("bootstrap :: "), "intruder: {}", res[0]);
     assert!(res[0].contains("authenticat"), "intruder: {}", res[0]);
     // The real ranks still form the job.
-    let ranks: Vec<_> = (0..2).map(|r| spawn_rank(&id, 2, r, "one_call", &[("CIERA_TIMEOUT", "60")])).collect();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| spawn_rank(&id, 2, r, "one_call", &[("CIERA_TIMEOUT", "60")]))
+        .collect();
     for (r, c) in ranks.into_iter().enumerate() {
         let (status, err) = stderr_of(c);
         assert!(status.success(), "rank {r}: {err}");
@@ -154,7 +171,11 @@ fn two_processes_claiming_one_rank_are_told_so() {
         let (_, err) = stderr_of(c);
         let res = result_lines(&err);
         assert_eq!(res.len(), 1, "{err}");
-        assert!(res[0].starts_with("bootstrap :: ") && res[0].contains("two processes claim rank 1"), "{}", res[0]);
+        assert!(
+            res[0].starts_with("bootstrap :: ") && res[0].contains("two processes claim rank 1"),
+            "{}",
+            res[0]
+        );
     }
 }
 
@@ -168,35 +189,53 @@ fn ranks_disagreeing_on_nranks_are_told_so() {
         let (_, err) = stderr_of(c);
         let res = result_lines(&err);
         assert_eq!(res.len(), 1, "{err}");
-        assert!(res[0].starts_with("bootstrap :: ") && res[0].contains("disagree on the number of ranks"), "{}", res[0]);
+        assert!(
+            res[0].starts_with("bootstrap :: ")
+                && res[0].contains("disagree on the number of ranks"),
+            "{}",
+            res[0]
+        );
     }
 }
 
-fn mismatch(n: usize, odd: usize, what: &str, transport: &str) {
+fn mismatch(n: usize, odd: usize, what: &str, transport: &str, algo: &str) {
     let odd_s = odd.to_string();
     let out = launch(
         n,
         "mismatch",
-        &[("CIERA_TEST_ODD_RANK", &odd_s), ("CIERA_TEST_MISMATCH", what), ("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "60")],
+        &[
+            ("CIERA_TEST_ODD_RANK", &odd_s),
+            ("CIERA_TEST_MISMATCH", what),
+            ("CIERA_TRANSPORT", transport),
+            ("CIERA_ALGO", algo),
+            ("CIERA_TIMEOUT", "60"),
+        ],
     );
     let err = String::from_utf8_lossy(&out.stderr);
     let res = result_lines(&err);
-    assert_eq!(res.len(), n, "{what} mismatch over {transport}, {n} ranks:\n{err}");
+    assert_eq!(
+        res.len(),
+        n,
+        "{what} mismatch over {transport}, {n} ranks:\n{err}"
+    );
     for r in &res {
-        assert!(r.starts_with("call_mismatch :: "), "{what} mismatch over {transport}: {r}\n{err}");
+        assert!(
+            r.starts_with("call_mismatch :: "),
+            "{what} mismatch over {transport}: {r}\n{err}"
+        );
     }
 }
 
 #[test]
 fn mismatched_count_fails_every_rank() {
-    mismatch(3, 2, "count", "shm"); // ring: rank 1 never reads from rank 2 directly
-    mismatch(4, 0, "count", "tcp");
+    mismatch(3, 2, "count", "shm", "ring"); // rank 1 never reads from rank 2 directly
+    mismatch(4, 0, "count", "tcp", "auto");
 }
 
 #[test]
 fn mismatched_dtype_fails_every_rank() {
-    mismatch(2, 1, "dtype", "tcp");
-    mismatch(5, 3, "dtype", "shm");
+    mismatch(2, 1, "dtype", "tcp", "auto");
+    mismatch(5, 3, "dtype", "shm", "bruck");
 }
 
 #[test]

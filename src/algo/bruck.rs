@@ -17,12 +17,18 @@ pub fn steps(rank: usize, nranks: usize, nchunks: usize) -> Vec<Step> {
         let from = (rank + d) % nranks;
         for j in 0..cnt {
             for c in 0..nchunks {
-                steps.push(Step::Send { peer: to, unit: Unit::new((rank + j) % nranks, c) });
+                steps.push(Step::Send {
+                    peer: to,
+                    unit: Unit::new((rank + j) % nranks, c),
+                });
             }
         }
         for j in 0..cnt {
             for c in 0..nchunks {
-                steps.push(Step::Recv { peer: from, unit: Unit::new((from + j) % nranks, c) });
+                steps.push(Step::Recv {
+                    peer: from,
+                    unit: Unit::new((from + j) % nranks, c),
+                });
             }
         }
         d *= 2;

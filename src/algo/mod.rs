@@ -75,11 +75,13 @@ pub enum AlgoChoice {
 }
 
 /// Below this many gathered bytes (all ranks together) `Auto` uses a logarithmic algorithm
-/// (recursive doubling or Bruck); from here on the pipelined ring. Measured on the 2-core dev
-/// machine with `ciera perf` and CIERA_ALGO forced (see ARCHITECTURE.md): the log algorithms
-/// win on latency while messages are small; the ring wins once bandwidth dominates, since it
-/// moves each block over every link once and can forward chunks as they arrive.
+/// (recursive doubling or Bruck); from there on the pipelined ring, which moves each block over
+/// every link once and forwards chunks as they arrive. Measured with `ciera perf` and CIERA_ALGO
+/// forced, 4 ranks on the 2-core dev VM: over TCP, RD wins up to 32 KiB (ring 136 us vs RD
+/// 106 us at 32 KiB); over shared memory the ring already wins from 16 KiB (23 vs 27 us).
 pub const SMALL_CALL_BYTES: usize = 64 * 1024;
+/// The same limit when every link of the communicator is shared memory.
+pub const SMALL_CALL_BYTES_SHM: usize = 16 * 1024;
 
 impl AlgoChoice {
     /// Parse `ring`, `rd` (or `recursive-doubling`), `bruck`, `auto`.
@@ -100,12 +102,21 @@ impl AlgoChoice {
     /// does the same number of rounds rounded up). Every rank computes the same answer from the
     /// same arguments; the message header carries it so a rank configured differently is caught.
     pub fn resolve(self, nranks: usize, total_bytes: usize) -> Algo {
-        let log_algo =
-            if nranks.is_power_of_two() { Algo::RecursiveDoubling } else { Algo::Bruck };
+        self.resolve_with(nranks, total_bytes, SMALL_CALL_BYTES)
+    }
+
+    /// As [`AlgoChoice::resolve`] with the small/large limit given (see
+    /// [`SMALL_CALL_BYTES_SHM`]); every rank must pass the same limit.
+    pub fn resolve_with(self, nranks: usize, total_bytes: usize, small_call_bytes: usize) -> Algo {
+        let log_algo = if nranks.is_power_of_two() {
+            Algo::RecursiveDoubling
+        } else {
+            Algo::Bruck
+        };
         match self {
             AlgoChoice::Fixed(Algo::RecursiveDoubling) => log_algo,
             AlgoChoice::Fixed(a) => a,
-            AlgoChoice::Auto if total_bytes < SMALL_CALL_BYTES => log_algo,
+            AlgoChoice::Auto if total_bytes < small_call_bytes => log_algo,
             AlgoChoice::Auto => Algo::Ring,
         }
     }
@@ -129,7 +140,10 @@ pub struct Unit {
 
 impl Unit {
     pub fn new(src: usize, chunk: usize) -> Unit {
-        Unit { src: src as u32, chunk: chunk as u32 }
+        Unit {
+            src: src as u32,
+            chunk: chunk as u32,
+        }
     }
 }
 
@@ -164,7 +178,13 @@ impl Schedule {
             Algo::RecursiveDoubling => doubling::steps(rank, nranks, nchunks),
             Algo::Bruck => bruck::steps(rank, nranks, nchunks),
         };
-        Schedule { algo, rank, nranks, nchunks, steps }
+        Schedule {
+            algo,
+            rank,
+            nranks,
+            nchunks,
+            steps,
+        }
     }
 
     /// Bytes this rank sends and receives, given every chunk's payload length.
@@ -216,7 +236,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Bookkeeping for `schedule`. This rank's own units start `Missing` when `own_produced`
+    /// Bookkeeping for `schedule`. This rank's own units start `Missing` when `own_ready`
     /// is false (an encoder makes them on demand) and `Complete` otherwise (raw bytes).
     pub fn new(schedule: &Schedule, own_ready: bool) -> Progress {
         let mut send_lanes: Vec<Lane> = Vec::new();
@@ -225,7 +245,11 @@ impl Progress {
             let i = match lanes.iter().position(|l| l.peer == peer) {
                 Some(i) => i,
                 None => {
-                    lanes.push(Lane { peer, units: Vec::new(), next: 0 });
+                    lanes.push(Lane {
+                        peer,
+                        units: Vec::new(),
+                        next: 0,
+                    });
                     lanes.len() - 1
                 }
             };
@@ -254,7 +278,8 @@ impl Progress {
     /// Rewind to the start, for the next call with the same schedule.
     pub fn reset(&mut self, own_ready: bool) {
         self.state.clear();
-        self.state.resize(self.nranks * self.nchunks, UnitState::Missing);
+        self.state
+            .resize(self.nranks * self.nchunks, UnitState::Missing);
         if own_ready {
             for c in 0..self.nchunks {
                 self.state[self.rank * self.nchunks + c] = UnitState::Complete;
@@ -304,7 +329,8 @@ impl Progress {
 
     /// The next unit of lane `lane` if a send of it may start now (it is not `Missing`).
     pub fn ready_send(&self, lane: usize) -> Option<Unit> {
-        self.next_send(lane).filter(|&u| self.state(u) != UnitState::Missing)
+        self.next_send(lane)
+            .filter(|&u| self.state(u) != UnitState::Missing)
     }
 
     /// The unit the next message from lane `lane`'s peer must carry.
@@ -371,15 +397,35 @@ mod tests {
         assert_eq!(AlgoChoice::Auto.resolve(4, 8), Algo::RecursiveDoubling);
         assert_eq!(AlgoChoice::Auto.resolve(5, 8), Algo::Bruck);
         assert_eq!(AlgoChoice::Auto.resolve(4, 64 << 20), Algo::Ring);
-        assert_eq!(AlgoChoice::Fixed(Algo::RecursiveDoubling).resolve(6, 8), Algo::Bruck);
+        assert_eq!(
+            AlgoChoice::Fixed(Algo::RecursiveDoubling).resolve(6, 8),
+            Algo::Bruck
+        );
         assert_eq!(AlgoChoice::Fixed(Algo::Ring).resolve(6, 8), Algo::Ring);
+        assert_eq!(
+            AlgoChoice::Auto.resolve_with(4, 32 << 10, SMALL_CALL_BYTES_SHM),
+            Algo::Ring
+        );
+        assert_eq!(
+            AlgoChoice::Auto.resolve_with(4, 32 << 10, SMALL_CALL_BYTES),
+            Algo::RecursiveDoubling
+        );
     }
 
     #[test]
     fn parse_names() {
-        assert_eq!(AlgoChoice::parse("ring"), Some(AlgoChoice::Fixed(Algo::Ring)));
-        assert_eq!(AlgoChoice::parse("RD"), Some(AlgoChoice::Fixed(Algo::RecursiveDoubling)));
-        assert_eq!(AlgoChoice::parse("bruck"), Some(AlgoChoice::Fixed(Algo::Bruck)));
+        assert_eq!(
+            AlgoChoice::parse("ring"),
+            Some(AlgoChoice::Fixed(Algo::Ring))
+        );
+        assert_eq!(
+            AlgoChoice::parse("RD"),
+            Some(AlgoChoice::Fixed(Algo::RecursiveDoubling))
+        );
+        assert_eq!(
+            AlgoChoice::parse("bruck"),
+            Some(AlgoChoice::Fixed(Algo::Bruck))
+        );
         assert_eq!(AlgoChoice::parse("auto"), Some(AlgoChoice::Auto));
         assert_eq!(AlgoChoice::parse("tree"), None);
         for a in [Algo::Ring, Algo::RecursiveDoubling, Algo::Bruck] {

@@ -18,8 +18,14 @@ pub fn steps(rank: usize, nranks: usize, nchunks: usize) -> Vec<Step> {
         let send_block = sub_mod(rank, s, nranks);
         let recv_block = sub_mod(rank, s + 1, nranks);
         for c in 0..nchunks {
-            steps.push(Step::Send { peer: right, unit: Unit::new(send_block, c) });
-            steps.push(Step::Recv { peer: left, unit: Unit::new(recv_block, c) });
+            steps.push(Step::Send {
+                peer: right,
+                unit: Unit::new(send_block, c),
+            });
+            steps.push(Step::Recv {
+                peer: left,
+                unit: Unit::new(recv_block, c),
+            });
         }
     }
     steps

@@ -16,7 +16,9 @@ fn algos_for(nranks: usize) -> Vec<Algo> {
 }
 
 fn schedules(algo: Algo, nranks: usize, nchunks: usize) -> Vec<Schedule> {
-    (0..nranks).map(|r| Schedule::new(algo, r, nranks, nchunks)).collect()
+    (0..nranks)
+        .map(|r| Schedule::new(algo, r, nranks, nchunks))
+        .collect()
 }
 
 /// For each ordered pair (a, b): the units a sends to b, in order, are the units b expects
@@ -42,7 +44,9 @@ fn check_pairing(scheds: &[Schedule]) -> Result<(), String> {
                 })
                 .collect();
             if sent != expected {
-                return Err(format!("rank {a} sends {sent:?} to rank {b}, which expects {expected:?}"));
+                return Err(format!(
+                    "rank {a} sends {sent:?} to rank {b}, which expects {expected:?}"
+                ));
             }
             if a == b && !sent.is_empty() {
                 return Err(format!("rank {a} sends to itself"));
@@ -88,7 +92,9 @@ fn run_program_order(scheds: &[Schedule]) -> Result<Vec<Vec<bool>>, String> {
                             have[r][i] = true;
                         }
                         Some(got) => {
-                            return Err(format!("rank {r} expects {unit:?} from {peer}, gets {got:?}"))
+                            return Err(format!(
+                                "rank {r} expects {unit:?} from {peer}, gets {got:?}"
+                            ))
                         }
                         None => break,
                     },
@@ -135,8 +141,10 @@ fn run_progress(scheds: &[Schedule], cap: usize, seed: u64, own_ready: bool) -> 
     let n = scheds.len();
     let mut progress: Vec<Progress> = scheds.iter().map(|s| Progress::new(s, own_ready)).collect();
     // Per rank and send lane: whether the header of the current unit went out.
-    let mut header_out: Vec<Vec<bool>> =
-        progress.iter().map(|p| vec![false; p.send_lanes()]).collect();
+    let mut header_out: Vec<Vec<bool>> = progress
+        .iter()
+        .map(|p| vec![false; p.send_lanes()])
+        .collect();
     let mut links: Vec<VecDeque<Event>> = vec![VecDeque::new(); n * n];
     let mut rng = Rng(seed | 1);
     loop {
@@ -187,9 +195,17 @@ fn run_progress(scheds: &[Schedule], cap: usize, seed: u64, own_ready: bool) -> 
             let want = p.next_recv(lane).unwrap();
             let ev = links[peer * n + r].pop_front().unwrap();
             match ev {
-                Event::Header(u) if u == want && p.state(u) == UnitState::Missing => p.arriving(lane),
-                Event::Payload(u) if u == want && p.state(u) == UnitState::Arriving => p.received(lane),
-                other => return Err(format!("rank {r} lane {lane}: got {other:?}, wants {want:?}")),
+                Event::Header(u) if u == want && p.state(u) == UnitState::Missing => {
+                    p.arriving(lane)
+                }
+                Event::Payload(u) if u == want && p.state(u) == UnitState::Arriving => {
+                    p.received(lane)
+                }
+                other => {
+                    return Err(format!(
+                        "rank {r} lane {lane}: got {other:?}, wants {want:?}"
+                    ))
+                }
             }
         }
     }
@@ -256,9 +272,19 @@ fn sends_per_rank_are_n_minus_one_blocks() {
         for algo in algos_for(nranks) {
             for s in schedules(algo, nranks, 2) {
                 let (sent, recvd) = s.wire_bytes(|_| 1);
-                assert_eq!(recvd, 2 * (nranks - 1), "{algo} nranks={nranks} rank {}", s.rank);
+                assert_eq!(
+                    recvd,
+                    2 * (nranks - 1),
+                    "{algo} nranks={nranks} rank {}",
+                    s.rank
+                );
                 // Ring, doubling and Bruck all send exactly n-1 blocks per rank too.
-                assert_eq!(sent, 2 * (nranks - 1), "{algo} nranks={nranks} rank {}", s.rank);
+                assert_eq!(
+                    sent,
+                    2 * (nranks - 1),
+                    "{algo} nranks={nranks} rank {}",
+                    s.rank
+                );
             }
         }
     }

@@ -33,7 +33,11 @@ pub struct Args<'a> {
 
 impl<'a> Args<'a> {
     pub fn new(args: &'a [String]) -> Args<'a> {
-        Args { args, pos: 0, glued: None }
+        Args {
+            args,
+            pos: 0,
+            glued: None,
+        }
     }
 
     /// The next argument, split as flag (and glued value) when it looks like one.
@@ -64,7 +68,11 @@ impl<'a> Args<'a> {
         if let Some(v) = self.glued.take() {
             return Ok(v);
         }
-        let v = self.args.get(self.pos).cloned().ok_or_else(|| format!("{flag} needs a value"))?;
+        let v = self
+            .args
+            .get(self.pos)
+            .cloned()
+            .ok_or_else(|| format!("{flag} needs a value"))?;
         self.pos += 1;
         Ok(v)
     }
@@ -104,7 +112,10 @@ mod tests {
 
     #[test]
     fn flags_and_values() {
-        let v: Vec<String> = ["-n4", "--iters=3", "-b", "1K", "--", "prog"].iter().map(|s| s.to_string()).collect();
+        let v: Vec<String> = ["-n4", "--iters=3", "-b", "1K", "--", "prog"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let mut a = Args::new(&v);
         assert_eq!(a.next_flag("nbe").as_deref(), Some("-n"));
         assert_eq!(a.value("-n").unwrap(), "4");

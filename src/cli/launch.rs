@@ -3,7 +3,8 @@
 //! The launcher generates a job secret and serves the bootstrap root itself (a thread bound to
 //! 127.0.0.1 on a port the kernel picks: no port race, no rank is special). Each rank gets
 //! CIERA_ROOT, CIERA_ROOT_SERVED=1, CIERA_RANK, CIERA_NRANKS, CIERA_LOCAL_RANK,
-//! CIERA_LOCAL_NRANKS and CIERA_SECRET, and inherits stdout/stderr (nothing is prefixed);
+//! CIERA_LOCAL_NRANKS and CIERA_SECRET (and CIERA_SHM_RING_BYTES=1 MiB unless set; see
+//! `LAUNCH_SHM_RING_BYTES`), and inherits stdout/stderr (nothing is prefixed);
 //! stdin goes to rank 0 only, as with mpirun. With no more ranks than CPUs, rank i is bound to
 //! the i-th CPU this launcher may use (through `taskset`, as mpirun binds to cores): unbound
 //! busy ranks get stacked on one CPU by the scheduler when another job is running, and a rank
@@ -22,7 +23,11 @@ use crate::comm::bootstrap::{spawn_root, RootMode};
 use crate::comm::id::{hex, random_secret, round_timeout};
 use crate::comm::{Config, DEFAULT_TIMEOUT};
 
-const USAGE: &str = "usage: ciera launch -n N [--grace SECONDS] [--bind auto|none] [--] PROGRAM [ARGS...]
+/// CIERA_SHM_RING_BYTES given to ranks that do not set it (see `run_with`).
+pub const LAUNCH_SHM_RING_BYTES: usize = 1 << 20;
+
+const USAGE: &str =
+    "usage: ciera launch -n N [--grace SECONDS] [--bind auto|none] [--] PROGRAM [ARGS...]
 
 Runs N ranks of PROGRAM on this host. Each rank finds its rank, the job size, the bootstrap
 root and the job secret in CIERA_RANK, CIERA_NRANKS, CIERA_ROOT, CIERA_SECRET (read by
@@ -64,7 +69,9 @@ fn parse(args: &[String]) -> Result<Option<(LaunchSpec, bool)>, String> {
     let mut grace = Duration::from_secs(3);
     let mut bind = bind_from_env();
     let program = loop {
-        let Some(flag) = a.next_flag("n") else { return Err("no PROGRAM given".into()) };
+        let Some(flag) = a.next_flag("n") else {
+            return Err("no PROGRAM given".into());
+        };
         match flag.as_str() {
             "-h" | "--help" => return Ok(None),
             "-n" | "-np" | "--nranks" => nranks = Some(a.value_parsed::<usize>(&flag)?),
@@ -98,12 +105,23 @@ fn parse(args: &[String]) -> Result<Option<(LaunchSpec, bool)>, String> {
     if nranks == 0 {
         return Err("-n must be at least 1".into());
     }
-    Ok(Some((LaunchSpec { nranks, program, args: a.rest().to_vec(), env: Vec::new(), grace }, bind)))
+    Ok(Some((
+        LaunchSpec {
+            nranks,
+            program,
+            args: a.rest().to_vec(),
+            env: Vec::new(),
+            grace,
+        },
+        bind,
+    )))
 }
 
 /// CIERA_BIND=none turns CPU binding off (default auto).
 fn bind_from_env() -> bool {
-    std::env::var("CIERA_BIND").map(|v| v != "none").unwrap_or(true)
+    std::env::var("CIERA_BIND")
+        .map(|v| v != "none")
+        .unwrap_or(true)
 }
 
 /// Start the ranks, watch them, return the exit code for the launcher. CPU binding as
@@ -121,11 +139,14 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
             return 1;
         }
     };
-    let timeout = Config::from_env().map(|c| c.timeout).unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = Config::from_env()
+        .map(|c| c.timeout)
+        .unwrap_or(DEFAULT_TIMEOUT);
     let root = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| format!("binding the bootstrap root on 127.0.0.1: {e}"))
         .and_then(|l| {
-            spawn_root(l, secret, RootMode::Forever, round_timeout(timeout)).map_err(|e| e.to_string())
+            spawn_root(l, secret, RootMode::Forever, round_timeout(timeout))
+                .map_err(|e| e.to_string())
         });
     let root = match root {
         Ok(addr) => addr,
@@ -135,7 +156,11 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
         }
     };
     let secret_hex = hex(&secret);
-    let cpus = if bind { binding_cpus(spec.nranks) } else { None };
+    let cpus = if bind {
+        binding_cpus(spec.nranks)
+    } else {
+        None
+    };
     let mut children: Vec<Option<Child>> = Vec::with_capacity(spec.nranks);
     let mut pids = Vec::with_capacity(spec.nranks);
     for rank in 0..spec.nranks {
@@ -155,7 +180,17 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
             .env("CIERA_LOCAL_RANK", rank.to_string())
             .env("CIERA_LOCAL_NRANKS", spec.nranks.to_string())
             .env("CIERA_SECRET", &secret_hex)
-            .stdin(if rank == 0 { Stdio::inherit() } else { Stdio::null() });
+            .stdin(if rank == 0 {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        // Shared-memory ring size: 1 MiB rings keep the data a rank copies in hot in cache
+        // until its peer copies it out; the transport's 4 MiB default measured 1.5-2x slower
+        // for 2-8 MiB allgathers on the 2-core dev VM (ARCHITECTURE.md). A user's setting wins.
+        if std::env::var_os("CIERA_SHM_RING_BYTES").is_none() {
+            cmd.env("CIERA_SHM_RING_BYTES", LAUNCH_SHM_RING_BYTES.to_string());
+        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
@@ -165,12 +200,19 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
                 children.push(Some(c));
             }
             Err(e) => {
-                eprintln!("ciera launch: cannot start rank {rank} ({}): {e}", spec.program);
+                eprintln!(
+                    "ciera launch: cannot start rank {rank} ({}): {e}",
+                    spec.program
+                );
                 for c in children.iter_mut().flatten() {
                     let _ = c.kill();
                     let _ = c.wait();
                 }
-                return if e.kind() == ErrorKind::NotFound { 127 } else { 126 };
+                return if e.kind() == ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
             }
         }
     }
@@ -242,7 +284,10 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
 /// and `taskset` is on the PATH.
 fn binding_cpus(n: usize) -> Option<Vec<usize>> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?.trim();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+        .trim();
     let cpus = parse_cpu_list(list)?;
     if cpus.len() < n {
         return None;
@@ -257,7 +302,9 @@ fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     for part in s.split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {
-            Some((a, b)) => out.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse::<usize>().ok()?),
+            Some((a, b)) => {
+                out.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse::<usize>().ok()?)
+            }
             None => out.push(part.trim().parse().ok()?),
         }
     }
@@ -284,7 +331,11 @@ pub fn describe(status: ExitStatus) -> String {
             15 => "SIGTERM",
             _ => "",
         };
-        let core = if status.core_dumped() { ", core dumped" } else { "" };
+        let core = if status.core_dumped() {
+            ", core dumped"
+        } else {
+            ""
+        };
         return if name.is_empty() {
             format!("was killed by signal {sig}{core}")
         } else {
@@ -304,7 +355,9 @@ mod tests {
 
     #[test]
     fn parses_program_and_its_args() {
-        let (spec, _) = parse(&s(&["-n", "3", "--", "prog", "-n", "x"])).unwrap().unwrap();
+        let (spec, _) = parse(&s(&["-n", "3", "--", "prog", "-n", "x"]))
+            .unwrap()
+            .unwrap();
         assert_eq!((spec.nranks, spec.program.as_str()), (3, "prog"));
         assert_eq!(spec.args, s(&["-n", "x"]));
         let (spec, _) = parse(&s(&["-n4", "prog", "--flag"])).unwrap().unwrap();
@@ -317,7 +370,10 @@ mod tests {
 
     #[test]
     fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
         assert_eq!(parse_cpu_list("5"), Some(vec![5]));
         assert_eq!(parse_cpu_list("x"), None);
     }
@@ -327,12 +383,18 @@ mod tests {
         let spec = LaunchSpec {
             nranks: 3,
             program: "sh".into(),
-            args: s(&["-c", "if [ \"$CIERA_RANK\" = 1 ]; then exit 7; fi; sleep 30"]),
+            args: s(&[
+                "-c",
+                "if [ \"$CIERA_RANK\" = 1 ]; then exit 7; fi; sleep 30",
+            ]),
             env: Vec::new(),
             grace: Duration::from_millis(100),
         };
         assert_eq!(run_with(&spec, false), 7);
-        let ok = LaunchSpec { args: s(&["-c", "test -n \"$CIERA_SECRET\" -a \"$CIERA_NRANKS\" = 3"]), ..spec };
+        let ok = LaunchSpec {
+            args: s(&["-c", "test -n \"$CIERA_SECRET\" -a \"$CIERA_NRANKS\" = 3"]),
+            ..spec
+        };
         assert_eq!(run_with(&ok, true), 0);
     }
 }

@@ -182,7 +182,10 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
         }
     }
     if o.min_bytes > o.max_bytes {
-        return Err(format!("-b {} is larger than -e {}", o.min_bytes, o.max_bytes));
+        return Err(format!(
+            "-b {} is larger than -e {}",
+            o.min_bytes, o.max_bytes
+        ));
     }
     Ok(Some((o, pass)))
 }
@@ -236,9 +239,19 @@ fn run_rank(o: &Opts) -> Result<u64> {
             c.transport,
             c.algo,
             c.chunk_bytes,
-            if o.in_place { "in place" } else { "out of place" }
+            if o.in_place {
+                "in place"
+            } else {
+                "out of place"
+            }
         );
-        println!("#   iters {}, warmup {}, check {}, type {}", o.iters, o.warmup, u8::from(o.check), o.dtype);
+        println!(
+            "#   iters {}, warmup {}, check {}, type {}",
+            o.iters,
+            o.warmup,
+            u8::from(o.check),
+            o.dtype
+        );
         println!("#");
         println!(
             "# {:>10} {:>12} {:>8} {:>10} {:>12} {:>12} {:>8}  algo",
@@ -276,7 +289,12 @@ fn run_rank(o: &Opts) -> Result<u64> {
             for iter in 0..2u64 {
                 recv[..size].fill(0xA5);
                 if o.in_place {
-                    fill(&mut recv[rank * sbytes..(rank + 1) * sbytes], ts, rank, iter);
+                    fill(
+                        &mut recv[rank * sbytes..(rank + 1) * sbytes],
+                        ts,
+                        rank,
+                        iter,
+                    );
                 } else {
                     fill(&mut send[..sbytes], ts, rank, iter);
                 }
@@ -289,7 +307,11 @@ fn run_rank(o: &Opts) -> Result<u64> {
             None
         };
         wrong_total += wrong.unwrap_or(0);
-        let algbw = if slowest > 0.0 { size as f64 / slowest / 1e9 } else { 0.0 };
+        let algbw = if slowest > 0.0 {
+            size as f64 / slowest / 1e9
+        } else {
+            0.0
+        };
         let busbw = algbw * (n - 1) as f64 / n as f64;
         busbw_sum += busbw;
         sizes += 1;
@@ -322,11 +344,20 @@ fn run_rank(o: &Opts) -> Result<u64> {
             "# Out of bounds values : {wrong_total} {}",
             if wrong_total == 0 { "OK" } else { "FAILED" }
         );
-        println!("# Avg bus bandwidth    : {:.4}", if sizes > 0 { busbw_sum / sizes as f64 } else { 0.0 });
+        println!(
+            "# Avg bus bandwidth    : {:.4}",
+            if sizes > 0 {
+                busbw_sum / sizes as f64
+            } else {
+                0.0
+            }
+        );
         println!("#");
     }
     if wrong_total > 0 && rank == 0 {
-        return Err(Error::InvalidArgument(format!("{wrong_total} wrong elements")));
+        return Err(Error::InvalidArgument(format!(
+            "{wrong_total} wrong elements"
+        )));
     }
     Ok(wrong_total)
 }
@@ -336,11 +367,17 @@ fn gather_u64(comm: &mut Communicator, v: u64) -> Result<Vec<u64>> {
     let n = comm.size();
     let mut out = vec![0u8; 8 * n];
     comm.all_gather(&v.to_le_bytes(), &mut out, 1, DType::U64)?;
-    Ok(out.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+    Ok(out
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect())
 }
 
 fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
-    Ok(gather_u64(comm, v.to_bits())?.into_iter().map(f64::from_bits).collect())
+    Ok(gather_u64(comm, v.to_bits())?
+        .into_iter()
+        .map(f64::from_bits)
+        .collect())
 }
 
 #[cfg(test)]
@@ -353,13 +390,28 @@ mod tests {
 
     #[test]
     fn acceptance_command_line_parses() {
-        let (o, pass) = parse(&s(&["-n", "4", "-b", "1K", "-e", "64M", "-f", "4", "-c", "1"])).unwrap().unwrap();
+        let (o, pass) = parse(&s(&[
+            "-n", "4", "-b", "1K", "-e", "64M", "-f", "4", "-c", "1",
+        ]))
+        .unwrap()
+        .unwrap();
         assert_eq!(o.nranks, Some(4));
-        assert_eq!((o.min_bytes, o.max_bytes, o.factor, o.check), (1024, 64 << 20, 4.0, true));
+        assert_eq!(
+            (o.min_bytes, o.max_bytes, o.factor, o.check),
+            (1024, 64 << 20, 4.0, true)
+        );
         assert!(!pass.contains(&"-n".to_string()));
-        assert_eq!(pass, s(&["-b", "1024", "-e", "67108864", "-f", "4", "-c", "1"]));
-        let (o, _) = parse(&s(&["-i", "3", "-w0", "-d", "bf16", "--json"])).unwrap().unwrap();
-        assert_eq!((o.iters, o.warmup, o.dtype, o.json), (3, 0, DType::BF16, true));
+        assert_eq!(
+            pass,
+            s(&["-b", "1024", "-e", "67108864", "-f", "4", "-c", "1"])
+        );
+        let (o, _) = parse(&s(&["-i", "3", "-w0", "-d", "bf16", "--json"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (o.iters, o.warmup, o.dtype, o.json),
+            (3, 0, DType::BF16, true)
+        );
         assert!(parse(&s(&["-b", "2M", "-e", "1M"])).is_err());
         assert!(parse(&s(&["--bogus"])).is_err());
     }

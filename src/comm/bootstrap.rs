@@ -166,7 +166,12 @@ impl Round {
     }
 
     fn missing(&self) -> Vec<usize> {
-        self.members.iter().enumerate().filter(|(_, m)| m.is_none()).map(|(r, _)| r).collect()
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.is_none())
+            .map(|(r, _)| r)
+            .collect()
     }
 }
 
@@ -228,7 +233,11 @@ fn root_main(listener: TcpListener, secret: [u8; 32], mode: RootMode, round_time
         if let Some((_, at)) = &round.failed {
             // Keep answering late joiners with the reason for a while, then start afresh (or
             // stop, for a one-job root).
-            let linger = if mode == RootMode::Once { round_timeout } else { Duration::from_secs(5) };
+            let linger = if mode == RootMode::Once {
+                round_timeout
+            } else {
+                Duration::from_secs(5)
+            };
             if at.elapsed() > linger {
                 if mode == RootMode::Once {
                     return;
@@ -253,7 +262,10 @@ fn greet(mut stream: TcpStream, from: SocketAddr, secret: [u8; 32], tx: mpsc::Se
     let hello = (|| -> std::io::Result<(usize, usize, Vec<u8>)> {
         let kind = read_header(&mut stream)?;
         if kind != KIND_HELLO {
-            return Err(std::io::Error::new(ErrorKind::InvalidData, format!("message kind {kind}")));
+            return Err(std::io::Error::new(
+                ErrorKind::InvalidData,
+                format!("message kind {kind}"),
+            ));
         }
         let nranks = read_u32(&mut stream)? as usize;
         let rank = read_u32(&mut stream)? as usize;
@@ -263,7 +275,13 @@ fn greet(mut stream: TcpStream, from: SocketAddr, secret: [u8; 32], tx: mpsc::Se
     match hello {
         Ok((nranks, rank, info)) => {
             let _ = stream.set_read_timeout(None);
-            let _ = tx.send(Joined { rank, nranks, info, stream, from });
+            let _ = tx.send(Joined {
+                rank,
+                nranks,
+                info,
+                stream,
+                from,
+            });
         }
         Err(e) => eprintln!("ciera: bootstrap root: bad hello from {from}: {e}"),
     }
@@ -273,7 +291,10 @@ fn read_header(s: &mut TcpStream) -> std::io::Result<u16> {
     let mut b = [0u8; 8];
     s.read_exact(&mut b)?;
     if &b[..4] != MAGIC {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "not a CIERA bootstrap message"));
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            "not a CIERA bootstrap message",
+        ));
     }
     let version = u16::from_le_bytes([b[4], b[5]]);
     if version != VERSION {
@@ -294,7 +315,10 @@ fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
 fn read_field(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let len = read_u32(s)? as usize;
     if len > MAX_FIELD {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, format!("{len}-byte field")));
+        return Err(std::io::Error::new(
+            ErrorKind::InvalidData,
+            format!("{len}-byte field"),
+        ));
     }
     let mut v = vec![0u8; len];
     s.read_exact(&mut v)?;
@@ -339,7 +363,9 @@ pub fn join(
             Error::Bootstrap(format!("rank {rank}: {what} with the root at {addr}: {e}"))
         }
     };
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     let _ = stream.set_read_timeout(Some(left));
     let _ = stream.set_write_timeout(Some(left));
     let info = me.to_bytes();
@@ -348,7 +374,9 @@ pub fn join(
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&(info.len() as u32).to_le_bytes());
     hello.extend_from_slice(&info);
-    stream.write_all(&hello).map_err(|e| io(e, "sending hello"))?;
+    stream
+        .write_all(&hello)
+        .map_err(|e| io(e, "sending hello"))?;
     let kind = read_header(&mut stream).map_err(|e| io(e, "reading the table"))?;
     match kind {
         KIND_TABLE => {
@@ -375,7 +403,9 @@ pub fn join(
                 String::from_utf8_lossy(&b)
             )))
         }
-        k => Err(Error::Bootstrap(format!("rank {rank}: unexpected message kind {k} from the root"))),
+        k => Err(Error::Bootstrap(format!(
+            "rank {rank}: unexpected message kind {k} from the root"
+        ))),
     }
 }
 
@@ -388,7 +418,9 @@ fn connect_root(
         if let Some((addrs, secret)) = source()? {
             for addr in addrs {
                 let left = deadline.saturating_duration_since(Instant::now());
-                let attempt = left.min(Duration::from_secs(5)).max(Duration::from_millis(10));
+                let attempt = left
+                    .min(Duration::from_secs(5))
+                    .max(Duration::from_millis(10));
                 match TcpStream::connect_timeout(&addr, attempt) {
                     Ok(s) => {
                         let _ = s.set_nodelay(true);
@@ -399,7 +431,9 @@ fn connect_root(
             }
         }
         if Instant::now() >= deadline {
-            return Err(Error::Bootstrap(format!("could not reach the root: {last_err}")));
+            return Err(Error::Bootstrap(format!(
+                "could not reach the root: {last_err}"
+            )));
         }
         thread::sleep(Duration::from_millis(20));
     }

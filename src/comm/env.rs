@@ -67,7 +67,13 @@ impl LaunchEnv {
     pub fn detect(get: &Getenv<'_>) -> Result<LaunchEnv> {
         // (launcher, rank var, size var, local rank var, local size var)
         const LAUNCHERS: [(&str, &str, &str, &str, &str); 5] = [
-            ("ciera", "CIERA_RANK", "CIERA_NRANKS", "CIERA_LOCAL_RANK", "CIERA_LOCAL_NRANKS"),
+            (
+                "ciera",
+                "CIERA_RANK",
+                "CIERA_NRANKS",
+                "CIERA_LOCAL_RANK",
+                "CIERA_LOCAL_NRANKS",
+            ),
             (
                 "openmpi",
                 "OMPI_COMM_WORLD_RANK",
@@ -75,9 +81,21 @@ impl LaunchEnv {
                 "OMPI_COMM_WORLD_LOCAL_RANK",
                 "OMPI_COMM_WORLD_LOCAL_SIZE",
             ),
-            ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+            (
+                "pmi",
+                "PMI_RANK",
+                "PMI_SIZE",
+                "MPI_LOCALRANKID",
+                "MPI_LOCALNRANKS",
+            ),
             ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", ""),
-            ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+            (
+                "torchrun",
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE",
+            ),
         ];
         let ppid = std::os::unix::process::parent_id();
         for (launcher, rank_var, size_var, lrank_var, lsize_var) in LAUNCHERS {
@@ -90,7 +108,11 @@ impl LaunchEnv {
                 )));
             }
             let local_rank = num(get, lrank_var)?;
-            let mut local_nranks = if lsize_var.is_empty() { None } else { num(get, lsize_var)? };
+            let mut local_nranks = if lsize_var.is_empty() {
+                None
+            } else {
+                num(get, lsize_var)?
+            };
             if launcher == "slurm" && num(get, "SLURM_NNODES")? == Some(1) {
                 local_nranks = Some(nranks);
             }
@@ -132,7 +154,13 @@ impl LaunchEnv {
 
 fn sanitize(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -140,13 +168,22 @@ fn sanitize(s: &str) -> String {
 pub enum Rendezvous {
     /// Connect to `addr` (resolved when joining) with `secret`; if `serve` is set, this
     /// process (rank 0) first starts the root server listening on that port.
-    Address { addr: String, secret: [u8; 32], serve_port: Option<u16> },
+    Address {
+        addr: String,
+        secret: [u8; 32],
+        serve_port: Option<u16>,
+    },
     /// Single host, no secret given: the UniqueId file.
-    File { path: PathBuf, secret: Option<[u8; 32]> },
+    File {
+        path: PathBuf,
+        secret: Option<[u8; 32]>,
+    },
 }
 
 pub fn rendezvous(get: &Getenv<'_>, env: &LaunchEnv) -> Result<Rendezvous> {
-    let secret = get("CIERA_SECRET").map(|s| parse_hex_secret(&s)).transpose()?;
+    let secret = get("CIERA_SECRET")
+        .map(|s| parse_hex_secret(&s))
+        .transpose()?;
     if let Some(root) = get("CIERA_ROOT") {
         let Some(secret) = secret else {
             return Err(Error::Bootstrap(
@@ -156,10 +193,20 @@ pub fn rendezvous(get: &Getenv<'_>, env: &LaunchEnv) -> Result<Rendezvous> {
             ));
         };
         let served = get("CIERA_ROOT_SERVED").as_deref() == Some("1");
-        let serve_port = if env.rank == 0 && !served { Some(port_of(&root, "CIERA_ROOT")?) } else { None };
-        return Ok(Rendezvous::Address { addr: root, secret, serve_port });
+        let serve_port = if env.rank == 0 && !served {
+            Some(port_of(&root, "CIERA_ROOT")?)
+        } else {
+            None
+        };
+        return Ok(Rendezvous::Address {
+            addr: root,
+            secret,
+            serve_port,
+        });
     }
-    if let (Some(master), Some(mport), Some(secret)) = (get("MASTER_ADDR"), get("MASTER_PORT"), secret) {
+    if let (Some(master), Some(mport), Some(secret)) =
+        (get("MASTER_ADDR"), get("MASTER_PORT"), secret)
+    {
         let port = match get("CIERA_PORT") {
             Some(p) => p.parse::<u16>().map_err(|_| {
                 Error::InvalidArgument(format!("CIERA_PORT={p:?} is not a port number"))
@@ -168,7 +215,11 @@ pub fn rendezvous(get: &Getenv<'_>, env: &LaunchEnv) -> Result<Rendezvous> {
                 .parse::<u16>()
                 .ok()
                 .and_then(|p| p.checked_add(1))
-                .ok_or_else(|| Error::InvalidArgument(format!("MASTER_PORT={mport:?} is not a port number below 65535")))?,
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "MASTER_PORT={mport:?} is not a port number below 65535"
+                    ))
+                })?,
         };
         let addr = if master.contains(':') && !master.starts_with('[') {
             format!("[{master}]:{port}")
@@ -182,12 +233,18 @@ pub fn rendezvous(get: &Getenv<'_>, env: &LaunchEnv) -> Result<Rendezvous> {
         });
     }
     if env.single_host {
-        let dir = if fs::metadata("/dev/shm").map(|m| m.is_dir()).unwrap_or(false) {
+        let dir = if fs::metadata("/dev/shm")
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+        {
             PathBuf::from("/dev/shm")
         } else {
             std::env::temp_dir()
         };
-        return Ok(Rendezvous::File { path: dir.join(format!("ciera-{}.id", env.job_key)), secret });
+        return Ok(Rendezvous::File {
+            path: dir.join(format!("ciera-{}.id", env.job_key)),
+            secret,
+        });
     }
     Err(Error::Bootstrap(format!(
         "{} ranks launched by {} may span several hosts, and no root address is set: set \
@@ -213,9 +270,17 @@ pub fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
 /// renamed, so readers never see half a file.
 pub fn publish_id(path: &PathBuf, id: &UniqueId) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let io = |e: std::io::Error| Error::Io { what: format!("writing the rendezvous file {}", tmp.display()), source: e };
+    let io = |e: std::io::Error| Error::Io {
+        what: format!("writing the rendezvous file {}", tmp.display()),
+        source: e,
+    };
     let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io)?;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io)?;
     f.write_all(id.as_bytes()).map_err(io)?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| Error::Io {
@@ -230,7 +295,12 @@ pub fn read_id(path: &PathBuf) -> Result<Option<UniqueId>> {
     let meta = match fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::Io { what: format!("rendezvous file {}", path.display()), source: e }),
+        Err(e) => {
+            return Err(Error::Io {
+                what: format!("rendezvous file {}", path.display()),
+                source: e,
+            })
+        }
     };
     let my_uid = fs::metadata("/proc/self").map(|m| m.uid()).ok();
     if my_uid.is_some_and(|u| u != meta.uid()) || meta.permissions().mode() & 0o077 != 0 {
@@ -245,7 +315,12 @@ pub fn read_id(path: &PathBuf) -> Result<Option<UniqueId>> {
     let b = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::Io { what: format!("reading {}", path.display()), source: e }),
+        Err(e) => {
+            return Err(Error::Io {
+                what: format!("reading {}", path.display()),
+                source: e,
+            })
+        }
     };
     let Ok(arr) = <[u8; UNIQUE_ID_BYTES]>::try_from(b.as_slice()) else {
         return Ok(None); // being replaced; look again
@@ -261,7 +336,10 @@ pub fn wait_for_id(path: &PathBuf, deadline: Instant) -> Result<UniqueId> {
         }
         if Instant::now() >= deadline {
             return Err(Error::Timeout {
-                op: format!("bootstrap: waiting for rank 0 to publish {}", path.display()),
+                op: format!(
+                    "bootstrap: waiting for rank 0 to publish {}",
+                    path.display()
+                ),
                 peer: Some(0),
                 after: std::time::Duration::ZERO,
             });
@@ -276,7 +354,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn detect(pairs: &[(&str, &str)]) -> Result<LaunchEnv> {
@@ -286,15 +367,43 @@ mod tests {
 
     #[test]
     fn launchers_are_recognised_in_order() {
-        let e = detect(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4"),
-            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"), ("PMIX_NAMESPACE", "prterun-x-1@1")]).unwrap();
-        assert_eq!((e.launcher, e.rank, e.nranks, e.single_host), ("openmpi", 2, 4, true));
-        assert!(e.job_key.starts_with("openmpi-prterun-x-1_1-"), "{}", e.job_key);
-        let e = detect(&[("CIERA_RANK", "1"), ("CIERA_NRANKS", "3"), ("RANK", "0"), ("WORLD_SIZE", "9")]).unwrap();
+        let e = detect(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("PMIX_NAMESPACE", "prterun-x-1@1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (e.launcher, e.rank, e.nranks, e.single_host),
+            ("openmpi", 2, 4, true)
+        );
+        assert!(
+            e.job_key.starts_with("openmpi-prterun-x-1_1-"),
+            "{}",
+            e.job_key
+        );
+        let e = detect(&[
+            ("CIERA_RANK", "1"),
+            ("CIERA_NRANKS", "3"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "9"),
+        ])
+        .unwrap();
         assert_eq!((e.launcher, e.rank, e.nranks), ("ciera", 1, 3));
-        let e = detect(&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "8"), ("SLURM_NNODES", "2")]).unwrap();
+        let e = detect(&[
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_NNODES", "2"),
+        ])
+        .unwrap();
         assert_eq!((e.launcher, e.single_host), ("slurm", false));
-        let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")]).unwrap();
+        let e = detect(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ])
+        .unwrap();
         assert_eq!((e.launcher, e.single_host), ("torchrun", true));
         let e = detect(&[]).unwrap();
         assert_eq!((e.launcher, e.rank, e.nranks), ("none", 0, 1));
@@ -307,19 +416,36 @@ mod tests {
         let secret = "ab".repeat(32);
         let m = env_of(&[("CIERA_ROOT", "127.0.0.1:5000"), ("CIERA_SECRET", &secret)]);
         let get = |k: &str| m.get(k).cloned();
-        let e = LaunchEnv { launcher: "ciera", rank: 0, nranks: 2, local_rank: None, local_nranks: None, single_host: false, job_key: "k".into() };
+        let e = LaunchEnv {
+            launcher: "ciera",
+            rank: 0,
+            nranks: 2,
+            local_rank: None,
+            local_nranks: None,
+            single_host: false,
+            job_key: "k".into(),
+        };
         match rendezvous(&get, &e).unwrap() {
             Rendezvous::Address { serve_port, .. } => assert_eq!(serve_port, Some(5000)),
             _ => panic!("expected an address"),
         }
         // Root without secret: refused with a hint.
         let m2 = env_of(&[("CIERA_ROOT", "127.0.0.1:5000")]);
-        let err = rendezvous(&|k: &str| m2.get(k).cloned(), &e).err().unwrap().to_string();
+        let err = rendezvous(&|k: &str| m2.get(k).cloned(), &e)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("CIERA_SECRET"), "{err}");
         // torchrun: MASTER_PORT + 1.
-        let m3 = env_of(&[("MASTER_ADDR", "node1"), ("MASTER_PORT", "29500"), ("CIERA_SECRET", &secret)]);
+        let m3 = env_of(&[
+            ("MASTER_ADDR", "node1"),
+            ("MASTER_PORT", "29500"),
+            ("CIERA_SECRET", &secret),
+        ]);
         match rendezvous(&|k: &str| m3.get(k).cloned(), &e).unwrap() {
-            Rendezvous::Address { addr, serve_port, .. } => {
+            Rendezvous::Address {
+                addr, serve_port, ..
+            } => {
                 assert_eq!(addr, "node1:29501");
                 assert_eq!(serve_port, Some(29501));
             }
@@ -327,11 +453,20 @@ mod tests {
         }
         // Multi-host and nothing set: a clear error.
         let none = HashMap::<String, String>::new();
-        let err = rendezvous(&|k: &str| none.get(k).cloned(), &e).err().unwrap().to_string();
+        let err = rendezvous(&|k: &str| none.get(k).cloned(), &e)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("CIERA_ROOT"), "{err}");
         // Single host: the file.
-        let single = LaunchEnv { single_host: true, ..e };
-        assert!(matches!(rendezvous(&|k: &str| none.get(k).cloned(), &single).unwrap(), Rendezvous::File { .. }));
+        let single = LaunchEnv {
+            single_host: true,
+            ..e
+        };
+        assert!(matches!(
+            rendezvous(&|k: &str| none.get(k).cloned(), &single).unwrap(),
+            Rendezvous::File { .. }
+        ));
     }
 
     #[test]
@@ -342,7 +477,10 @@ mod tests {
         assert!(read_id(&path).unwrap().is_none());
         let id = UniqueId::from_parts("127.0.0.1:1".parse().unwrap(), &[3; 32]);
         publish_id(&path, &id).unwrap();
-        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(read_id(&path).unwrap().unwrap(), id);
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         assert!(read_id(&path).is_err());

@@ -46,7 +46,9 @@ impl UniqueId {
             .map_err(|e| Error::Bootstrap(format!("choosing the root's interface: {e}")))?;
         let listener = TcpListener::bind((ip, 0))
             .map_err(|e| Error::Bootstrap(format!("binding the root listener on {ip}: {e}")))?;
-        let timeout = super::Config::from_env().map(|c| c.timeout).unwrap_or(super::DEFAULT_TIMEOUT);
+        let timeout = super::Config::from_env()
+            .map(|c| c.timeout)
+            .unwrap_or(super::DEFAULT_TIMEOUT);
         let addr = bootstrap::spawn_root(listener, secret, RootMode::Once, round_timeout(timeout))?;
         Ok(UniqueId::from_parts(addr, &secret))
     }
@@ -76,13 +78,19 @@ impl UniqueId {
     }
 
     pub fn from_bytes(b: &[u8; UNIQUE_ID_BYTES]) -> Result<UniqueId> {
-        let bad = |what: String| Err(Error::InvalidArgument(format!("not a CIERA unique id: {what}")));
+        let bad = |what: String| {
+            Err(Error::InvalidArgument(format!(
+                "not a CIERA unique id: {what}"
+            )))
+        };
         if &b[..8] != MAGIC {
             return bad("wrong magic (not made by UniqueId::new, or corrupted in transit)".into());
         }
         let version = u16::from_le_bytes([b[8], b[9]]);
         if version != VERSION {
-            return bad(format!("version {version}; this build reads version {VERSION}"));
+            return bad(format!(
+                "version {version}; this build reads version {VERSION}"
+            ));
         }
         if b[10] != 4 && b[10] != 6 {
             return bad(format!("address family {}", b[10]));
@@ -122,7 +130,10 @@ pub fn random_secret() -> Result<[u8; 32]> {
     let mut s = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut s))
-        .map_err(|e| Error::Io { what: "reading /dev/urandom for the job secret".into(), source: e })?;
+        .map_err(|e| Error::Io {
+            what: "reading /dev/urandom for the job secret".into(),
+            source: e,
+        })?;
     Ok(s)
 }
 

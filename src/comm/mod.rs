@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ciera_transport::{Endpoint, TransportChoice, Waker};
 
-use crate::algo::{Algo, AlgoChoice, Progress, Schedule};
+use crate::algo::{self, Algo, AlgoChoice, Progress, Schedule};
 use crate::error::{Error, Result};
 use crate::DType;
 use exec::{Exec, IdlePolicy, LinkRx, SendLane};
@@ -66,29 +66,47 @@ impl Config {
     pub fn from_env() -> Result<Config> {
         let mut c = Config::default();
         if let Some(v) = env::real_env("CIERA_TIMEOUT") {
-            let secs: f64 = v.trim().parse().ok().filter(|s: &f64| *s > 0.0 && s.is_finite()).ok_or_else(|| {
-                Error::InvalidArgument(format!("CIERA_TIMEOUT={v:?} is not a positive number of seconds"))
-            })?;
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "CIERA_TIMEOUT={v:?} is not a positive number of seconds"
+                    ))
+                })?;
             c.timeout = Duration::from_secs_f64(secs);
         }
         c.transport = TransportChoice::from_env()
             .map_err(|e| Error::InvalidArgument(format!("CIERA_TRANSPORT: {e}")))?;
         if let Some(v) = env::real_env("CIERA_ALGO") {
             c.algo = AlgoChoice::parse(&v).ok_or_else(|| {
-                Error::InvalidArgument(format!("CIERA_ALGO={v:?}: expected auto, ring, rd or bruck"))
+                Error::InvalidArgument(format!(
+                    "CIERA_ALGO={v:?}: expected auto, ring, rd or bruck"
+                ))
             })?;
         }
         if let Some(v) = env::real_env("CIERA_CHUNK_BYTES") {
             c.chunk_bytes = crate::cli::args::parse_size(&v)
                 .filter(|&n| n > 0 && n <= u32::MAX as usize)
-                .ok_or_else(|| Error::InvalidArgument(format!("CIERA_CHUNK_BYTES={v:?} is not a size (e.g. 512K, 1M)")))?;
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "CIERA_CHUNK_BYTES={v:?} is not a size (e.g. 512K, 1M)"
+                    ))
+                })?;
         }
         let us = |name: &str| -> Result<Option<Duration>> {
             env::real_env(name)
                 .map(|v| {
-                    v.trim().parse::<u64>().map(Duration::from_micros).map_err(|_| {
-                        Error::InvalidArgument(format!("{name}={v:?} is not a number of microseconds"))
-                    })
+                    v.trim()
+                        .parse::<u64>()
+                        .map(Duration::from_micros)
+                        .map_err(|_| {
+                            Error::InvalidArgument(format!(
+                                "{name}={v:?} is not a number of microseconds"
+                            ))
+                        })
                 })
                 .transpose()
         };
@@ -97,6 +115,7 @@ impl Config {
             let auto = idle_policy(1);
             c.idle = Some(IdlePolicy {
                 spin: spin.unwrap_or(auto.spin),
+                yield_while_spinning: auto.yield_while_spinning,
                 yield_for: yld.unwrap_or(auto.yield_for),
                 max_sleep: auto.max_sleep,
             });
@@ -110,21 +129,41 @@ impl Config {
 /// that peer when it shares our run queue; sleep in the transport once yielding has not helped
 /// for a while. Measured on the 2-core dev VM, 4 ranks: spinning 20 us tripled the 8-byte
 /// latency; going straight to a futex sleep made it 8x worse (wake-ups are slow in a VM).
+/// A rank bound to one CPU (`ciera launch`, mpirun) spins without yielding: yielding there only
+/// hands the CPU to other jobs. An unbound one yields every 20 us while spinning, in case the
+/// scheduler stacked it on the CPU of the peer it waits for.
 fn idle_policy(local_ranks: usize) -> IdlePolicy {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     if local_ranks <= cpus {
         IdlePolicy {
-            spin: Duration::from_micros(200),
+            spin: Duration::from_micros(500),
+            yield_while_spinning: !bound_to_one_cpu(),
             yield_for: Duration::from_millis(2),
             max_sleep: Duration::from_millis(5),
         }
     } else {
         IdlePolicy {
             spin: Duration::ZERO,
+            yield_while_spinning: true,
             yield_for: Duration::from_millis(1),
             max_sleep: Duration::from_millis(5),
         }
     }
+}
+
+/// Whether this process may run on one CPU only.
+fn bound_to_one_cpu() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Cpus_allowed_list:")
+                    .map(|v| v.trim().to_string())
+            })
+        })
+        .is_some_and(|list| !list.contains(',') && !list.contains('-'))
 }
 
 struct AbortShared {
@@ -169,13 +208,23 @@ pub struct Communicator {
     broken: Option<String>,
     abort: Arc<AbortShared>,
     idle: IdlePolicy,
+    /// Below this many gathered bytes `Auto` picks RD/Bruck: lower when every link is shm.
+    /// Every rank derives it the same way (all shm on one host; some TCP link on several).
+    small_call_bytes: usize,
 }
 
 impl Communicator {
     /// Join the job `id` as `rank` of `nranks` (every rank passes the same id and nranks).
-    pub fn init_rank(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
+    pub fn init_rank(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        config: Config,
+    ) -> Result<Communicator> {
         if nranks == 0 || rank >= nranks {
-            return Err(Error::InvalidArgument(format!("rank {rank} is out of range for nranks={nranks}")));
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is out of range for nranks={nranks}"
+            )));
         }
         let root = id.root();
         let secret = id.secret();
@@ -193,12 +242,21 @@ impl Communicator {
         let started = Instant::now();
         let deadline = started + config.timeout;
         match env::rendezvous(&env::real_env, &launch)? {
-            env::Rendezvous::Address { addr, secret, serve_port } => {
+            env::Rendezvous::Address {
+                addr,
+                secret,
+                serve_port,
+            } => {
                 if let Some(port) = serve_port {
                     let listener = std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
                         Error::Bootstrap(format!("rank 0 binding the root port {port}: {e}"))
                     })?;
-                    bootstrap::spawn_root(listener, secret, bootstrap::RootMode::Once, id::round_timeout(config.timeout))?;
+                    bootstrap::spawn_root(
+                        listener,
+                        secret,
+                        bootstrap::RootMode::Once,
+                        id::round_timeout(config.timeout),
+                    )?;
                 }
                 let mut source = || Ok(Some((env::resolve(&addr)?, secret)));
                 Communicator::bootstrap(&mut source, launch.nranks, launch.rank, config, started)
@@ -220,7 +278,13 @@ impl Communicator {
                     };
                     // Wait for the file first so the error says what was missing.
                     env::wait_for_id(&path, deadline)?;
-                    Communicator::bootstrap(&mut source, launch.nranks, launch.rank, config, started)
+                    Communicator::bootstrap(
+                        &mut source,
+                        launch.nranks,
+                        launch.rank,
+                        config,
+                        started,
+                    )
                 }
             }
         }
@@ -238,32 +302,53 @@ impl Communicator {
         started: Instant,
     ) -> Result<Communicator> {
         let deadline = started + config.timeout;
-        let ip = ciera_transport::interface_ip()
-            .map_err(|e| Error::Bootstrap(format!("rank {rank}: choosing a network interface: {e}")))?;
-        let mut ep = Endpoint::bind(ip)
-            .map_err(|e| Error::Bootstrap(format!("rank {rank}: binding the transport endpoint on {ip}: {e}")))?;
+        let ip = ciera_transport::interface_ip().map_err(|e| {
+            Error::Bootstrap(format!("rank {rank}: choosing a network interface: {e}"))
+        })?;
+        let mut ep = Endpoint::bind(ip).map_err(|e| {
+            Error::Bootstrap(format!(
+                "rank {rank}: binding the transport endpoint on {ip}: {e}"
+            ))
+        })?;
         let me = ep.local_info();
         let (table, secret) = bootstrap::join(source, nranks, rank, &me, deadline)?;
         if nranks == 1 {
             return Ok(Communicator::assemble(rank, nranks, config, None, 1, None));
         }
-        ep.connect_all(rank, &table, &secret, config.transport, deadline).map_err(|e| {
-            Error::Bootstrap(format!("rank {rank}: connecting to the other {} ranks: {e}", nranks - 1))
-        })?;
+        ep.connect_all(rank, &table, &secret, config.transport, deadline)
+            .map_err(|e| {
+                Error::Bootstrap(format!(
+                    "rank {rank}: connecting to the other {} ranks: {e}",
+                    nranks - 1
+                ))
+            })?;
         let local = table.iter().filter(|p| p.host_id == me.host_id).count();
         let waker = ep.waker();
-        Ok(Communicator::assemble(rank, nranks, config, Some(ep), local, Some(waker)))
+        Ok(Communicator::assemble(
+            rank,
+            nranks,
+            config,
+            Some(ep),
+            local,
+            Some(waker),
+        ))
     }
 
     fn assemble(
         rank: usize,
         nranks: usize,
         config: Config,
-        ep: Option<Endpoint>,
+        mut ep: Option<Endpoint>,
         local_ranks: usize,
         waker: Option<Waker>,
     ) -> Communicator {
         let idle = config.idle.unwrap_or_else(|| idle_policy(local_ranks));
+        let all_shm = match &mut ep {
+            Some(ep) => (0..nranks)
+                .filter(|&p| p != rank)
+                .all(|p| ep.link(p).kind() == ciera_transport::Kind::Shm),
+            None => false,
+        };
         Communicator {
             rank,
             nranks,
@@ -275,8 +360,16 @@ impl Communicator {
             cached: None,
             seq: 0,
             broken: None,
-            abort: Arc::new(AbortShared { flag: AtomicBool::new(false), waker }),
+            abort: Arc::new(AbortShared {
+                flag: AtomicBool::new(false),
+                waker,
+            }),
             idle,
+            small_call_bytes: if all_shm {
+                algo::SMALL_CALL_BYTES_SHM
+            } else {
+                algo::SMALL_CALL_BYTES
+            },
         }
     }
 
@@ -293,37 +386,66 @@ impl Communicator {
     }
 
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle { shared: self.abort.clone() }
+        AbortHandle {
+            shared: self.abort.clone(),
+        }
     }
 
     /// The algorithm a call gathering `count` elements of `dtype` per rank will use.
     pub fn algo_for(&self, count: usize, dtype: DType) -> Algo {
-        self.config.algo.resolve(self.nranks, count * dtype.size() * self.nranks)
+        self.config.algo.resolve_with(
+            self.nranks,
+            count * dtype.size() * self.nranks,
+            self.small_call_bytes,
+        )
     }
 
     /// Gather every rank's `send` (`count` elements of `dtype`) into `recv`, rank r's at
     /// element r*count. `send.len() == count*dtype.size()`, `recv.len() == size()*send.len()`.
-    pub fn all_gather(&mut self, send: &[u8], recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+    pub fn all_gather(
+        &mut self,
+        send: &[u8],
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
         self.check_lengths(Some(send.len()), recv.len(), count, dtype)?;
         self.start_call()?;
         if self.nranks == 1 {
             recv.copy_from_slice(send);
             return Ok(());
         }
-        let layout = Layout::new(self.rank, self.nranks, count, dtype, self.config.chunk_bytes);
+        let layout = Layout::new(
+            self.rank,
+            self.nranks,
+            count,
+            dtype,
+            self.config.chunk_bytes,
+        );
         let payloads = RawPayloads::new(layout, Some(send), recv);
         self.execute(Op::AllGather, layout, dtype, payloads)
     }
 
     /// As [`Communicator::all_gather`], in place: this rank's shard is already at
     /// `recv[rank*count*size..]`.
-    pub fn all_gather_in_place(&mut self, recv: &mut [u8], count: usize, dtype: DType) -> Result<()> {
+    pub fn all_gather_in_place(
+        &mut self,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
         self.check_lengths(None, recv.len(), count, dtype)?;
         self.start_call()?;
         if self.nranks == 1 {
             return Ok(());
         }
-        let layout = Layout::new(self.rank, self.nranks, count, dtype, self.config.chunk_bytes);
+        let layout = Layout::new(
+            self.rank,
+            self.nranks,
+            count,
+            dtype,
+            self.config.chunk_bytes,
+        );
         let payloads = RawPayloads::new(layout, None, recv);
         self.execute(Op::AllGather, layout, dtype, payloads)
     }
@@ -348,7 +470,13 @@ impl Communicator {
             }
             return Ok(());
         }
-        let layout = Layout::new(self.rank, self.nranks, count, dtype, self.config.chunk_bytes);
+        let layout = Layout::new(
+            self.rank,
+            self.nranks,
+            count,
+            dtype,
+            self.config.chunk_bytes,
+        );
         let mut frames = std::mem::take(&mut self.frames);
         let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames);
         let r = self.execute(Op::AllGather, layout, dtype, payloads);
@@ -362,13 +490,25 @@ impl Communicator {
         if self.nranks == 1 {
             return Ok(());
         }
-        let layout = Layout::new(self.rank, self.nranks, 0, DType::U8, self.config.chunk_bytes);
+        let layout = Layout::new(
+            self.rank,
+            self.nranks,
+            0,
+            DType::U8,
+            self.config.chunk_bytes,
+        );
         let mut empty: [u8; 0] = [];
         let payloads = RawPayloads::new(layout, None, &mut empty);
         self.execute(Op::Barrier, layout, DType::U8, payloads)
     }
 
-    fn check_lengths(&self, send: Option<usize>, recv: usize, count: usize, dtype: DType) -> Result<()> {
+    fn check_lengths(
+        &self,
+        send: Option<usize>,
+        recv: usize,
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
         let block = count.checked_mul(dtype.size()).ok_or_else(|| {
             Error::InvalidArgument(format!("count {count} of {dtype} overflows a byte length"))
         })?;
@@ -396,22 +536,36 @@ impl Communicator {
 
     fn start_call(&mut self) -> Result<()> {
         if let Some(why) = &self.broken {
-            return Err(Error::Aborted { detail: format!("communicator unusable after an earlier error: {why}") });
+            return Err(Error::Aborted {
+                detail: format!("communicator unusable after an earlier error: {why}"),
+            });
         }
         if self.abort.flag.load(Ordering::SeqCst) {
             self.broken = Some("abort() was called".into());
-            return Err(Error::Aborted { detail: "abort() was called".into() });
+            return Err(Error::Aborted {
+                detail: "abort() was called".into(),
+            });
         }
         self.seq += 1;
         Ok(())
     }
 
-    fn execute<P: Payloads>(&mut self, op: Op, layout: Layout, dtype: DType, payloads: P) -> Result<()> {
+    fn execute<P: Payloads>(
+        &mut self,
+        op: Op,
+        layout: Layout,
+        dtype: DType,
+        payloads: P,
+    ) -> Result<()> {
         let total = layout.block_bytes() * self.nranks;
         let algo = if op == Op::Barrier {
-            self.config.algo.resolve(self.nranks, 0)
+            self.config
+                .algo
+                .resolve_with(self.nranks, 0, self.small_call_bytes)
         } else {
-            self.config.algo.resolve(self.nranks, total)
+            self.config
+                .algo
+                .resolve_with(self.nranks, total, self.small_call_bytes)
         };
         let own_ready = payloads.own_ready();
         let progress = match &mut self.cached {
@@ -421,7 +575,9 @@ impl Communicator {
             }
             slot => {
                 let s = Schedule::new(algo, self.rank, self.nranks, layout.nchunks);
-                &mut slot.insert((algo, layout.nchunks, Progress::new(&s, own_ready))).2
+                &mut slot
+                    .insert((algo, layout.nchunks, Progress::new(&s, own_ready)))
+                    .2
             }
         };
         let sig = CallSig {
@@ -434,7 +590,9 @@ impl Communicator {
             nchunks: layout.nchunks as u32,
         };
         let Some(ep) = self.ep.as_mut() else {
-            return Err(Error::Aborted { detail: "communicator has no links (closed after an error)".into() });
+            return Err(Error::Aborted {
+                detail: "communicator has no links (closed after an error)".into(),
+            });
         };
         let exec = Exec {
             ep,
@@ -479,13 +637,26 @@ mod tests {
     fn single_rank_gathers_its_own_shard() {
         let mut c = Communicator::single(Config::default());
         let mut out = [0u8; 6];
-        c.all_gather(&[1, 2, 3, 4, 5, 6], &mut out, 3, DType::BF16).unwrap();
+        c.all_gather(&[1, 2, 3, 4, 5, 6], &mut out, 3, DType::BF16)
+            .unwrap();
         assert_eq!(out, [1, 2, 3, 4, 5, 6]);
         c.all_gather_in_place(&mut out, 3, DType::BF16).unwrap();
         c.barrier().unwrap();
         // Wrong lengths are refused, naming the sizes.
-        let e = c.all_gather(&[1, 2, 3], &mut out, 3, DType::BF16).unwrap_err();
-        assert!(matches!(e, Error::LengthMismatch { expected: 6, found: 3, .. }), "{e}");
+        let e = c
+            .all_gather(&[1, 2, 3], &mut out, 3, DType::BF16)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::LengthMismatch {
+                    expected: 6,
+                    found: 3,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         c.abort_handle().abort();
         assert!(matches!(c.barrier(), Err(Error::Aborted { .. })));
         assert!(matches!(c.barrier(), Err(Error::Aborted { .. })));

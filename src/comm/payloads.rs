@@ -29,13 +29,26 @@ pub struct Layout {
 }
 
 impl Layout {
-    pub fn new(rank: usize, nranks: usize, count: usize, dtype: DType, chunk_bytes: usize) -> Layout {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        count: usize,
+        dtype: DType,
+        chunk_bytes: usize,
+    ) -> Layout {
         let elem_size = dtype.size();
         let chunk_elems = (chunk_bytes / elem_size).max(1);
         // A zero-count call still exchanges one empty chunk per block: the headers check that
         // every rank made the same call.
         let nchunks = count.div_ceil(chunk_elems).max(1);
-        Layout { rank, nranks, count, elem_size, chunk_elems, nchunks }
+        Layout {
+            rank,
+            nranks,
+            count,
+            elem_size,
+            chunk_elems,
+            nchunks,
+        }
     }
 
     pub fn block_bytes(&self) -> usize {
@@ -112,7 +125,11 @@ impl OwnCopy {
         if self.done >= send.len() {
             return false;
         }
-        let end = if all { send.len() } else { (self.done + OWN_COPY_SLICE).min(send.len()) };
+        let end = if all {
+            send.len()
+        } else {
+            (self.done + OWN_COPY_SLICE).min(send.len())
+        };
         let base = layout.rank * layout.block_bytes();
         recv[base + self.done..base + end].copy_from_slice(&send[self.done..end]);
         self.done = end;
@@ -132,7 +149,12 @@ pub struct RawPayloads<'a> {
 impl<'a> RawPayloads<'a> {
     /// With `send`, its bytes are copied into `recv` during the call (see `background`).
     pub fn new(layout: Layout, send: Option<&'a [u8]>, recv: &'a mut [u8]) -> RawPayloads<'a> {
-        RawPayloads { layout, send, recv, own_copy: OwnCopy { done: 0 } }
+        RawPayloads {
+            layout,
+            send,
+            recv,
+            own_copy: OwnCopy { done: 0 },
+        }
     }
 }
 
@@ -186,7 +208,8 @@ impl Payloads for RawPayloads<'_> {
     }
 
     fn background(&mut self) -> bool {
-        self.own_copy.step(&self.layout, self.send, self.recv, false)
+        self.own_copy
+            .step(&self.layout, self.send, self.recv, false)
     }
 
     fn finish(&mut self) {
@@ -255,7 +278,15 @@ impl<'a> FramedPayloads<'a> {
         for f in frames.iter_mut() {
             f.clear();
         }
-        FramedPayloads { layout, dtype, send, recv, codec, frames, own_copy: OwnCopy { done: 0 } }
+        FramedPayloads {
+            layout,
+            dtype,
+            send,
+            recv,
+            codec,
+            frames,
+            own_copy: OwnCopy { done: 0 },
+        }
     }
 
     fn chunk_ref(&self, unit: Unit) -> ChunkRef {
@@ -338,7 +369,8 @@ impl Payloads for FramedPayloads<'_> {
     }
 
     fn background(&mut self) -> bool {
-        self.own_copy.step(&self.layout, self.send, self.recv, false)
+        self.own_copy
+            .step(&self.layout, self.send, self.recv, false)
     }
 
     fn finish(&mut self) {

@@ -88,7 +88,11 @@ impl CallSig {
             self.dtype,
             self.algo,
             self.nchunks,
-            if self.format == 0 { "raw".to_string() } else { format!("codec format {}", self.format) }
+            if self.format == 0 {
+                "raw".to_string()
+            } else {
+                format!("codec format {}", self.format)
+            }
         )
     }
 }
@@ -153,7 +157,10 @@ impl MsgHeader {
             version: b[5],
             seq: u64_at(8),
             count: u64_at(16),
-            unit: Unit { src: u32_at(24), chunk: u32_at(28) },
+            unit: Unit {
+                src: u32_at(24),
+                chunk: u32_at(28),
+            },
             nchunks: u32_at(32),
             payload_len: u32_at(36),
         }
@@ -178,7 +185,11 @@ impl MsgHeader {
                 self.seq,
                 self.count,
                 self.nchunks,
-                if self.format == 0 { "raw".to_string() } else { format!("codec format {}", self.format) }
+                if self.format == 0 {
+                    "raw".to_string()
+                } else {
+                    format!("codec format {}", self.format)
+                }
             )
         };
         let same = self.version == WIRE_VERSION
@@ -192,7 +203,10 @@ impl MsgHeader {
         if same {
             None
         } else if self.version != WIRE_VERSION {
-            Some(format!("wire version {} (this build speaks {WIRE_VERSION})", self.version))
+            Some(format!(
+                "wire version {} (this build speaks {WIRE_VERSION})",
+                self.version
+            ))
         } else {
             Some(theirs_sig())
         }
@@ -255,7 +269,11 @@ pub fn parse_notice_body(body: &[u8]) -> (Option<usize>, String) {
         return (None, String::from_utf8_lossy(body).into_owned());
     }
     let c = u32::from_le_bytes(body[..4].try_into().unwrap());
-    let culprit = if c == u32::MAX { None } else { Some(c as usize) };
+    let culprit = if c == u32::MAX {
+        None
+    } else {
+        Some(c as usize)
+    };
     (culprit, String::from_utf8_lossy(&body[4..]).into_owned())
 }
 
@@ -294,7 +312,9 @@ mod tests {
         assert!(m.contains("count 7 of float"), "{m}");
         let mut other = sig();
         other.dtype = DType::BF16;
-        let m = MsgHeader::new(&other, Unit::new(0, 0), 28).mismatch(&sig()).unwrap();
+        let m = MsgHeader::new(&other, Unit::new(0, 0), 28)
+            .mismatch(&sig())
+            .unwrap();
         assert!(m.contains("bfloat16"), "{m}");
     }
 
@@ -303,7 +323,10 @@ mod tests {
         let n = abort_notice(AbortReason::PeerFailed, Some(3), "rank 3 died");
         assert_eq!(n[0], TAG_ABORT);
         assert_eq!(short_len(&n[..8]), n.len() - 8);
-        assert_eq!(parse_notice_body(&n[8..]), (Some(3), "rank 3 died".to_string()));
+        assert_eq!(
+            parse_notice_body(&n[8..]),
+            (Some(3), "rank 3 died".to_string())
+        );
         let long = "x".repeat(10_000);
         let n = abort_notice(AbortReason::Other, None, &long);
         assert_eq!(n.len(), 8 + MAX_NOTICE);

@@ -25,7 +25,13 @@ pub fn ciera_bin() -> &'static str {
 pub fn self_cmd() -> Command {
     let exe = std::env::current_exe().expect("test binary path");
     let mut c = Command::new(exe);
-    c.args(["rank_main", "--exact", "--nocapture", "--test-threads=1", "-q"]);
+    c.args([
+        "rank_main",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ]);
     c
 }
 
@@ -44,7 +50,10 @@ pub fn self_args() -> Vec<String> {
 /// `ciera launch -n N -- <this test binary> rank_main` with `role` and extra env.
 pub fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(ciera_bin());
-    c.args(["launch", "-n", &n.to_string(), "--grace", "20", "--"]).args(self_args());
+    // No CPU binding: tests run several jobs at once, and bound ranks of different jobs
+    // would pile onto the same CPUs.
+    c.args(["launch", "-n", &n.to_string(), "--grace", "20", "--bind", "none", "--"])
+        .args(self_args());
     c.env("CIERA_TEST_ROLE", role);
     for (k, v) in env {
         c.env(k, v);
@@ -89,7 +98,10 @@ pub fn report_raw(line: &str) {
 }
 
 pub fn result_lines(stderr: &str) -> Vec<String> {
-    stderr.lines().filter_map(|l| l.strip_prefix("RESULT ").map(str::to_string)).collect()
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("RESULT ").map(str::to_string))
+        .collect()
 }
 
 pub fn hex(b: &[u8]) -> String {
@@ -97,18 +109,29 @@ pub fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 fn env_usize(name: &str) -> usize {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set")).parse().unwrap()
+    std::env::var(name)
+        .unwrap_or_else(|_| panic!("{name} not set"))
+        .parse()
+        .unwrap()
 }
 
 /// The communicator of a directly spawned rank.
 pub fn comm_from_test_env(config: Config) -> Result<Communicator> {
     let b = unhex(&std::env::var("CIERA_TEST_ID").expect("CIERA_TEST_ID"));
     let id = UniqueId::from_bytes(&b.try_into().expect("128-byte id"))?;
-    Communicator::init_rank(&id, env_usize("CIERA_TEST_NRANKS"), env_usize("CIERA_TEST_RANK"), config)
+    Communicator::init_rank(
+        &id,
+        env_usize("CIERA_TEST_NRANKS"),
+        env_usize("CIERA_TEST_RANK"),
+        config,
+    )
 }
 
 /// How a result is reported: `ok`, or the error kind with the culprit where there is one.
@@ -148,7 +171,10 @@ pub fn expected(nranks: usize, count: usize, dtype: DType, call: u64) -> Vec<u8>
 pub fn check_bytes(got: &[u8], want: &[u8], ctx: &str) {
     assert_eq!(got.len(), want.len(), "{ctx}: length");
     if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!("{ctx}: byte {i} is {:#04x}, expected {:#04x}", got[i], want[i]);
+        panic!(
+            "{ctx}: byte {i} is {:#04x}, expected {:#04x}",
+            got[i], want[i]
+        );
     }
 }
 
@@ -167,12 +193,23 @@ pub fn matrix_configs() -> Vec<(AlgoChoice, usize)> {
 pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
     let mut call = 0u64;
     for (algo, chunk) in matrix_configs() {
-        let config = Config { algo, chunk_bytes: chunk, timeout: Duration::from_secs(120), ..Config::from_env().unwrap() };
+        let config = Config {
+            algo,
+            chunk_bytes: chunk,
+            timeout: Duration::from_secs(120),
+            ..Config::from_env().unwrap()
+        };
         let mut comm = comm_for(config).expect("communicator");
         let (rank, n) = (comm.rank(), comm.size());
         for &count in &COUNTS {
             // Odd counts in bytes too: 1-byte elements for the small odd counts.
-            let dtype = if count == 7 { DType::U8 } else if count == 1000 { DType::BF16 } else { DType::F32 };
+            let dtype = if count == 7 {
+                DType::U8
+            } else if count == 1000 {
+                DType::BF16
+            } else {
+                DType::F32
+            };
             let block = count * dtype.size();
             for in_place in [false, true] {
                 call += 1;
@@ -180,12 +217,19 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
                 let want = expected(n, count, dtype, call);
                 let mut recv = vec![0xEEu8; block * n];
                 if in_place {
-                    fill(&mut recv[rank * block..(rank + 1) * block], dtype, rank, call);
-                    comm.all_gather_in_place(&mut recv, count, dtype).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                    fill(
+                        &mut recv[rank * block..(rank + 1) * block],
+                        dtype,
+                        rank,
+                        call,
+                    );
+                    comm.all_gather_in_place(&mut recv, count, dtype)
+                        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 } else {
                     let mut send = vec![0u8; block];
                     fill(&mut send, dtype, rank, call);
-                    comm.all_gather(&send, &mut recv, count, dtype).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                    comm.all_gather(&send, &mut recv, count, dtype)
+                        .unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 }
                 check_bytes(&recv, &want, &ctx);
             }
@@ -220,14 +264,23 @@ impl FrameCodec for ToyCodec {
         Ok(())
     }
     fn decode(&mut self, c: &ChunkRef, frame: &[u8], out: &mut [u8]) -> Result<()> {
-        let bad = |d: String| Err(Error::CorruptFrame { what: "toy frame", detail: d });
+        let bad = |d: String| {
+            Err(Error::CorruptFrame {
+                what: "toy frame",
+                detail: d,
+            })
+        };
         if frame.len() < 4 {
             return bad(format!("{} bytes", frame.len()));
         }
         let n = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         let pad = (c.chunk + c.src) % 11;
         if n != out.len() || frame.len() != 4 + n + pad {
-            return bad(format!("frame of {} bytes says {n}, chunk has {}", frame.len(), out.len()));
+            return bad(format!(
+                "frame of {} bytes says {n}, chunk has {}",
+                frame.len(),
+                out.len()
+            ));
         }
         for (o, f) in out.iter_mut().zip(&frame[4..4 + n]) {
             *o = f ^ (c.src as u8 + 1);
@@ -241,10 +294,18 @@ impl FrameCodec for ToyCodec {
 pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
     let mut call = 0u64;
     for (algo, chunk) in matrix_configs() {
-        let config = Config { algo, chunk_bytes: chunk, ..Config::from_env().unwrap() };
+        let config = Config {
+            algo,
+            chunk_bytes: chunk,
+            ..Config::from_env().unwrap()
+        };
         let mut comm = comm_for(config).expect("communicator");
         let (rank, n) = (comm.rank(), comm.size());
-        let mut codec = ToyCodec { rank, encoded: 0, decoded: 0 };
+        let mut codec = ToyCodec {
+            rank,
+            encoded: 0,
+            decoded: 0,
+        };
         for &count in &[0usize, 7, 1000, 300_001] {
             for in_place in [false, true] {
                 call += 1;
@@ -254,7 +315,9 @@ pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
                 let mut recv = vec![0xEEu8; block * n];
                 let mut send = vec![0u8; block];
                 fill(&mut send, dtype, rank, call);
-                let ctx = format!("framed rank {rank}/{n} {algo} chunk {chunk} count {count} in_place={in_place}");
+                let ctx = format!(
+                    "framed rank {rank}/{n} {algo} chunk {chunk} count {count} in_place={in_place}"
+                );
                 let r = if in_place {
                     recv[rank * block..(rank + 1) * block].copy_from_slice(&send);
                     comm.all_gather_framed(None, &mut recv, count, dtype, &mut codec)
@@ -266,7 +329,10 @@ pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
             }
         }
         if n > 1 {
-            assert!(codec.encoded > 0 && codec.decoded > 0, "the codec was not used");
+            assert!(
+                codec.encoded > 0 && codec.decoded > 0,
+                "the codec was not used"
+            );
         }
     }
     report("ok");
@@ -275,13 +341,16 @@ pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
 /// Role "mismatch": rank `CIERA_TEST_ODD_RANK` calls with another count (or dtype); every
 /// rank must fail with CallMismatch.
 pub fn role_mismatch(comm: &mut Communicator) {
-    let odd: usize = std::env::var("CIERA_TEST_ODD_RANK").map(|v| v.parse().unwrap()).unwrap_or(usize::MAX);
+    let odd: usize = std::env::var("CIERA_TEST_ODD_RANK")
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(usize::MAX);
     let what = std::env::var("CIERA_TEST_MISMATCH").unwrap_or_else(|_| "count".into());
     let rank = comm.rank();
     // One good call first: the stream must stay in step before the bad one.
     let n = comm.size();
     let mut recv = vec![0u8; 4 * 10 * n];
-    comm.all_gather(&[1u8; 40], &mut recv, 10, DType::F32).expect("first call");
+    comm.all_gather(&[1u8; 40], &mut recv, 10, DType::F32)
+        .expect("first call");
     let (count, dtype) = match (rank == odd, what.as_str()) {
         (false, _) => (1000, DType::F32),
         (true, "count") => (1001, DType::F32),
@@ -294,7 +363,10 @@ pub fn role_mismatch(comm: &mut Communicator) {
     report(&describe(&r));
     // The communicator is unusable afterwards.
     let again = comm.barrier();
-    assert!(matches!(again, Err(Error::Aborted { .. })), "after a failure: {again:?}");
+    assert!(
+        matches!(again, Err(Error::Aborted { .. })),
+        "after a failure: {again:?}"
+    );
 }
 
 /// Role "loop": large allgathers until something fails; prints READY after the first one.
@@ -324,7 +396,9 @@ pub fn role_one_call(comm: &mut Communicator) {
     let mut send = vec![0u8; count * 2];
     fill(&mut send, DType::BF16, rank, 5);
     let mut recv = vec![0u8; send.len() * n];
-    let r = comm.all_gather(&send, &mut recv, count, DType::BF16).and_then(|()| comm.barrier());
+    let r = comm
+        .all_gather(&send, &mut recv, count, DType::BF16)
+        .and_then(|()| comm.barrier());
     if r.is_ok() {
         check_bytes(&recv, &expected(n, count, DType::BF16, 5), "one_call");
     }
