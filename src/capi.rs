@@ -935,6 +935,34 @@ pub extern "C" fn cieraGetLastError(_comm: *mut c_void) -> *const c_char {
 
 /// What the CUDA driver says about a pointer, asked only if this process has already loaded the
 /// driver (`libcuda.so.1`); the library never loads CUDA itself.
+/// What both LD_PRELOAD interposers (interpose/nccl, interpose/mpi) share.
+pub mod interpose {
+    use std::sync::{Mutex, OnceLock};
+
+    /// Whether an environment variable is set to 1 / true / yes.
+    pub fn env_flag(name: &str) -> bool {
+        std::env::var(name).map(|v| v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes")).unwrap_or(false)
+    }
+
+    /// `CIERA_DISABLE=1`: the interposer passes every call through (read once per process).
+    pub fn disabled() -> bool {
+        static DISABLED: OnceLock<bool> = OnceLock::new();
+        *DISABLED.get_or_init(|| env_flag("CIERA_DISABLE"))
+    }
+
+    /// Print `prefix: msg` to stderr, as one write, the first time `reason` comes up in this
+    /// process.
+    pub fn log_once(prefix: &str, reason: &'static str, msg: impl FnOnce() -> String) {
+        static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !seen.contains(&reason) {
+            seen.push(reason);
+            let line = format!("{prefix}: {}\n", msg());
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        }
+    }
+}
+
 pub mod cuda {
     use std::ffi::{c_int, c_uint, c_void, CStr};
     use std::sync::OnceLock;

@@ -96,23 +96,11 @@ fn real() -> &'static Real {
     })
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).map(|v| v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes")).unwrap_or(false)
-}
-
-fn disabled() -> bool {
-    static DISABLED: OnceLock<bool> = OnceLock::new();
-    *DISABLED.get_or_init(|| env_flag("CIERA_DISABLE"))
-}
+use ciera::capi::interpose::{disabled, env_flag};
 
 /// Prints `msg` to stderr the first time a given `reason` comes up in this process.
 fn log_once(reason: &'static str, msg: impl FnOnce() -> String) {
-    static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    if !seen.contains(&reason) {
-        seen.push(reason);
-        say!("ciera-nccl: {}", msg());
-    }
+    ciera::capi::interpose::log_once("ciera-nccl", reason, msg)
 }
 
 /// What we know about one real NCCL communicator.
