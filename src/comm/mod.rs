@@ -409,21 +409,7 @@ impl Communicator {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.check_lengths(Some(send.len()), recv.len(), count, dtype)?;
-        self.start_call()?;
-        if self.nranks == 1 {
-            recv.copy_from_slice(send);
-            return Ok(());
-        }
-        let layout = Layout::new(
-            self.rank,
-            self.nranks,
-            count,
-            dtype,
-            self.config.chunk_bytes,
-        );
-        let payloads = RawPayloads::new(layout, Some(send), recv);
-        self.execute(Op::AllGather, layout, dtype, payloads)
+        self.all_gather_raw(Some(send), recv, count, dtype)
     }
 
     /// As [`Communicator::all_gather`], in place: this rank's shard is already at
@@ -434,9 +420,24 @@ impl Communicator {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.check_lengths(None, recv.len(), count, dtype)?;
+        self.all_gather_raw(None, recv, count, dtype)
+    }
+
+    /// [`Communicator::all_gather`] (`send` Some) or [`Communicator::all_gather_in_place`]
+    /// (`send` None).
+    pub fn all_gather_raw(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        self.check_lengths(send.map(|s| s.len()), recv.len(), count, dtype)?;
         self.start_call()?;
         if self.nranks == 1 {
+            if let Some(send) = send {
+                recv.copy_from_slice(send);
+            }
             return Ok(());
         }
         let layout = Layout::new(
@@ -446,7 +447,7 @@ impl Communicator {
             dtype,
             self.config.chunk_bytes,
         );
-        let payloads = RawPayloads::new(layout, None, recv);
+        let payloads = RawPayloads::new(layout, send, recv);
         self.execute(Op::AllGather, layout, dtype, payloads)
     }
 

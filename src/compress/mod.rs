@@ -298,10 +298,10 @@ impl Compressor {
                 || (shard >= self.config.min_shard_bytes && comm.algo_for(count, dtype) == crate::algo::Algo::Ring));
         let skey = Self::key_for(send, recv, count, dtype, key);
         if !eligible || self.oversized.contains_key(&skey) {
-            return self.raw(comm, send, recv, count, dtype, None);
+            return self.raw(comm, send, recv, count, dtype);
         }
         if !self.groups.contains_key(&skey) && !self.admit(skey, n) {
-            return self.raw(comm, send, recv, count, dtype, None);
+            return self.raw(comm, send, recv, count, dtype);
         }
         let clock = self.clock;
         let g = self.groups.get_mut(&skey).expect("admitted");
@@ -310,7 +310,7 @@ impl Compressor {
         if let GroupState::RawFor { until, backoff } = g.state {
             if g.stats.calls < until {
                 g.stats.raw_calls += 1;
-                return self.raw(comm, send, recv, count, dtype, None);
+                return self.raw(comm, send, recv, count, dtype);
             }
             g.backoff = backoff;
             g.state = GroupState::Cold;
@@ -327,7 +327,7 @@ impl Compressor {
         if probe {
             g.stats.raw_calls += 1;
             let t = Instant::now();
-            let r = self.raw(comm, send, recv, count, dtype, None);
+            let r = self.raw(comm, send, recv, count, dtype);
             let g = self.groups.get_mut(&skey).expect("admitted");
             g.pending_raw = Some(t.elapsed());
             return r;
@@ -342,16 +342,12 @@ impl Compressor {
         recv: &mut [u8],
         count: usize,
         dtype: DType,
-        _why: Option<&str>,
     ) -> Result<()> {
         self.stats.raw_calls += 1;
         let bytes = (recv.len()) as u64;
         self.stats.raw_bytes += bytes;
         self.stats.wire_bytes += bytes;
-        match send {
-            Some(s) => comm.all_gather(s, recv, count, dtype),
-            None => comm.all_gather_in_place(recv, count, dtype),
-        }
+        comm.all_gather_raw(send, recv, count, dtype)
     }
 
     /// Make room for a new group within the budget: full-value caches if they fit, else
@@ -478,9 +474,6 @@ impl Compressor {
                 }
             }
         }
-        if verify {
-            // Checked after the status exchange (the hashes travel in it).
-        }
         // Status exchange: [call ns, encode ns, decode ns, shard hash, failure bitmap words].
         let words = STATUS_FIXED_WORDS + n.div_ceil(64);
         let mut mine = vec![0u64; words];
@@ -581,10 +574,7 @@ impl Compressor {
             g.state = GroupState::Cold;
             // Redo raw: the own shard is intact (send buffer, or recv's own block, which no
             // decoder writes), so the result is exact on every rank.
-            return match send {
-                Some(s) => comm.all_gather(s, recv, count, dtype),
-                None => comm.all_gather_in_place(recv, count, dtype),
-            };
+            return comm.all_gather_raw(send, recv, count, dtype);
         }
         // Decide what the next call on this group does, from agreed values only.
         if filling {
