@@ -67,9 +67,13 @@ fn rank_main() {
     }
 }
 
-fn kill_one_of_four(transport: &str) {
+fn kill_one_of_four(transport: &str, single_copy: &str) {
     let id = UniqueId::new().unwrap();
-    let env = [("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "60")];
+    let env = [
+        ("CIERA_TRANSPORT", transport),
+        ("CIERA_TIMEOUT", "60"),
+        ("CIERA_SHM_SINGLE_COPY", single_copy),
+    ];
     let mut children: Vec<_> = (0..4)
         .map(|r| spawn_rank(&id, 4, r, "loop", &env))
         .collect();
@@ -128,12 +132,19 @@ fn kill_one_of_four(transport: &str) {
 
 #[test]
 fn sigkill_of_one_rank_fails_the_others_naming_it_shm() {
-    kill_one_of_four("shm");
+    kill_one_of_four("shm", "0");
+}
+
+#[test]
+fn sigkill_of_one_rank_fails_the_others_naming_it_shm_single_copy() {
+    // Peers copy out of each other's memory: the dead rank's offers must fail its readers
+    // (process gone), and its own pending claims must not hang anyone.
+    kill_one_of_four("shm", "1");
 }
 
 #[test]
 fn sigkill_of_one_rank_fails_the_others_naming_it_tcp() {
-    kill_one_of_four("tcp");
+    kill_one_of_four("tcp", "auto");
 }
 
 #[test]

@@ -22,9 +22,26 @@ fn rank_main() {
     }
 }
 
-fn run_matrix(transport: &str) {
-    for n in 1..=5 {
-        let out = launch(n, "matrix", &[("CIERA_TRANSPORT", transport)]);
+/// Bytes each rank reported offering by reference (single-copy shm).
+fn single_copy_bytes(stderr: &str) -> Vec<u64> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("SINGLE_COPY_BYTES "))
+        .map(|v| v.trim().parse().unwrap())
+        .collect()
+}
+
+/// Runs the matrix for each rank count; returns each run's per-rank single-copy bytes.
+fn run_matrix_with(
+    transport: &str,
+    ranks: std::ops::RangeInclusive<usize>,
+    extra_env: &[(&str, &str)],
+) -> Vec<Vec<u64>> {
+    let mut single = Vec::new();
+    for n in ranks {
+        let mut env = vec![("CIERA_TRANSPORT", transport)];
+        env.extend_from_slice(extra_env);
+        let out = launch(n, "matrix", &env);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
@@ -36,17 +53,39 @@ fn run_matrix(transport: &str) {
             vec!["ok"; n],
             "{transport} with {n} ranks:\n{err}"
         );
+        single.push(single_copy_bytes(&err));
     }
+    single
 }
 
 #[test]
 fn matrix_over_shm() {
-    run_matrix("shm");
+    // Single copy forced on (by default it is on only while ranks <= CPUs): big payloads go
+    // by reference on every rank that sends any.
+    let single = run_matrix_with("shm", 1..=5, &[("CIERA_SHM_SINGLE_COPY", "1")]);
+    for (i, per_rank) in single.iter().enumerate() {
+        let n = i + 1;
+        assert_eq!(per_rank.len(), n, "{n} ranks: {per_rank:?}");
+        if n > 1 {
+            assert!(
+                per_rank.iter().all(|&b| b > 0),
+                "{n} ranks: every rank should offer by reference: {per_rank:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matrix_over_shm_through_the_rings() {
+    // CIERA_SHM_SINGLE_COPY=0: every byte goes through the rings, and is still exact.
+    let single = run_matrix_with("shm", 2..=3, &[("CIERA_SHM_SINGLE_COPY", "0")]);
+    assert!(single.iter().flatten().all(|&b| b == 0), "{single:?}");
 }
 
 #[test]
 fn matrix_over_tcp() {
-    run_matrix("tcp");
+    let single = run_matrix_with("tcp", 1..=5, &[]);
+    assert!(single.iter().flatten().all(|&b| b == 0), "{single:?}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use ciera_transport::{Endpoint, Kind, TransportError};
 use super::payloads::Payloads;
 use super::wire::{
     self, AbortReason, CallSig, MsgHeader, MAX_NOTICE, MAX_SEGMENT, MSG_HEADER_LEN,
-    SHORT_HEADER_LEN, TAG_ABORT, TAG_MESSAGE, TAG_SEGMENT,
+    REF_HEADER_LEN, SHORT_HEADER_LEN, TAG_ABORT, TAG_MESSAGE, TAG_REF, TAG_SEGMENT,
 };
 use crate::algo::{Progress, Unit, UnitState};
 use crate::error::{Error, Result};
@@ -41,6 +41,14 @@ const STAGE_MAX: usize = 128 * 1024;
 /// A unit still arriving is forwarded once at least this much of it is here (or all of it):
 /// big enough that the 8-byte segment header and the transport call are amortized.
 const MIN_FORWARD: usize = 64 * 1024;
+
+/// Segments at least this big go by reference over a shm link that can (single copy: the
+/// receiver copies them out of this process; see ciera-transport's shm.rs). Below it the
+/// system call and the claim round trip cost more than the second copy saves.
+const REF_MIN: usize = 64 * 1024;
+/// Most bytes a receiver copies by reference in one go, so it forwards and polls its other
+/// lanes in between.
+const REF_PIECE: usize = 256 * 1024;
 
 /// While spinning, yield the CPU once per this long (see `Exec::drive`).
 const SPIN_YIELD_EVERY: Duration = Duration::from_micros(20);
@@ -125,6 +133,8 @@ enum RxPhase {
         len: usize,
         got: usize,
         seg_left: usize,
+        /// For a reference segment: where its next byte is in the sender's memory.
+        src: Option<u64>,
     },
     /// Reading an abort notice's body.
     Notice {
@@ -174,7 +184,7 @@ struct SendMsg {
     unit: Unit,
     len: usize,
     /// Header bytes (message header, then a segment header) to go before more payload.
-    ctl: [u8; MSG_HEADER_LEN + SHORT_HEADER_LEN],
+    ctl: [u8; MSG_HEADER_LEN + REF_HEADER_LEN],
     ctl_len: usize,
     ctl_off: usize,
     /// Payload bytes handed to the transport, and bytes left in the current segment.
@@ -238,6 +248,10 @@ impl<P: Payloads> Exec<'_, P> {
                         }
                     }
                 }
+                // Peers must not copy, after we return, memory our caller may reuse.
+                for peer in (0..self.nranks).filter(|&p| p != self.rank) {
+                    self.ep.link(peer).withdraw_offers();
+                }
                 let notified_all = self.notify_peers(&error);
                 Err(Failure {
                     error,
@@ -266,7 +280,10 @@ impl<P: Payloads> Exec<'_, P> {
             for lane in 0..self.progress.recv_lanes() {
                 moved |= self.pump_recv(lane)?;
             }
-            if self.progress.is_done() && self.lanes.iter().all(|l| !l.mid_message()) {
+            if self.progress.is_done()
+                && self.lanes.iter().all(|l| !l.mid_message())
+                && self.offers_claimed()?
+            {
                 self.payloads.finish();
                 return Ok(());
             }
@@ -318,6 +335,23 @@ impl<P: Payloads> Exec<'_, P> {
         }
     }
 
+    /// Whether every peer this call sent to has copied what was offered to it by reference
+    /// (until then the memory must stay as it is, so the call may not return).
+    fn offers_claimed(&mut self) -> Result<bool> {
+        for li in 0..self.lanes.len() {
+            let peer = self.lanes[li].peer;
+            let left = self
+                .ep
+                .link(peer)
+                .unclaimed()
+                .map_err(|e| transport_error("send", peer, e))?;
+            if left > 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// The peer this rank is stuck on, for a timeout: the first receive lane with units left,
     /// else the first send lane the transport will not take more from.
     fn timeout_error(&self, after: Duration) -> Error {
@@ -335,6 +369,10 @@ impl<P: Payloads> Exec<'_, P> {
                 peer = Some(l.peer);
                 what = "sending (the peer is not draining its link)".into();
             }
+        }
+        if peer.is_none() {
+            peer = self.lanes.first().map(|l| l.peer);
+            what = "waiting for the peer to copy the bytes offered to it".into();
         }
         Error::Timeout {
             op: format!("{}, {what}", self.sig.describe()),
@@ -406,10 +444,8 @@ impl<P: Payloads> Exec<'_, P> {
                     return Ok(moved);
                 }
                 let seg = can.min(MAX_SEGMENT);
-                m.ctl[..SHORT_HEADER_LEN].copy_from_slice(&wire::segment_header(seg));
-                m.ctl_len = SHORT_HEADER_LEN;
                 m.ctl_off = 0;
-                m.seg_left = seg;
+                cut_segment(self.ep, &self.payloads, peer, m, 0, seg);
                 continue;
             }
             // Start the lane's next unit, if it is here (or arriving).
@@ -470,7 +506,7 @@ impl<P: Payloads> Exec<'_, P> {
             let mut m = SendMsg {
                 unit,
                 len,
-                ctl: [0; MSG_HEADER_LEN + SHORT_HEADER_LEN],
+                ctl: [0; MSG_HEADER_LEN + REF_HEADER_LEN],
                 ctl_len: MSG_HEADER_LEN,
                 ctl_off: 0,
                 sent: 0,
@@ -481,9 +517,7 @@ impl<P: Payloads> Exec<'_, P> {
             let avail = available(self.progress, self.rx, unit, len);
             if len > 0 && (avail == len || avail >= MIN_FORWARD) {
                 let seg = avail.min(MAX_SEGMENT);
-                m.ctl[MSG_HEADER_LEN..].copy_from_slice(&wire::segment_header(seg));
-                m.ctl_len = MSG_HEADER_LEN + SHORT_HEADER_LEN;
-                m.seg_left = seg;
+                cut_segment(self.ep, &self.payloads, peer, &mut m, MSG_HEADER_LEN, seg);
             }
             lane.cur = Some(m);
             moved = true;
@@ -540,6 +574,7 @@ impl<P: Payloads> Exec<'_, P> {
                             len,
                             got: 0,
                             seg_left: 0,
+                            src: None,
                         };
                     }
                 }
@@ -550,38 +585,23 @@ impl<P: Payloads> Exec<'_, P> {
                     ..
                 } => {
                     // A segment header (or a notice) comes next.
-                    let n = rx
-                        .inbuf
-                        .read(self.ep, peer, &mut rx.hdr[rx.got..SHORT_HEADER_LEN])
-                        .map_err(|e| transport_error("recv", peer, e))?;
-                    if n == 0 {
-                        return Ok(moved);
-                    }
-                    moved = true;
-                    rx.got += n;
-                    if rx.got < SHORT_HEADER_LEN {
-                        continue;
-                    }
-                    match rx.hdr[0] {
-                        TAG_SEGMENT => {
-                            rx.got = 0;
-                            let s = wire::short_len(&rx.hdr[..SHORT_HEADER_LEN]);
+                    match read_segment_header(self.ep, rx, peer, &mut moved)? {
+                        None => return Ok(moved),
+                        Some(SegmentHeader::Abort) => start_notice(rx),
+                        Some(SegmentHeader::Segment { len: s, src }) => {
                             if s == 0 || got + s > len {
                                 return Err(protocol_error(
                                     peer,
                                     format!("segment of {s} bytes at offset {got} of a {len}-byte payload"),
                                 ));
                             }
-                            if let RxPhase::Payload { seg_left, .. } = &mut rx.phase {
+                            if let RxPhase::Payload {
+                                seg_left, src: at, ..
+                            } = &mut rx.phase
+                            {
                                 *seg_left = s;
+                                *at = src;
                             }
-                        }
-                        TAG_ABORT => start_notice(rx),
-                        t => {
-                            return Err(protocol_error(
-                                peer,
-                                format!("byte {t:#04x} where a segment header should start"),
-                            ))
                         }
                     }
                 }
@@ -590,12 +610,17 @@ impl<P: Payloads> Exec<'_, P> {
                     len,
                     got,
                     seg_left,
+                    src,
                 } => {
                     let dst = &mut self.payloads.dest(unit)[got..got + seg_left];
-                    let n = rx
-                        .inbuf
-                        .read(self.ep, peer, dst)
-                        .map_err(|e| transport_error("recv", peer, e))?;
+                    let n = match src {
+                        None => rx.inbuf.read(self.ep, peer, dst),
+                        Some(addr) => {
+                            let piece = seg_left.min(REF_PIECE);
+                            self.ep.link(peer).try_read_peer(addr, &mut dst[..piece])
+                        }
+                    }
+                    .map_err(|e| transport_error("recv", peer, e))?;
                     if n == 0 {
                         return Ok(moved);
                     }
@@ -610,6 +635,7 @@ impl<P: Payloads> Exec<'_, P> {
                             len,
                             got: got + n,
                             seg_left: seg_left - n,
+                            src: src.map(|a| a + n as u64),
                         };
                     }
                 }
@@ -816,6 +842,7 @@ fn skim_for_notice(
                         len: h.payload_len as usize,
                         got: 0,
                         seg_left: 0,
+                        src: None,
                     };
                 }
             }
@@ -824,40 +851,41 @@ fn skim_for_notice(
                 len,
                 got,
                 seg_left,
+                src,
             } => {
                 if seg_left == 0 {
-                    let n = rx
-                        .inbuf
-                        .read(ep, peer, &mut rx.hdr[rx.got..SHORT_HEADER_LEN])
-                        .ok()?;
-                    if n == 0 {
-                        return None;
-                    }
-                    rx.got += n;
-                    if rx.got < SHORT_HEADER_LEN {
-                        continue;
-                    }
-                    rx.got = 0;
-                    match rx.hdr[0] {
-                        TAG_SEGMENT => {
-                            let s = wire::short_len(&rx.hdr[..SHORT_HEADER_LEN]);
+                    match read_segment_header(ep, rx, peer, &mut moved).ok()?? {
+                        SegmentHeader::Abort => start_notice(rx),
+                        SegmentHeader::Segment { len: s, src } => {
                             if s == 0 || got + s > len {
                                 return None;
                             }
-                            rx.phase = RxPhase::Payload {
-                                unit,
-                                len,
-                                got,
-                                seg_left: s,
+                            rx.phase = if src.is_some() {
+                                // By reference: nothing of it is on the stream to skip.
+                                if got + s == len {
+                                    RxPhase::Boundary
+                                } else {
+                                    RxPhase::Payload {
+                                        unit,
+                                        len,
+                                        got: got + s,
+                                        seg_left: 0,
+                                        src: None,
+                                    }
+                                }
+                            } else {
+                                RxPhase::Payload {
+                                    unit,
+                                    len,
+                                    got,
+                                    seg_left: s,
+                                    src: None,
+                                }
                             };
                         }
-                        TAG_ABORT => {
-                            rx.got = SHORT_HEADER_LEN;
-                            start_notice(rx);
-                        }
-                        _ => return None,
                     }
                 } else {
+                    debug_assert!(src.is_none(), "reference segments are skipped whole");
                     let want = seg_left.min(scratch.len());
                     let n = rx.inbuf.read(ep, peer, &mut scratch[..want]).ok()?;
                     if n == 0 {
@@ -871,6 +899,7 @@ fn skim_for_notice(
                             len,
                             got: got + n,
                             seg_left: seg_left - n,
+                            src: None,
                         }
                     };
                 }
@@ -884,6 +913,91 @@ fn skim_for_notice(
             }
         }
     }
+}
+
+/// Put the header of `m`'s next segment (`seg` bytes from `m.sent`) into `m.ctl` at `at`.
+/// Over a link whose peer can copy out of this process, and for memory that stays put until
+/// the call returns, a big segment goes by reference: only its address travels, the bytes
+/// count as sent at once and the link counts them as offered until the peer claims them.
+fn cut_segment<P: Payloads>(
+    ep: &mut Endpoint,
+    payloads: &P,
+    peer: usize,
+    m: &mut SendMsg,
+    at: usize,
+    seg: usize,
+) {
+    let link = ep.link(peer);
+    if seg >= REF_MIN && payloads.stable_bytes() && link.can_offer() {
+        let addr = payloads.bytes(m.unit)[m.sent..].as_ptr() as u64;
+        link.offer(seg);
+        m.ctl[at..at + REF_HEADER_LEN].copy_from_slice(&wire::ref_header(seg, addr));
+        m.ctl_len = at + REF_HEADER_LEN;
+        m.sent += seg;
+        m.seg_left = 0;
+    } else {
+        m.ctl[at..at + SHORT_HEADER_LEN].copy_from_slice(&wire::segment_header(seg));
+        m.ctl_len = at + SHORT_HEADER_LEN;
+        m.seg_left = seg;
+    }
+}
+
+/// What a reader inside a payload found where a segment starts.
+enum SegmentHeader {
+    /// `len` bytes follow on the stream (`src` None) or are to be copied from the sender's
+    /// memory at `src`.
+    Segment { len: usize, src: Option<u64> },
+    /// An abort notice starts here (`rx.hdr` holds its 8-byte header).
+    Abort,
+}
+
+/// Read a segment header inside a payload: 8 bytes, 16 for a reference segment. None until
+/// complete.
+fn read_segment_header(
+    ep: &mut Endpoint,
+    rx: &mut LinkRx,
+    peer: usize,
+    moved: &mut bool,
+) -> Result<Option<SegmentHeader>> {
+    loop {
+        let target = if rx.got < SHORT_HEADER_LEN {
+            SHORT_HEADER_LEN
+        } else {
+            match rx.hdr[0] {
+                TAG_SEGMENT | TAG_ABORT => SHORT_HEADER_LEN,
+                TAG_REF => REF_HEADER_LEN,
+                t => {
+                    return Err(protocol_error(
+                        peer,
+                        format!("byte {t:#04x} where a segment header should start"),
+                    ))
+                }
+            }
+        };
+        if rx.got == target {
+            break;
+        }
+        let n = rx
+            .inbuf
+            .read(ep, peer, &mut rx.hdr[rx.got..target])
+            .map_err(|e| transport_error("recv", peer, e))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        *moved = true;
+        rx.got += n;
+    }
+    let len = wire::short_len(&rx.hdr[..SHORT_HEADER_LEN]);
+    let header = match rx.hdr[0] {
+        TAG_SEGMENT => SegmentHeader::Segment { len, src: None },
+        TAG_REF => SegmentHeader::Segment {
+            len,
+            src: Some(wire::ref_addr(&rx.hdr[..REF_HEADER_LEN])),
+        },
+        _ => return Ok(Some(SegmentHeader::Abort)),
+    };
+    rx.got = 0;
+    Ok(Some(header))
 }
 
 /// Bytes of `unit` present on this rank: all of it when complete, else what its receive has

@@ -385,6 +385,12 @@ impl Communicator {
         &self.config
     }
 
+    /// Payload bytes this rank let same-host peers copy straight out of its memory
+    /// (single-copy shm, `CIERA_SHM_SINGLE_COPY`) instead of writing them into a ring.
+    pub fn single_copy_bytes(&self) -> u64 {
+        self.ep.as_ref().map_or(0, |ep| ep.offered_bytes())
+    }
+
     pub fn abort_handle(&self) -> AbortHandle {
         AbortHandle {
             shared: self.abort.clone(),

@@ -106,6 +106,11 @@ pub trait Payloads {
     }
     /// Finish all local work; called once, after the last unit moved.
     fn finish(&mut self) {}
+    /// Whether `bytes(unit)` stays at one address, unchanged, until the call returns, so a
+    /// same-host peer may copy it straight out of this process (single-copy shm path).
+    fn stable_bytes(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes of the own-shard copy done per idle turn: small enough not to delay the next poll
@@ -159,6 +164,10 @@ impl<'a> RawPayloads<'a> {
 }
 
 impl Payloads for RawPayloads<'_> {
+    fn stable_bytes(&self) -> bool {
+        // User buffers: the caller may not touch them until the call returns.
+        true
+    }
     fn format(&self) -> u8 {
         0
     }

@@ -19,7 +19,12 @@
 //!    32   4 chunks per block
 //!    36   4 payload length in bytes (the frame's length for a codec: known only once made)
 //! then the payload, as segments until `payload length` bytes have gone:
-//!   segment header, 8 bytes: tag 'S', 3 reserved, u32 segment length; then that many bytes.
+//!   segment header, 8 bytes: tag 'S', 3 reserved, u32 segment length; then that many bytes;
+//!   or, over a shm link whose peer proved it can read the sender's memory, a reference
+//!   segment, 16 bytes: tag 'R', 3 reserved, u32 segment length, u64 address of those bytes
+//!   in the sender's process; no bytes follow: the receiver copies them out of the sender
+//!   with process_vm_readv (single copy; see ciera-transport's shm.rs), and the sender keeps
+//!   them unchanged until the receiver has claimed them.
 //! abort notice, 8 bytes: tag 'A', reason (1 call mismatch, 2 peer failed, 3 aborted,
 //!   4 timeout, 5 other), 2 reserved, u32 length; then u32 culprit rank (u32::MAX: none) and
 //!   the UTF-8 description.
@@ -39,6 +44,8 @@ pub const SHORT_HEADER_LEN: usize = 8;
 pub const TAG_MESSAGE: u8 = b'M';
 pub const TAG_SEGMENT: u8 = b'S';
 pub const TAG_ABORT: u8 = b'A';
+pub const TAG_REF: u8 = b'R';
+pub const REF_HEADER_LEN: usize = 16;
 pub const WIRE_VERSION: u8 = 1;
 
 /// Largest segment a sender cuts. Big enough that the 8-byte segment header is noise,
@@ -220,6 +227,20 @@ pub fn segment_header(len: usize) -> [u8; SHORT_HEADER_LEN] {
     b
 }
 
+/// A reference segment header: `len` bytes at `addr` in the sender's memory.
+pub fn ref_header(len: usize, addr: u64) -> [u8; REF_HEADER_LEN] {
+    let mut b = [0u8; REF_HEADER_LEN];
+    b[0] = TAG_REF;
+    b[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+    b[8..16].copy_from_slice(&addr.to_le_bytes());
+    b
+}
+
+/// The address field of a reference segment header.
+pub fn ref_addr(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[8..16].try_into().unwrap())
+}
+
 /// The length field of a segment or abort header.
 pub fn short_len(b: &[u8]) -> usize {
     u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize
@@ -316,6 +337,14 @@ mod tests {
             .mismatch(&sig())
             .unwrap();
         assert!(m.contains("bfloat16"), "{m}");
+    }
+
+    #[test]
+    fn ref_header_round_trips() {
+        let b = ref_header(123_456, 0x7fff_dead_beef);
+        assert_eq!(b[0], TAG_REF);
+        assert_eq!(short_len(&b), 123_456);
+        assert_eq!(ref_addr(&b), 0x7fff_dead_beef);
     }
 
     #[test]

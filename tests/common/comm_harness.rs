@@ -192,6 +192,7 @@ pub fn matrix_configs() -> Vec<(AlgoChoice, usize)> {
 /// Role "matrix": every config x count x {out of place, in place}; exact bytes on every rank.
 pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
     let mut call = 0u64;
+    let mut single_copy = 0u64;
     for (algo, chunk) in matrix_configs() {
         let config = Config {
             algo,
@@ -235,7 +236,9 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
             }
         }
         comm.barrier().expect("barrier");
+        single_copy += comm.single_copy_bytes();
     }
+    report_raw(&format!("SINGLE_COPY_BYTES {single_copy}"));
     report("ok");
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::config::{shm_ring_bytes, tcp_buffer_bytes, DEFAULT_SHM_RING_BYTES};
+use crate::config::{shm_ring_bytes, shm_single_copy, tcp_buffer_bytes, DEFAULT_SHM_RING_BYTES};
 use crate::doorbell::Doorbell;
 use crate::peer::shm_domain;
 use crate::setup::{self, SetupContext};
@@ -71,6 +71,70 @@ impl Link {
         match &mut self.inner {
             LinkInner::Shm(l) => l.try_recv(buf),
             LinkInner::Tcp(l) => l.try_recv(buf),
+        }
+    }
+
+    /// Whether the peer can copy large payloads straight out of this process's memory (shm
+    /// single copy; see `shm.rs`): then [`Link::offer`] may replace sending the bytes.
+    #[inline]
+    pub fn can_offer(&self) -> bool {
+        match &self.inner {
+            LinkInner::Shm(l) => l.can_offer(),
+            LinkInner::Tcp(_) => false,
+        }
+    }
+
+    /// Counts `n` bytes as offered by reference: the caller tells the peer their address on
+    /// the stream and keeps them unchanged until [`Link::unclaimed`] is 0 (or it calls
+    /// [`Link::withdraw_offers`]). Only after [`Link::can_offer`] said yes.
+    #[inline]
+    pub fn offer(&mut self, n: usize) {
+        if let LinkInner::Shm(l) = &mut self.inner {
+            l.offer(n);
+        }
+    }
+
+    /// Bytes ever offered by reference on this link (0 over TCP).
+    pub fn offered_bytes(&self) -> u64 {
+        match &self.inner {
+            LinkInner::Shm(l) => l.offered(),
+            LinkInner::Tcp(_) => 0,
+        }
+    }
+
+    /// Bytes offered that the peer has not copied yet; `PeerClosed` if some are outstanding
+    /// and the peer is gone.
+    #[inline]
+    pub fn unclaimed(&mut self) -> Result<u64> {
+        match &mut self.inner {
+            LinkInner::Shm(l) => l.unclaimed(),
+            LinkInner::Tcp(_) => Ok(0),
+        }
+    }
+
+    /// After a failed call: the peer must not copy what it has not copied yet (the memory is
+    /// about to be reused); it will report the link closed if it tries. No-op when nothing is
+    /// outstanding.
+    pub fn withdraw_offers(&mut self) {
+        if let LinkInner::Shm(l) = &mut self.inner {
+            l.withdraw_offers();
+        }
+    }
+
+    /// Copies bytes the peer offered at `remote` (an address in its memory, as it told us)
+    /// into `dst`; returns how many (at least 1 unless `dst` is empty). Over TCP, or a peer
+    /// that cannot offer, this is a `Protocol` error: the stream said something impossible.
+    #[inline]
+    pub fn try_read_peer(&mut self, remote: u64, dst: &mut [u8]) -> Result<usize> {
+        match &mut self.inner {
+            LinkInner::Shm(l) => l.try_read_peer(remote, dst),
+            LinkInner::Tcp(_) => Err(TransportError::Protocol {
+                detail: format!(
+                    "rank {} offered {} bytes by reference over TCP",
+                    self.peer,
+                    dst.len()
+                ),
+            }),
         }
     }
 
@@ -192,6 +256,11 @@ impl Endpoint {
         })
     }
 
+    /// Bytes this rank has offered by reference (single-copy shm) on all its links so far.
+    pub fn offered_bytes(&self) -> u64 {
+        self.links.iter().flatten().map(Link::offered_bytes).sum()
+    }
+
     /// What to publish through bootstrap so others can reach this endpoint.
     pub fn local_info(&self) -> PeerInfo {
         self.info.clone()
@@ -284,6 +353,8 @@ impl Endpoint {
             DEFAULT_SHM_RING_BYTES
         };
         let tcp_buffers = tcp_buffer_bytes()?;
+        let local_ranks = kinds.iter().filter(|&&k| k == Kind::Shm).count().max(1);
+        let single_copy = needs_shm && shm_single_copy(local_ranks)?;
         if needs_shm {
             // A fresh page per attempt: a failed earlier attempt already unlinked its name.
             let name = format!("/ciera-{}-{}-bell", self.info.pid, random_hex(8));
@@ -302,6 +373,7 @@ impl Endpoint {
             ring_bytes,
             tcp_buffers,
             bell_name: self.bell.shared_name().map(str::to_string),
+            single_copy,
         };
         let result = setup::establish(&self.listener, ctx);
         // Every peer that will ever map our doorbell has done so (or setup failed): drop the

@@ -53,7 +53,8 @@ mod tcp;
 mod wire;
 
 pub use config::{
-    Kind, TransportChoice, ENV_SHM_RING_BYTES, ENV_SOCKET_IFNAME, ENV_TCP_BUF_BYTES, ENV_TRANSPORT,
+    Kind, TransportChoice, ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY, ENV_SOCKET_IFNAME,
+    ENV_TCP_BUF_BYTES, ENV_TRANSPORT,
 };
 pub use endpoint::{Endpoint, Link, Waker};
 pub use error::{Result, TransportError};

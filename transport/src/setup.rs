@@ -55,6 +55,8 @@ pub(crate) struct SetupContext {
     pub tcp_buffers: TcpBuffers,
     /// This rank's shared doorbell, if any peer uses shm.
     pub bell_name: Option<String>,
+    /// Offer memory to, and read memory of, shm peers (`CIERA_SHM_SINGLE_COPY`).
+    pub single_copy: bool,
 }
 
 enum Event {
@@ -311,6 +313,9 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
                 let (seg, _) = shm::open_segment(&seg_name)?;
                 // Both sides have it mapped now: the name can go, so a crash leaks nothing.
                 seg.unlink();
+                // Single copy: try the acceptor's probe, publish ours (it tries it on our ack).
+                shm::probe_peer(&seg, 1, peer.pid, ctx.single_copy);
+                shm::publish_probe(&seg, 1, ctx.single_copy);
                 let bell = Doorbell::open_shared(&bell_name)?;
                 Ok((seg, bell))
             })();
@@ -486,6 +491,7 @@ fn accept_link(
                 check_shm_name(&hello.bell_name, &who)?;
                 let bell = Doorbell::open_shared(&hello.bell_name)?;
                 let seg = shm::create_segment(&seg_name, ctx.ring_bytes)?;
+                shm::publish_probe(&seg, 0, ctx.single_copy);
                 Ok((bell, seg))
             })();
             let (bell, seg) = match prepared {
@@ -521,6 +527,7 @@ fn accept_link(
                     detail: format!("{who} could not map the shm segment: {message}"),
                 });
             }
+            shm::probe_peer(&seg, 0, hello.pid, ctx.single_copy);
             let link = ShmLink::new(seg, 0, bell, stream, who, hello.pid)?;
             Ok((rank, Link::new(rank, LinkInner::Shm(link))))
         }

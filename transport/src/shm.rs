@@ -12,6 +12,10 @@
 //! | 64 + 128·i        | 8    | `head[i]`: bytes ever written into ring `i` (producer)   |
 //! | 128 + 128·i       | 8    | `tail[i]`: bytes ever read from ring `i` (consumer)      |
 //! | 320 + 64·s        | 4    | `closed[s]`: side `s` dropped its link cleanly           |
+//! | 448 + 64·i        | 8    | `claimed[i]`: bytes offered by reference on ring `i` that its consumer has copied |
+//! | 576 + 64·s        | 4    | `withdrawn[s]`: side `s` took back its offers (its call failed) |
+//! | 704 + 64·s        | 16   | side `s`'s probe: address and value of a u64 in its memory |
+//! | 832 + 64·s        | 4    | `reads_ok[s]`: side `s` proved it can copy from its peer's memory |
 //! | 4096 + R·i        | R    | data of ring `i`                                         |
 //!
 //! Side 0 is the creator (the lower rank, which accepted the setup connection); it produces
@@ -31,6 +35,25 @@
 //! After publishing, each side rings the *other* rank's doorbell (see `doorbell.rs`), so a
 //! sleeping consumer wakes for data and a sleeping producer wakes for space.
 //!
+//! ## Single copy (by reference)
+//!
+//! Copying through a ring costs two copies per byte (in, then out). For large payloads whose
+//! memory stays put until the collective returns, the sender may instead *offer* it: it puts
+//! only the address on the stream (the caller's framing) and counts the bytes as offered; the
+//! receiver copies them straight from the sender's memory with process_vm_readv (one copy, by
+//! the kernel) and adds them to `claimed`, which the sender waits for before it lets its caller
+//! reuse the memory. Whether the receiver may do that (same user, no ptrace restrictions,
+//! seccomp) is proved at setup, not assumed: each side publishes the address and value of a
+//! random u64 in its memory, the peer reads it through process_vm_readv and sets
+//! `reads_ok[its side]` only if the value matches. A sender offers only to a peer that proved
+//! it; `CIERA_SHM_SINGLE_COPY=0` makes a process publish no probe and read none.
+//!
+//! A sender whose call fails before everything it offered was claimed sets `withdrawn[side]`
+//! before it returns (after which its memory may change). The receiver checks the flag after
+//! each copy (SeqCst on both sides): if it reads it clear, its copy finished before the sender
+//! set it, hence before the memory could change; if set, it reports the link closed instead
+//! of delivering bytes that may be stale.
+//!
 //! ## Liveness
 //!
 //! The authenticated TCP connection that set the pair up stays open as a control channel and
@@ -44,14 +67,16 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 
+use std::sync::atomic::AtomicU64;
+
 use crate::config::check_ring_bytes;
 use crate::doorbell::Doorbell;
-use crate::sys::{pid_alive, ShmMapping};
+use crate::sys::{fill_random, pid_alive, process_vm_read, ShmMapping};
 use crate::{Result, TransportError};
 
 pub(crate) const HEADER_BYTES: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"CIERASHM");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const MAGIC_OFF: usize = 0;
 const VERSION_OFF: usize = 8;
 const RING_BYTES_OFF: usize = 16;
@@ -65,6 +90,69 @@ const fn tail_off(ring: usize) -> usize {
 }
 const fn closed_off(side: usize) -> usize {
     320 + 64 * side
+}
+const fn claimed_off(ring: usize) -> usize {
+    448 + 64 * ring
+}
+const fn withdrawn_off(side: usize) -> usize {
+    576 + 64 * side
+}
+const fn probe_off(side: usize) -> usize {
+    704 + 64 * side
+}
+const fn reads_ok_off(side: usize) -> usize {
+    832 + 64 * side
+}
+
+/// The u64 whose address and value a process publishes as its single-copy probe (see the
+/// module documentation). A static, so its address is fixed for the life of the process.
+static PROBE_WORD: AtomicU64 = AtomicU64::new(0);
+
+fn probe_value() -> u64 {
+    let v = PROBE_WORD.load(Ordering::Relaxed);
+    if v != 0 {
+        return v;
+    }
+    let mut raw = [0u8; 8];
+    let _ = fill_random(&mut raw);
+    let fresh = u64::from_le_bytes(raw) | 1; // never 0: 0 means "no probe"
+    match PROBE_WORD.compare_exchange(0, fresh, Ordering::Relaxed, Ordering::Relaxed) {
+        Ok(_) => fresh,
+        Err(existing) => existing,
+    }
+}
+
+/// Publishes this process's probe in `seg` for side `side` (nothing unless `enabled`).
+pub(crate) fn publish_probe(seg: &ShmMapping, side: usize, enabled: bool) {
+    if !enabled {
+        return;
+    }
+    let value = probe_value();
+    seg.atomic_u64(probe_off(side) + 8)
+        .store(value, Ordering::Relaxed);
+    seg.atomic_u64(probe_off(side))
+        .store(PROBE_WORD.as_ptr() as usize as u64, Ordering::Release);
+}
+
+/// Side `side` tries to read its peer's probe out of process `peer_pid`; on a match it sets
+/// `reads_ok[side]`, which tells the peer it may offer by reference. A failure only means the
+/// link copies through the ring. Does nothing unless `enabled`.
+pub(crate) fn probe_peer(seg: &ShmMapping, side: usize, peer_pid: u32, enabled: bool) -> bool {
+    if !enabled {
+        return false;
+    }
+    let addr = seg.atomic_u64(probe_off(1 - side)).load(Ordering::Acquire);
+    let want = seg.atomic_u64(probe_off(1 - side) + 8).load(Ordering::Relaxed);
+    if addr == 0 {
+        return false;
+    }
+    let mut got = [0u8; 8];
+    let ok = matches!(process_vm_read(peer_pid, addr, &mut got), Ok(8))
+        && u64::from_le_bytes(got) == want;
+    if ok {
+        seg.atomic_u32(reads_ok_off(side)).store(1, Ordering::Release);
+    }
+    ok
 }
 
 /// Total segment size for rings of `ring_bytes`.
@@ -131,6 +219,12 @@ pub(crate) struct ShmLink {
     idle_calls: u32,
     peer_desc: String,
     peer_pid: u32,
+    /// Bytes ever offered by reference on our send ring (compare with the peer's `claimed`).
+    offered: u64,
+    /// Bytes ever copied from the peer's memory (our copy of `claimed[recv ring]`).
+    claimed: u64,
+    /// We withdrew our offers once (a failed call): never offer again on this link.
+    withdrawn: bool,
 }
 
 impl ShmLink {
@@ -149,6 +243,8 @@ impl ShmLink {
         let ring_bytes = seg.atomic_u64(RING_BYTES_OFF).load(Ordering::Relaxed);
         let send_head = seg.atomic_u64(head_off(side)).load(Ordering::Acquire);
         let recv_tail = seg.atomic_u64(tail_off(1 - side)).load(Ordering::Acquire);
+        let offered = seg.atomic_u64(claimed_off(side)).load(Ordering::Acquire);
+        let claimed = seg.atomic_u64(claimed_off(1 - side)).load(Ordering::Acquire);
         Ok(ShmLink {
             seg,
             side,
@@ -161,6 +257,9 @@ impl ShmLink {
             idle_calls: 0,
             peer_desc,
             peer_pid,
+            offered,
+            claimed,
+            withdrawn: false,
         })
     }
 
@@ -346,6 +445,139 @@ impl ShmLink {
     }
 }
 
+impl ShmLink {
+    /// Whether the peer proved it can copy out of this process's memory (and we have not
+    /// withdrawn offers on this link).
+    pub fn can_offer(&self) -> bool {
+        !self.withdrawn
+            && self
+                .seg
+                .atomic_u32(reads_ok_off(1 - self.side))
+                .load(Ordering::Acquire)
+                != 0
+    }
+
+    /// Bytes ever offered by reference on this link.
+    pub fn offered(&self) -> u64 {
+        self.offered
+    }
+
+    /// Counts `n` more bytes offered by reference (the caller put their address on the
+    /// stream, or is about to).
+    pub fn offer(&mut self, n: usize) {
+        self.offered += n as u64;
+    }
+
+    /// Bytes offered that the peer has not copied yet. `PeerClosed` if some are outstanding
+    /// and the peer is gone (they never will be).
+    pub fn unclaimed(&mut self) -> Result<u64> {
+        if self.offered == 0 {
+            return Ok(0);
+        }
+        let claimed = self
+            .seg
+            .atomic_u64(claimed_off(self.send_ring()))
+            .load(Ordering::Acquire);
+        let left = self.offered.wrapping_sub(claimed);
+        if left > self.offered {
+            return Err(self.corrupt("bytes offered vs claimed", self.offered, claimed));
+        }
+        if left > 0 {
+            if self.closed.is_some() {
+                return Err(self.closed_error());
+            }
+            if self.peer_closed_flag() {
+                self.closed = Some(format!("{} closed the shm link", self.peer_desc));
+                return Err(self.closed_error());
+            }
+            self.note_idle();
+        }
+        Ok(left)
+    }
+
+    /// After a failed call: takes back what the peer has not copied yet, so it cannot copy
+    /// memory the caller is about to reuse (see the module documentation).
+    pub fn withdraw_offers(&mut self) {
+        if self.offered == 0 || self.withdrawn {
+            return;
+        }
+        let claimed = self
+            .seg
+            .atomic_u64(claimed_off(self.send_ring()))
+            .load(Ordering::SeqCst);
+        if claimed == self.offered {
+            return; // all copied: nothing to take back
+        }
+        self.withdrawn = true;
+        self.seg
+            .atomic_u32(withdrawn_off(self.side))
+            .store(1, Ordering::SeqCst);
+        self.peer_bell.ring();
+    }
+
+    /// Copies `dst.len()` bytes (or fewer) offered by the peer at address `remote` of its
+    /// memory, and counts them as claimed.
+    pub fn try_read_peer(&mut self, remote: u64, dst: &mut [u8]) -> Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        if self.closed.is_some() {
+            return Err(self.closed_error());
+        }
+        let n = match process_vm_read(self.peer_pid, remote, dst) {
+            Ok(0) => {
+                return Err(TransportError::Protocol {
+                    detail: format!(
+                        "{} offered {} bytes at {remote:#x} that are not in its memory",
+                        self.peer_desc,
+                        dst.len()
+                    ),
+                })
+            }
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                self.closed = Some(format!(
+                    "{} went away: process {} has exited",
+                    self.peer_desc, self.peer_pid
+                ));
+                return Err(self.closed_error());
+            }
+            Err(e) => {
+                return Err(TransportError::io(
+                    "process_vm_readv",
+                    format!(
+                        "copying {} bytes at {remote:#x} from {} (pid {})",
+                        dst.len(),
+                        self.peer_desc,
+                        self.peer_pid
+                    ),
+                    e,
+                ))
+            }
+        };
+        // The copy is done; only now look at the flag (see "Single copy" above).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self
+            .seg
+            .atomic_u32(withdrawn_off(1 - self.side))
+            .load(Ordering::SeqCst)
+            != 0
+        {
+            self.closed = Some(format!(
+                "{} withdrew the memory it offered (its call failed)",
+                self.peer_desc
+            ));
+            return Err(self.closed_error());
+        }
+        self.claimed += n as u64;
+        self.seg
+            .atomic_u64(claimed_off(self.recv_ring()))
+            .store(self.claimed, Ordering::Release);
+        self.peer_bell.ring();
+        Ok(n)
+    }
+}
+
 impl Drop for ShmLink {
     fn drop(&mut self) {
         self.seg
@@ -447,6 +679,52 @@ mod tests {
         assert!(a.check_control());
         assert!(a.try_send(b"x").unwrap_err().is_peer_closed());
         drop(keep);
+    }
+
+    #[test]
+    fn offers_are_copied_by_reference_claimed_and_withdrawn() {
+        let (mut a, mut b, _keep) = pair(4096);
+        // No probes published yet: nothing may be offered; disabled probes do nothing.
+        assert!(!a.can_offer() && !b.can_offer());
+        publish_probe(&a.seg, 0, false);
+        assert!(!probe_peer(&b.seg, 1, std::process::id(), true));
+        assert!(!a.can_offer());
+        publish_probe(&a.seg, 0, true);
+        publish_probe(&b.seg, 1, true);
+        assert!(probe_peer(&b.seg, 1, std::process::id(), true));
+        assert!(a.can_offer(), "b proved it can read a's memory");
+        assert!(!b.can_offer(), "a has not probed b yet");
+        assert!(probe_peer(&a.seg, 0, std::process::id(), true));
+        assert!(b.can_offer());
+
+        // 1 MiB (bigger than the ring) offered by a, copied by b in uneven pieces.
+        let src: Vec<u8> = (0..1u32 << 20).map(|i| (i * 31 + i / 977) as u8).collect();
+        a.offer(src.len());
+        assert_eq!(a.unclaimed().unwrap(), src.len() as u64);
+        let mut dst = vec![0u8; src.len()];
+        let mut got = 0;
+        while got < src.len() {
+            let end = (got + 300_007).min(src.len());
+            let addr = src.as_ptr() as u64 + got as u64;
+            got += b.try_read_peer(addr, &mut dst[got..end]).unwrap();
+        }
+        assert_eq!(dst, src);
+        assert_eq!(a.unclaimed().unwrap(), 0);
+        // Nothing outstanding: withdrawing is a no-op and later offers still work.
+        a.withdraw_offers();
+        assert!(a.can_offer());
+
+        // Outstanding offer withdrawn: the reader refuses to deliver, and a never offers again.
+        a.offer(16);
+        a.withdraw_offers();
+        assert!(!a.can_offer());
+        let err = b.try_read_peer(src.as_ptr() as u64, &mut [0u8; 16]).unwrap_err();
+        assert!(err.is_peer_closed() && err.to_string().contains("withdrew"), "{err}");
+
+        // An address that is not mapped in the peer is a protocol/io error, not a crash.
+        let (_c, mut d, _keep2) = pair(4096);
+        let err = d.try_read_peer(8, &mut [0u8; 64]).unwrap_err();
+        assert!(err.to_string().contains("rank 0"), "{err}");
     }
 
     #[test]

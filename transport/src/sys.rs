@@ -384,3 +384,35 @@ pub(crate) fn random_hex(bytes: usize) -> String {
     }
     raw.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Copies up to `dst.len()` bytes at address `remote` of process `pid` into `dst`
+/// (process_vm_readv(2), "cross-memory attach": one copy, done by the kernel). Returns the bytes
+/// copied, which may be fewer than asked only if the remote range crosses into unmapped
+/// memory. Needs the same permission as ptrace attach (same user, not made undumpable).
+pub(crate) fn process_vm_read(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<usize> {
+    if dst.is_empty() {
+        return Ok(0);
+    }
+    let local = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: remote as usize as *mut libc::c_void,
+        iov_len: dst.len(),
+    };
+    loop {
+        // SAFETY: `local` describes `dst`, exclusively borrowed and valid for `dst.len()`
+        // bytes, which is all the kernel writes. `remote` names memory of *another* process,
+        // which the kernel validates (EFAULT if unmapped); nothing in this process is read
+        // through it. Both iovec arrays live on this stack frame for the call.
+        let rc = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
