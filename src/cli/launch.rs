@@ -3,8 +3,7 @@
 //! The launcher generates a job secret and serves the bootstrap root itself (a thread bound to
 //! 127.0.0.1 on a port the kernel picks: no port race, no rank is special). Each rank gets
 //! CIERA_ROOT, CIERA_ROOT_SERVED=1, CIERA_RANK, CIERA_NRANKS, CIERA_LOCAL_RANK,
-//! CIERA_LOCAL_NRANKS and CIERA_SECRET (and CIERA_SHM_RING_BYTES=1 MiB unless set; see
-//! `LAUNCH_SHM_RING_BYTES`), and inherits stdout/stderr (nothing is prefixed);
+//! CIERA_LOCAL_NRANKS and CIERA_SECRET, and inherits stdout/stderr (nothing is prefixed);
 //! stdin goes to rank 0 only, as with mpirun. With no more ranks than CPUs, rank i is bound to
 //! the i-th CPU this launcher may use (through `taskset`, as mpirun binds to cores): unbound
 //! busy ranks get stacked on one CPU by the scheduler when another job is running, and a rank
@@ -23,8 +22,6 @@ use crate::comm::bootstrap::{spawn_root, RootMode};
 use crate::comm::id::{hex, random_secret, round_timeout};
 use crate::comm::{Config, DEFAULT_TIMEOUT};
 
-/// CIERA_SHM_RING_BYTES given to ranks that do not set it (see `run_with`).
-pub const LAUNCH_SHM_RING_BYTES: usize = 1 << 20;
 
 const USAGE: &str =
     "usage: ciera launch -n N [--grace SECONDS] [--bind auto|none] [--] PROGRAM [ARGS...]
@@ -185,12 +182,6 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
             } else {
                 Stdio::null()
             });
-        // Shared-memory ring size: 1 MiB rings keep the data a rank copies in hot in cache
-        // until its peer copies it out; the transport's 4 MiB default measured 1.5-2x slower
-        // for 2-8 MiB allgathers on the 2-core dev VM (ARCHITECTURE.md). A user's setting wins.
-        if std::env::var_os("CIERA_SHM_RING_BYTES").is_none() {
-            cmd.env("CIERA_SHM_RING_BYTES", LAUNCH_SHM_RING_BYTES.to_string());
-        }
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }

@@ -35,7 +35,7 @@ pub enum TransportChoice {
 
 /// Environment variable read by [`TransportChoice::from_env`].
 pub const ENV_TRANSPORT: &str = "CIERA_TRANSPORT";
-/// Bytes per shm ring (one per direction); a power of two, at least 4096. Default 4 MiB.
+/// Bytes per shm ring (one per direction); a power of two, at least 4096. Default 1 MiB.
 pub const ENV_SHM_RING_BYTES: &str = "CIERA_SHM_RING_BYTES";
 /// SO_SNDBUF/SO_RCVBUF for TCP links; `0` leaves the kernel's autotuning alone. Unset: each
 /// direction can reach at least 4 MiB (autotuning where its ceiling allows that, else 4 MiB).
@@ -47,7 +47,11 @@ pub const ENV_SHM_SINGLE_COPY: &str = "CIERA_SHM_SINGLE_COPY";
 /// Interface whose IPv4 address `interface_ip` returns.
 pub const ENV_SOCKET_IFNAME: &str = "CIERA_SOCKET_IFNAME";
 
-pub(crate) const DEFAULT_SHM_RING_BYTES: usize = 4 << 20;
+/// 1 MiB: the data a sender copies in is still in cache when the receiver copies it out; with
+/// 4 MiB a sender ran so far ahead that 2-8 MiB allgathers were 1.5-2x slower on the 2-core dev
+/// VM (ARCHITECTURE.md, "Waiting and placement"). Large payloads mostly bypass the ring anyway
+/// where single copy is on.
+pub(crate) const DEFAULT_SHM_RING_BYTES: usize = 1 << 20;
 pub(crate) const DEFAULT_TCP_BUF_BYTES: usize = 4 << 20;
 const MIN_SHM_RING_BYTES: usize = 4096;
 const MAX_SHM_RING_BYTES: usize = 1 << 34;

@@ -5,7 +5,9 @@
 //!   [`Link`] to every other rank. Links never block: [`Link::try_send`] and
 //!   [`Link::try_recv`] move what they can and return `Ok(0)` otherwise;
 //!   [`Endpoint::wait`] sleeps until some link may make progress.
-//! * Shared memory (`shm.rs`): one segment per pair with two SPSC byte rings, a futex doorbell
+//! * Shared memory (`shm.rs`): one segment per pair with two SPSC byte rings (and a single-copy
+//!   path: large payloads offered by address and copied by the receiver with
+//!   process_vm_readv, see [`Link::can_offer`]), a futex doorbell
 //!   per rank (`doorbell.rs`, with the argument why no wake-up is lost), and the setup TCP
 //!   connection kept as a liveness channel. Segment names are unlinked as soon as both sides
 //!   have them mapped, so nothing is left in /dev/shm even if a rank is SIGKILLed.
@@ -14,8 +16,9 @@
 //!   every connection.
 //!
 //! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
-//! default 4 MiB per direction), `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning),
-//! `CIERA_SOCKET_IFNAME`.
+//! default 1 MiB per direction), `CIERA_SHM_SINGLE_COPY` (auto|0|1: process_vm_readv single
+//! copy of large payloads; auto = while the host's ranks do not outnumber its CPUs),
+//! `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning), `CIERA_SOCKET_IFNAME`.
 //!
 //! Typical use (the communicator's bootstrap moves the `PeerInfo`s around):
 //!

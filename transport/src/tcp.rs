@@ -82,6 +82,9 @@ pub(crate) struct TcpLink {
     stream: TcpStream,
     peer_desc: String,
     closed: Option<String>,
+    /// The read side reached EOF or failed: nothing more will arrive. (A failed *send* does
+    /// not set this: bytes the peer sent before it went away are still delivered.)
+    read_done: bool,
     /// The last `try_recv` drained the socket (or none happened yet): `wait` watches POLLIN.
     pub want_read: bool,
     /// The last `try_send` was short: `wait` watches POLLOUT.
@@ -94,6 +97,7 @@ impl TcpLink {
             stream,
             peer_desc,
             closed: None,
+            read_done: false,
             want_read: true,
             want_write: false,
         }
@@ -127,27 +131,35 @@ impl TcpLink {
     /// closed right away, so `wait` stops watching a socket that will stay readable forever
     /// (a peer that finished and exited while this rank still waits for others).
     pub fn check_readable(&mut self) -> bool {
-        if self.closed.is_some() {
+        if self.read_done {
             return false;
         }
         let mut byte = [0u8; 1];
         loop {
             match self.stream.peek(&mut byte) {
                 Ok(0) => {
-                    self.closed = Some(format!(
-                        "{} closed the TCP connection (EOF)",
-                        self.peer_desc
-                    ));
+                    self.mark_eof();
                     return true;
                 }
                 Ok(_) => return true,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
+                    self.read_done = true;
                     let _ = self.fail("recv", e);
                     return true;
                 }
             }
+        }
+    }
+
+    fn mark_eof(&mut self) {
+        self.read_done = true;
+        if self.closed.is_none() {
+            self.closed = Some(format!(
+                "{} closed the TCP connection (EOF)",
+                self.peer_desc
+            ));
         }
     }
 
@@ -175,8 +187,10 @@ impl TcpLink {
         }
     }
 
+    /// Reads what has arrived. A link whose *send* side already failed still delivers what the
+    /// peer sent before it went away (an abort notice, say); `PeerClosed` comes after that.
     pub fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        if self.closed.is_some() {
+        if self.read_done {
             return Err(self.closed_error());
         }
         if buf.is_empty() {
@@ -185,10 +199,7 @@ impl TcpLink {
         loop {
             match self.stream.read(buf) {
                 Ok(0) => {
-                    self.closed = Some(format!(
-                        "{} closed the TCP connection (EOF)",
-                        self.peer_desc
-                    ));
+                    self.mark_eof();
                     return Err(self.closed_error());
                 }
                 Ok(n) => {
@@ -200,7 +211,10 @@ impl TcpLink {
                     return Ok(0);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.fail("recv", e)),
+                Err(e) => {
+                    self.read_done = true;
+                    return Err(self.fail("recv", e));
+                }
             }
         }
     }
@@ -262,5 +276,31 @@ mod tests {
             }
         }
         assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn bytes_sent_before_a_close_are_read_even_after_our_send_failed() {
+        let (mut a, mut b) = pair();
+        assert_eq!(b.try_send(b"last words").unwrap(), 10);
+        // b closes its write side; a's sends then fail (EPIPE once b is gone entirely)...
+        drop(b);
+        let mut failed = false;
+        for _ in 0..1000 {
+            match a.try_send(&[1u8; 4096]) {
+                Err(e) => {
+                    assert!(e.is_peer_closed(), "{e}");
+                    failed = true;
+                    break;
+                }
+                Ok(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        assert!(failed, "sending to a closed peer never failed");
+        assert!(a.is_closed());
+        // ...but what b said before it closed is still delivered, then EOF.
+        let mut buf = [0u8; 64];
+        let n = a.try_recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"last words");
+        assert!(a.try_recv(&mut buf).unwrap_err().is_peer_closed());
     }
 }
