@@ -17,8 +17,11 @@
 //! - [`ring`]: n-1 steps, each block travels n-1 hops; bandwidth-optimal, latency n-1 hops.
 //! - [`doubling`] (recursive doubling): log2(n) rounds of pairwise exchange; powers of two.
 //! - [`bruck`]: ceil(log2 n) rounds for any n; each round ships min(2^k, n-2^k) blocks.
+//! - [`direct`]: every rank sends its block straight to every other; nothing is forwarded
+//!   (for one host with single-copy shm, where receivers copy out of the sender's memory).
 
 pub mod bruck;
+pub mod direct;
 pub mod doubling;
 pub mod ring;
 
@@ -34,6 +37,7 @@ pub enum Algo {
     Ring = 1,
     RecursiveDoubling = 2,
     Bruck = 3,
+    Direct = 4,
 }
 
 impl Algo {
@@ -42,6 +46,7 @@ impl Algo {
             1 => Some(Algo::Ring),
             2 => Some(Algo::RecursiveDoubling),
             3 => Some(Algo::Bruck),
+            4 => Some(Algo::Direct),
             _ => None,
         }
     }
@@ -55,6 +60,7 @@ impl Algo {
             Algo::Ring => "ring",
             Algo::RecursiveDoubling => "rd",
             Algo::Bruck => "bruck",
+            Algo::Direct => "direct",
         }
     }
 }
@@ -93,6 +99,7 @@ impl AlgoChoice {
                 AlgoChoice::Fixed(Algo::RecursiveDoubling)
             }
             "bruck" => AlgoChoice::Fixed(Algo::Bruck),
+            "direct" => AlgoChoice::Fixed(Algo::Direct),
             _ => return None,
         })
     }
@@ -177,6 +184,7 @@ impl Schedule {
             Algo::Ring => ring::steps(rank, nranks, nchunks),
             Algo::RecursiveDoubling => doubling::steps(rank, nranks, nchunks),
             Algo::Bruck => bruck::steps(rank, nranks, nchunks),
+            Algo::Direct => direct::steps(rank, nranks, nchunks),
         };
         Schedule {
             algo,
@@ -428,16 +436,22 @@ mod tests {
         );
         assert_eq!(AlgoChoice::parse("auto"), Some(AlgoChoice::Auto));
         assert_eq!(AlgoChoice::parse("tree"), None);
-        for a in [Algo::Ring, Algo::RecursiveDoubling, Algo::Bruck] {
+        assert_eq!(
+            AlgoChoice::parse("direct"),
+            Some(AlgoChoice::Fixed(Algo::Direct))
+        );
+        for a in [Algo::Ring, Algo::RecursiveDoubling, Algo::Bruck, Algo::Direct] {
             assert_eq!(Algo::from_code(a.code()), Some(a));
         }
     }
 
     #[test]
-    fn ring_wire_bytes_are_n_minus_one_blocks_each_way() {
-        for n in 1..=9 {
-            let s = Schedule::new(Algo::Ring, 0, n, 3);
-            assert_eq!(s.wire_bytes(|_| 10), (30 * (n - 1), 30 * (n - 1)));
+    fn ring_and_direct_wire_bytes_are_n_minus_one_blocks_each_way() {
+        for algo in [Algo::Ring, Algo::Direct] {
+            for n in 1..=9 {
+                let s = Schedule::new(algo, 0, n, 3);
+                assert_eq!(s.wire_bytes(|_| 10), (30 * (n - 1), 30 * (n - 1)), "{algo}");
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use super::{Algo, Progress, Schedule, Step, Unit, UnitState};
 
 fn algos_for(nranks: usize) -> Vec<Algo> {
-    let mut v = vec![Algo::Ring, Algo::Bruck];
+    let mut v = vec![Algo::Ring, Algo::Bruck, Algo::Direct];
     if nranks.is_power_of_two() {
         v.push(Algo::RecursiveDoubling);
     }

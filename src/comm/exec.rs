@@ -696,11 +696,24 @@ impl<P: Payloads> Exec<'_, P> {
                 RxPhase::Notice { .. } => {}
                 RxPhase::Payload { .. } => continue,
             }
-            if read_notice(self.ep, rx, peer, &mut moved)? {
-                return Err(notice_error(rx, peer));
+            if read_notice(self.ep, rx, peer, &mut moved)? && self.still_needs(peer) {
+                return Err(notice_error(&self.rx[peer], peer));
             }
+            // A notice from a peer this call no longer needs (it already got and sent all it
+            // had for us: it may have failed in a *later* call) stays parked: this call can
+            // still finish exactly, and the next call that reads the link fails with it.
         }
         Ok(())
+    }
+
+    /// Whether this call still has to send to `peer` (or wait for it to copy what was
+    /// offered to it).
+    fn still_needs(&mut self, peer: usize) -> bool {
+        let sending = (0..self.lanes.len()).any(|l| {
+            self.lanes[l].peer == peer
+                && (self.lanes[l].mid_message() || self.progress.next_send(l).is_some())
+        });
+        sending || !matches!(self.ep.link(peer).unclaimed(), Ok(0))
     }
 
     fn mismatch_error(&self, peer: usize, theirs: &str) -> Error {

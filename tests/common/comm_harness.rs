@@ -186,6 +186,7 @@ pub fn matrix_configs() -> Vec<(AlgoChoice, usize)> {
         (AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4),
         (AlgoChoice::Fixed(Algo::Bruck), 256 * 1024),
         (AlgoChoice::Fixed(Algo::RecursiveDoubling), 1000),
+        (AlgoChoice::Fixed(Algo::Direct), 200 * 1024 + 2),
     ]
 }
 
