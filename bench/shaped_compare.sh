@@ -7,6 +7,11 @@
 #   MPI_Allgather     (Open MPI, --mca btl tcp,self)
 # For every window of consecutive steps of the trace it prints the times and the ratios
 # raw/ours and MPI/ours. Needs root (ip netns, tc). Every bit ours receives is checked.
+# Timing: ours starts every call after a barrier and reports the mean over calls of the slowest
+# rank's time (a raw call ends on each rank at a different time; averaging per rank first made
+# raw look faster than the link allows); MPI reports back-to-back calls, slowest rank (OSU style).
+# Wire limit for reference: 1 Gbit/s carries 4 ranks x 16 MiB raw (48 MiB over the one shaped
+# loopback) in ~403 ms.
 #
 #   bench/shaped_compare.sh                                 # 1 Gbit/s, 4 ranks, 16 MiB
 #   RATE=1gbit NRANKS=4 SIZE=16M ITERS=5 TRACE=../shared/traces/olmoe-mini-s0 bench/shaped_compare.sh

@@ -33,7 +33,8 @@ Replays a real training trace through the compressed Allgather and checks every 
                        (default raw,exp,full)
   --json               one object per row: size count type time_us algbw busbw wrong mode step
                        wire_ratio speedup window
-Columns: window (steps), mode, time (us, slowest rank's mean), busbw (GB/s), wire = raw bytes /
+Columns: window (steps), mode, time (us, mean over calls of the slowest rank's time; each
+call starts after a barrier), busbw (GB/s), wire = raw bytes /
 bytes sent for the timed calls, speedup = raw time / time, compressed = calls that sent frames.";
 
 #[derive(Clone, Debug)]
@@ -273,36 +274,33 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 let mut cz = Compressor::new(mode_config(mode));
                 let mut recv = vec![0u8; size];
                 let mut shard = vec![0u8; count * es];
-                let mut timed = 0.0f64;
+                let mut timed: Vec<f64> = Vec::with_capacity(o.iters);
                 let mut wrong = 0u64;
                 let mut stats0 = cz.stats();
                 let mut last_step = 0;
                 for it in 0..o.warmup + o.iters {
                     if it == o.warmup {
-                        comm.barrier()?;
                         stats0 = cz.stats();
                     }
                     let (step, vals) = &steps[order[it % order.len()]];
                     last_step = *step;
                     // Rank r's shard: elements [r*count, (r+1)*count) of the tiled tensor.
-                    for (j, b) in shard.chunks_exact_mut(es).enumerate() {
-                        let src = ((rank * count + j) % (vals.len() / es)) * es;
-                        b.copy_from_slice(&vals[src..src + es]);
-                    }
+                    fill_tiled(&mut shard, vals, rank * count * es);
+                    // Every call starts together: a rank that finished early would otherwise
+                    // send its next shard while the others still check theirs, untimed, and
+                    // flatter the modes without a closing exchange (raw) on a shaped link.
+                    comm.barrier()?;
                     let t0 = Instant::now();
                     cz.all_gather(&mut comm, Some(&shard), &mut recv, count, dtype, Some(1))?;
                     if it >= o.warmup {
-                        timed += t0.elapsed().as_secs_f64();
+                        timed.push(t0.elapsed().as_secs_f64());
                     }
-                    let m = vals.len();
-                    wrong += recv.chunks_exact(es).enumerate().filter(|(i, b)| {
-                        let src = (i % (m / es)) * es;
-                        *b != &vals[src..src + es]
-                    }).count() as u64;
+                    wrong += count_wrong(&recv, vals, es);
                 }
-                let mine = timed / o.iters as f64;
-                let times = gather_f64(&mut comm, mine)?;
-                let slowest = times.iter().cloned().fold(0.0, f64::max);
+                // A call takes as long as its slowest rank: the mean over calls of the per-call
+                // maximum (a rank that finished a call early would otherwise lower the mean of
+                // a mode whose ranks finish at different times, e.g. raw).
+                let slowest = slowest_mean(&mut comm, &timed)?;
                 let wrongs: u64 = gather_f64(&mut comm, wrong as f64)?.iter().map(|&w| w as u64).sum();
                 wrong_total += wrongs;
                 let s1 = cz.stats();
@@ -355,9 +353,84 @@ fn run_rank(o: &Opts) -> Result<u64> {
     Ok(wrong_total)
 }
 
+/// `out` = bytes `[start, start + out.len())` of `vals` tiled end to end (whole runs copied at
+/// once: the ranks check and refill between timed calls, and a per-element loop there is slow
+/// enough on a busy host to skew when the ranks enter the next call).
+fn fill_tiled(out: &mut [u8], vals: &[u8], start: usize) {
+    let m = vals.len();
+    let mut done = 0;
+    while done < out.len() {
+        let from = (start + done) % m;
+        let run = (m - from).min(out.len() - done);
+        out[done..done + run].copy_from_slice(&vals[from..from + run]);
+        done += run;
+    }
+}
+
+/// Elements of `recv` that differ from `vals` tiled end to end (compared a run at a time;
+/// element by element only inside a run that differs).
+fn count_wrong(recv: &[u8], vals: &[u8], es: usize) -> u64 {
+    let m = vals.len();
+    let mut wrong = 0u64;
+    let mut at = 0;
+    while at < recv.len() {
+        let from = at % m;
+        let run = (m - from).min(recv.len() - at);
+        let (got, want) = (&recv[at..at + run], &vals[from..from + run]);
+        if got != want {
+            wrong += got.chunks(es).zip(want.chunks(es)).filter(|(g, w)| g != w).count() as u64;
+        }
+        at += run;
+    }
+    wrong
+}
+
+/// Mean over calls of the slowest rank's time of each call (`mine`: this rank's per-call times;
+/// every rank has the same number).
+fn slowest_mean(comm: &mut Communicator, mine: &[f64]) -> Result<f64> {
+    let n = comm.size();
+    let k = mine.len();
+    let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_bits().to_le_bytes()).collect();
+    let mut all = vec![0u8; 8 * k * n];
+    comm.all_gather(&bytes, &mut all, k, DType::U64)?;
+    let t = |r: usize, i: usize| {
+        let at = 8 * (r * k + i);
+        f64::from_bits(u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")))
+    };
+    let per_call_max = (0..k).map(|i| (0..n).map(|r| t(r, i)).fold(0.0, f64::max));
+    Ok(per_call_max.sum::<f64>() / k.max(1) as f64)
+}
+
 fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
     let n = comm.size();
     let mut out = vec![0u8; 8 * n];
     comm.all_gather(&v.to_bits().to_le_bytes(), &mut out, 1, DType::U64)?;
     Ok(out.chunks_exact(8).map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap()))).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_tiled_wraps_around_the_tensor() {
+        let vals: Vec<u8> = (0..6).collect();
+        let mut out = [0u8; 10];
+        fill_tiled(&mut out, &vals, 4);
+        assert_eq!(out, [4, 5, 0, 1, 2, 3, 4, 5, 0, 1]);
+        let mut empty: [u8; 0] = [];
+        fill_tiled(&mut empty, &vals, 3);
+    }
+
+    #[test]
+    fn count_wrong_counts_elements_not_bytes() {
+        let vals: Vec<u8> = (0..8).collect(); // 4 two-byte elements
+        let mut recv: Vec<u8> = (0..20).map(|i| (i % 8) as u8).collect();
+        assert_eq!(count_wrong(&recv, &vals, 2), 0);
+        recv[0] ^= 1; // element 0
+        recv[1] ^= 1; // same element
+        recv[9] ^= 0x80; // element 4 (second tile)
+        recv[19] ^= 1; // last element (partial tile)
+        assert_eq!(count_wrong(&recv, &vals, 2), 3);
+    }
 }
