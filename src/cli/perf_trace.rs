@@ -31,11 +31,14 @@ Replays a real training trace through the compressed Allgather and checks every 
   --modes LIST         comma list of: raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
                        full (auto, full-value cache), exp-on, full-on (compression forced)
                        (default raw,exp,full)
+  --stat mean|median   time statistic over calls (default mean; median resists a noisy host)
   --json               one object per row: size count type time_us algbw busbw wrong mode step
                        wire_ratio speedup window
-Columns: window (steps), mode, time (us, mean over calls of the slowest rank's time; each
-call starts after a barrier), busbw (GB/s), wire = raw bytes /
-bytes sent for the timed calls, speedup = raw time / time, compressed = calls that sent frames.";
+The modes take turns call by call (raw, exp, full, raw, ...; the first mode rotates), so a
+slow spell of the host hits every mode alike. Columns: window (steps), mode, time (us, mean
+or median over calls of the slowest rank's time; each call starts after a barrier), busbw
+(GB/s), wire = raw bytes / bytes sent for the timed calls, speedup = raw time / time,
+compressed = calls that sent frames.";
 
 #[derive(Clone, Debug)]
 struct Opts {
@@ -49,6 +52,8 @@ struct Opts {
     warmup: usize,
     modes: Vec<String>,
     json: bool,
+    /// Report the median over calls instead of the mean (robust to a noisy host).
+    median: bool,
 }
 
 pub fn main(args: &[String]) -> i32 {
@@ -110,6 +115,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
         warmup: 3,
         modes: vec!["raw".into(), "exp".into(), "full".into()],
         json: false,
+        median: false,
     };
     let mut pass = Vec::new();
     let mut a = Args::new(args);
@@ -168,6 +174,15 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
             "--json" => {
                 o.json = true;
                 None
+            }
+            "--stat" => {
+                let v = a.value(&flag)?;
+                o.median = match v.as_str() {
+                    "mean" => false,
+                    "median" => true,
+                    other => return Err(format!("--stat: {other:?} is not mean or median")),
+                };
+                Some(v)
             }
             f => return Err(format!("unknown option {f}")),
         };
@@ -270,37 +285,53 @@ fn run_rank(o: &Opts) -> Result<u64> {
             let count = (bytes / es / n).max(1);
             let size = count * es * n;
             let mut raw_time: Option<f64> = None;
-            for mode in &o.modes {
-                let mut cz = Compressor::new(mode_config(mode));
-                let mut recv = vec![0u8; size];
-                let mut shard = vec![0u8; count * es];
-                let mut timed: Vec<f64> = Vec::with_capacity(o.iters);
-                let mut wrong = 0u64;
-                let mut stats0 = cz.stats();
-                let mut last_step = 0;
-                for it in 0..o.warmup + o.iters {
+            struct Run {
+                cz: Compressor,
+                recv: Vec<u8>,
+                timed: Vec<f64>,
+                wrong: u64,
+                stats0: crate::compress::Stats,
+            }
+            let mut runs: Vec<Run> = o
+                .modes
+                .iter()
+                .map(|mode| {
+                    let cz = Compressor::new(mode_config(mode));
+                    let stats0 = cz.stats();
+                    Run { cz, recv: vec![0u8; size], timed: Vec::with_capacity(o.iters), wrong: 0, stats0 }
+                })
+                .collect();
+            let mut shard = vec![0u8; count * es];
+            let mut last_step = 0;
+            for it in 0..o.warmup + o.iters {
+                let (step, vals) = &steps[order[it % order.len()]];
+                last_step = *step;
+                // Rank r's shard: elements [r*count, (r+1)*count) of the tiled tensor.
+                fill_tiled(&mut shard, vals, rank * count * es);
+                for m in 0..runs.len() {
+                    let run = &mut runs[(m + it) % o.modes.len()];
                     if it == o.warmup {
-                        stats0 = cz.stats();
+                        run.stats0 = run.cz.stats();
                     }
-                    let (step, vals) = &steps[order[it % order.len()]];
-                    last_step = *step;
-                    // Rank r's shard: elements [r*count, (r+1)*count) of the tiled tensor.
-                    fill_tiled(&mut shard, vals, rank * count * es);
                     // Every call starts together: a rank that finished early would otherwise
                     // send its next shard while the others still check theirs, untimed, and
                     // flatter the modes without a closing exchange (raw) on a shaped link.
                     comm.barrier()?;
                     let t0 = Instant::now();
-                    cz.all_gather(&mut comm, Some(&shard), &mut recv, count, dtype, Some(1))?;
+                    run.cz.all_gather(&mut comm, Some(&shard), &mut run.recv, count, dtype, Some(1))?;
                     if it >= o.warmup {
-                        timed.push(t0.elapsed().as_secs_f64());
+                        run.timed.push(t0.elapsed().as_secs_f64());
                     }
-                    wrong += count_wrong(&recv, vals, es);
+                    run.wrong += count_wrong(&run.recv, vals, es);
                 }
-                // A call takes as long as its slowest rank: the mean over calls of the per-call
-                // maximum (a rank that finished a call early would otherwise lower the mean of
-                // a mode whose ranks finish at different times, e.g. raw).
-                let slowest = slowest_mean(&mut comm, &timed)?;
+            }
+            for (mode, run) in o.modes.iter().zip(runs.iter_mut()) {
+                let Run { cz, timed, wrong, stats0, .. } = run;
+                let (wrong, stats0) = (*wrong, stats0.clone());
+                // A call takes as long as its slowest rank: the mean (or median) over calls of
+                // the per-call maximum (a rank that finished a call early would otherwise lower
+                // the mean of a mode whose ranks finish at different times, e.g. raw).
+                let slowest = slowest_over_calls(&mut comm, timed, o.median)?;
                 let wrongs: u64 = gather_f64(&mut comm, wrong as f64)?.iter().map(|&w| w as u64).sum();
                 wrong_total += wrongs;
                 let s1 = cz.stats();
@@ -385,9 +416,9 @@ fn count_wrong(recv: &[u8], vals: &[u8], es: usize) -> u64 {
     wrong
 }
 
-/// Mean over calls of the slowest rank's time of each call (`mine`: this rank's per-call times;
-/// every rank has the same number).
-fn slowest_mean(comm: &mut Communicator, mine: &[f64]) -> Result<f64> {
+/// Mean (or median) over calls of the slowest rank's time of each call (`mine`: this rank's
+/// per-call times; every rank has the same number).
+fn slowest_over_calls(comm: &mut Communicator, mine: &[f64], median: bool) -> Result<f64> {
     let n = comm.size();
     let k = mine.len();
     let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_bits().to_le_bytes()).collect();
@@ -397,8 +428,26 @@ fn slowest_mean(comm: &mut Communicator, mine: &[f64]) -> Result<f64> {
         let at = 8 * (r * k + i);
         f64::from_bits(u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")))
     };
-    let per_call_max = (0..k).map(|i| (0..n).map(|r| t(r, i)).fold(0.0, f64::max));
-    Ok(per_call_max.sum::<f64>() / k.max(1) as f64)
+    let mut per_call_max: Vec<f64> = (0..k).map(|i| (0..n).map(|r| t(r, i)).fold(0.0, f64::max)).collect();
+    if median {
+        Ok(median_of(&mut per_call_max))
+    } else {
+        Ok(per_call_max.iter().sum::<f64>() / k.max(1) as f64)
+    }
+}
+
+/// The median (mean of the two middle values for an even count; 0 for none).
+fn median_of(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let k = v.len();
+    if k % 2 == 1 {
+        v[k / 2]
+    } else {
+        (v[k / 2 - 1] + v[k / 2]) / 2.0
+    }
 }
 
 fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
@@ -411,6 +460,13 @@ fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median_of(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median_of(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median_of(&mut []), 0.0);
+    }
 
     #[test]
     fn fill_tiled_wraps_around_the_tensor() {
