@@ -972,33 +972,13 @@ fn read_segment_header(
     peer: usize,
     moved: &mut bool,
 ) -> Result<Option<SegmentHeader>> {
-    loop {
-        let target = if rx.got < SHORT_HEADER_LEN {
-            SHORT_HEADER_LEN
-        } else {
-            match rx.hdr[0] {
-                TAG_SEGMENT | TAG_ABORT => SHORT_HEADER_LEN,
-                TAG_REF => REF_HEADER_LEN,
-                t => {
-                    return Err(protocol_error(
-                        peer,
-                        format!("byte {t:#04x} where a segment header should start"),
-                    ))
-                }
-            }
-        };
-        if rx.got == target {
-            break;
-        }
-        let n = rx
-            .inbuf
-            .read(ep, peer, &mut rx.hdr[rx.got..target])
-            .map_err(|e| transport_error("recv", peer, e))?;
-        if n == 0 {
-            return Ok(None);
-        }
-        *moved = true;
-        rx.got += n;
+    let len_for = |tag| match tag {
+        TAG_SEGMENT | TAG_ABORT => Some(SHORT_HEADER_LEN),
+        TAG_REF => Some(REF_HEADER_LEN),
+        _ => None,
+    };
+    if !read_tagged(ep, rx, peer, moved, "segment header", len_for)? {
+        return Ok(None);
     }
     let len = wire::short_len(&rx.hdr[..SHORT_HEADER_LEN]);
     let header = match rx.hdr[0] {
@@ -1025,17 +1005,34 @@ fn available(progress: &Progress, rx: &[LinkRx], unit: Unit, len: usize) -> usiz
 
 /// Read a boundary header (8 bytes, then 32 more for a message header). True once complete.
 fn read_header(ep: &mut Endpoint, rx: &mut LinkRx, peer: usize, moved: &mut bool) -> Result<bool> {
+    let len_for = |tag| match tag {
+        TAG_MESSAGE => Some(MSG_HEADER_LEN),
+        TAG_ABORT => Some(SHORT_HEADER_LEN),
+        _ => None,
+    };
+    read_tagged(ep, rx, peer, moved, "message header", len_for)
+}
+
+/// Read into `rx.hdr` a header whose length its tag byte decides (`len_for`; None: that tag
+/// may not start here, a corrupt stream). True once complete.
+fn read_tagged(
+    ep: &mut Endpoint,
+    rx: &mut LinkRx,
+    peer: usize,
+    moved: &mut bool,
+    what: &str,
+    len_for: impl Fn(u8) -> Option<usize>,
+) -> Result<bool> {
     loop {
         let target = if rx.got < SHORT_HEADER_LEN {
             SHORT_HEADER_LEN
         } else {
-            match rx.hdr[0] {
-                TAG_MESSAGE => MSG_HEADER_LEN,
-                TAG_ABORT => SHORT_HEADER_LEN,
-                t => {
+            match len_for(rx.hdr[0]) {
+                Some(len) => len,
+                None => {
                     return Err(protocol_error(
                         peer,
-                        format!("byte {t:#04x} where a message header should start"),
+                        format!("byte {:#04x} where a {what} should start", rx.hdr[0]),
                     ))
                 }
             }
