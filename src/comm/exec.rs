@@ -113,7 +113,9 @@ impl RxBuf {
             if dst.len() >= RX_DIRECT {
                 return ep.link(peer).try_recv(dst);
             }
+            // Empty first: if the read fails, no stale bytes may look buffered.
             self.start = 0;
+            self.end = 0;
             self.end = ep.link(peer).try_recv(&mut self.data)?;
         }
         let n = dst.len().min(self.end - self.start);
