@@ -144,7 +144,7 @@ fn sigkill_of_one_rank_fails_the_others_naming_it_shm_single_copy() {
 
 #[test]
 fn sigkill_of_one_rank_fails_the_others_naming_it_tcp() {
-    kill_one_of_four("tcp", "auto");
+    kill_one_of_four("tcp", "0");
 }
 
 #[test]

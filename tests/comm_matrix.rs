@@ -60,8 +60,8 @@ fn run_matrix_with(
 
 #[test]
 fn matrix_over_shm() {
-    // Single copy forced on (by default it is on only while ranks <= CPUs): big payloads go
-    // by reference on every rank that sends any.
+    // Single copy on (CIERA_SHM_SINGLE_COPY=1): big payloads go by reference on every rank
+    // that sends any.
     let single = run_matrix_with("shm", 1..=5, &[("CIERA_SHM_SINGLE_COPY", "1")]);
     for (i, per_rank) in single.iter().enumerate() {
         let n = i + 1;
@@ -77,8 +77,8 @@ fn matrix_over_shm() {
 
 #[test]
 fn matrix_over_shm_through_the_rings() {
-    // CIERA_SHM_SINGLE_COPY=0: every byte goes through the rings, and is still exact.
-    let single = run_matrix_with("shm", 2..=3, &[("CIERA_SHM_SINGLE_COPY", "0")]);
+    // The default (CIERA_SHM_SINGLE_COPY unset = 0): every byte goes through the rings.
+    let single = run_matrix_with("shm", 2..=3, &[("CIERA_SHM_SINGLE_COPY", "")]);
     assert!(single.iter().flatten().all(|&b| b == 0), "{single:?}");
 }
 

@@ -40,9 +40,9 @@ pub const ENV_SHM_RING_BYTES: &str = "CIERA_SHM_RING_BYTES";
 /// SO_SNDBUF/SO_RCVBUF for TCP links; `0` leaves the kernel's autotuning alone. Unset: each
 /// direction can reach at least 4 MiB (autotuning where its ceiling allows that, else 4 MiB).
 pub const ENV_TCP_BUF_BYTES: &str = "CIERA_TCP_BUF_BYTES";
-/// The single-copy shm path (a receiver copies large payloads straight out of the sender's
-/// memory with process_vm_readv): `auto` (default) uses it where the peers can and the ranks
-/// on this host do not outnumber its CPUs; `1` uses it even then; `0` never.
+/// `1` turns on the single-copy shm path (a receiver copies large payloads straight out of the
+/// sender's memory with process_vm_readv) where the peers can; `0` (default) copies through the
+/// rings (see `shm_single_copy` for the measurements behind the default).
 pub const ENV_SHM_SINGLE_COPY: &str = "CIERA_SHM_SINGLE_COPY";
 /// Interface whose IPv4 address `interface_ip` returns.
 pub const ENV_SOCKET_IFNAME: &str = "CIERA_SOCKET_IFNAME";
@@ -124,31 +124,19 @@ pub(crate) fn shm_ring_bytes() -> Result<usize> {
 }
 
 /// `CIERA_SHM_SINGLE_COPY`: whether same-host ranks copy large payloads out of each other's
-/// memory, given how many ranks share this host. Unset or `auto`: only when every rank can
-/// have a CPU of its own. With more ranks than CPUs a receiver that must run before its
-/// sender's memory is free loses to rings that let the sender run ahead (measured on 2 CPUs:
-/// 2 ranks 1.1-2.3x faster with single copy, 4 ranks 0.8x).
-pub(crate) fn shm_single_copy(local_ranks: usize) -> Result<bool> {
+/// memory. Off unless `1`: on a quiet machine two copies through a 1 MiB ring, whose second copy
+/// reads from cache, beat one copy by the kernel, which must pin every page (2 ranks on the
+/// 2-core VM, best of 8: 4 MiB 314 vs 467 µs, 8 MiB 1332 vs 1688 µs, 32 MiB 8.2 vs 9.0 ms); it
+/// halves the CPU work, which wins when another job holds the CPUs (same VM with a second job
+/// running: 1.1-2.3x faster), and loses when ranks share CPUs (4 ranks on 2 CPUs: 0.8x).
+pub(crate) fn shm_single_copy() -> Result<bool> {
     let value = std::env::var(ENV_SHM_SINGLE_COPY).unwrap_or_default();
     match value.trim().to_ascii_lowercase().as_str() {
-        "" | "auto" => Ok(local_ranks <= online_cpus()),
+        "" | "0" | "off" | "no" | "false" => Ok(false),
         "1" | "on" | "yes" | "true" => Ok(true),
-        "0" | "off" | "no" | "false" => Ok(false),
         _ => Err(TransportError::Config {
-            detail: format!("{ENV_SHM_SINGLE_COPY}={value:?} is not auto, 0 or 1"),
+            detail: format!("{ENV_SHM_SINGLE_COPY}={value:?} is not 0 or 1"),
         }),
-    }
-}
-
-/// CPUs online on this machine (not this process's affinity mask: launchers bind each rank to
-/// one CPU).
-fn online_cpus() -> usize {
-    // SAFETY: sysconf only reads system configuration.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n > 0 {
-        n as usize
-    } else {
-        1
     }
 }
 

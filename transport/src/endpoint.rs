@@ -353,8 +353,7 @@ impl Endpoint {
             DEFAULT_SHM_RING_BYTES
         };
         let tcp_buffers = tcp_buffer_bytes()?;
-        let local_ranks = kinds.iter().filter(|&&k| k == Kind::Shm).count().max(1);
-        let single_copy = needs_shm && shm_single_copy(local_ranks)?;
+        let single_copy = needs_shm && shm_single_copy()?;
         if needs_shm {
             // A fresh page per attempt: a failed earlier attempt already unlinked its name.
             let name = format!("/ciera-{}-{}-bell", self.info.pid, random_hex(8));
