@@ -35,7 +35,7 @@ pub enum TransportChoice {
 
 /// Environment variable read by [`TransportChoice::from_env`].
 pub const ENV_TRANSPORT: &str = "CIERA_TRANSPORT";
-/// Bytes per shm ring (one per direction); a power of two, at least 4096. Default 1 MiB.
+/// Bytes per shm ring (one per direction); a power of two, at least 4096. Default 512 KiB.
 pub const ENV_SHM_RING_BYTES: &str = "CIERA_SHM_RING_BYTES";
 /// SO_SNDBUF/SO_RCVBUF for TCP links; `0` leaves the kernel's autotuning alone. Unset: each
 /// direction can reach at least 4 MiB (autotuning where its ceiling allows that, else 4 MiB).
@@ -47,11 +47,11 @@ pub const ENV_SHM_SINGLE_COPY: &str = "CIERA_SHM_SINGLE_COPY";
 /// Interface whose IPv4 address `interface_ip` returns.
 pub const ENV_SOCKET_IFNAME: &str = "CIERA_SOCKET_IFNAME";
 
-/// 1 MiB: the data a sender copies in is still in cache when the receiver copies it out; with
+/// 512 KiB: the data a sender copies in is still in cache when the receiver copies it out. With
 /// 4 MiB a sender ran so far ahead that 2-8 MiB allgathers were 1.5-2x slower on the 2-core dev
-/// VM (ARCHITECTURE.md, "Waiting and placement"). Large payloads mostly bypass the ring anyway
-/// where single copy is on.
-pub(crate) const DEFAULT_SHM_RING_BYTES: usize = 1 << 20;
+/// VM; 512 KiB beat 1 MiB by 2-16% from 1 to 64 MiB with 2 ranks and by 5-25% with 4 (best of
+/// 8 and 4, same run; 256 KiB in between). ARCHITECTURE.md, "Waiting and placement".
+pub(crate) const DEFAULT_SHM_RING_BYTES: usize = 512 << 10;
 pub(crate) const DEFAULT_TCP_BUF_BYTES: usize = 4 << 20;
 const MIN_SHM_RING_BYTES: usize = 4096;
 const MAX_SHM_RING_BYTES: usize = 1 << 34;
@@ -124,7 +124,7 @@ pub(crate) fn shm_ring_bytes() -> Result<usize> {
 }
 
 /// `CIERA_SHM_SINGLE_COPY`: whether same-host ranks copy large payloads out of each other's
-/// memory. Off unless `1`: on a quiet machine two copies through a 1 MiB ring, whose second copy
+/// memory. Off unless `1`: on a quiet machine two copies through a small ring, whose second copy
 /// reads from cache, beat one copy by the kernel, which must pin every page (2 ranks on the
 /// 2-core VM, best of 8: 4 MiB 314 vs 467 µs, 8 MiB 1332 vs 1688 µs, 32 MiB 8.2 vs 9.0 ms); it
 /// halves the CPU work, which wins when another job holds the CPUs (same VM with a second job

@@ -16,7 +16,7 @@
 //!   every connection.
 //!
 //! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
-//! default 1 MiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1: process_vm_readv single
+//! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1: process_vm_readv single
 //! copy of large payloads; off by default),
 //! `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning), `CIERA_SOCKET_IFNAME`.
 //!
