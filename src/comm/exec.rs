@@ -899,8 +899,22 @@ fn skim_for_notice(
                             };
                         }
                     }
+                } else if src.is_some() {
+                    // A reference segment this rank was copying when the call failed: none of
+                    // it is on the stream; what follows it there is the next header or notice.
+                    let got = got + seg_left;
+                    rx.phase = if got == len {
+                        RxPhase::Boundary
+                    } else {
+                        RxPhase::Payload {
+                            unit,
+                            len,
+                            got,
+                            seg_left: 0,
+                            src: None,
+                        }
+                    };
                 } else {
-                    debug_assert!(src.is_none(), "reference segments are skipped whole");
                     let want = seg_left.min(scratch.len());
                     let n = rx.inbuf.read(ep, peer, &mut scratch[..want]).ok()?;
                     if n == 0 {
