@@ -46,7 +46,8 @@
 //! seccomp) is proved at setup, not assumed: each side publishes the address and value of a
 //! random u64 in its memory, the peer reads it through process_vm_readv and sets
 //! `reads_ok[its side]` only if the value matches. A sender offers only to a peer that proved
-//! it; `CIERA_SHM_SINGLE_COPY=0` makes a process publish no probe and read none.
+//! it. Unless `CIERA_SHM_SINGLE_COPY=1` (off by default: see `config.rs`), a process publishes no
+//! probe and reads none.
 //!
 //! A sender whose call fails before everything it offered was claimed sets `withdrawn[side]`
 //! before it returns (after which its memory may change). The receiver checks the flag after
