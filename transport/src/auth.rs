@@ -199,27 +199,8 @@ fn run(
                 deadline,
                 &format!("auth handshake with {peer}: sending proof"),
             )?;
-            let mut verdict = [0u8; 1];
-            read_exact_by(
-                stream,
-                &mut verdict,
-                deadline,
-                &format!("auth handshake with {peer}: waiting for verdict"),
-            )?;
-            if verdict[0] != ACCEPTED {
-                return Err(TransportError::Auth {
-                    detail: format!(
-                        "{peer} refused our proof: the two sides hold different job secrets"
-                    ),
-                });
-            }
-            let mut their_proof = [0u8; PROOF_BYTES];
-            read_exact_by(
-                stream,
-                &mut their_proof,
-                deadline,
-                &format!("auth handshake with {peer}: waiting for proof"),
-            )?;
+            read_verdict(stream, deadline, &peer)?;
+            let their_proof = read_proof(stream, deadline, &peer)?;
             let ok = mac(Role::Acceptor).verify_slice(&their_proof).is_ok();
             let final_verdict = [if ok { ACCEPTED } else { REFUSED }];
             write_all_by(
@@ -237,13 +218,7 @@ fn run(
             }
         }
         Role::Acceptor => {
-            let mut their_proof = [0u8; PROOF_BYTES];
-            read_exact_by(
-                stream,
-                &mut their_proof,
-                deadline,
-                &format!("auth handshake with {peer}: waiting for proof"),
-            )?;
+            let their_proof = read_proof(stream, deadline, &peer)?;
             if mac(Role::Connector).verify_slice(&their_proof).is_err() {
                 // Best effort: tell the peer why it is being dropped.
                 let _ = write_all_by(
@@ -267,23 +242,39 @@ fn run(
                 deadline,
                 &format!("auth handshake with {peer}: sending proof"),
             )?;
-            let mut verdict = [0u8; 1];
-            read_exact_by(
-                stream,
-                &mut verdict,
-                deadline,
-                &format!("auth handshake with {peer}: waiting for verdict"),
-            )?;
-            if verdict[0] != ACCEPTED {
-                return Err(TransportError::Auth {
-                    detail: format!(
-                        "{peer} refused our proof: the two sides hold different job secrets"
-                    ),
-                });
-            }
+            read_verdict(stream, deadline, &peer)?;
         }
     }
     Ok(())
+}
+
+/// Reads the peer's verdict on our proof; a refusal means the two sides hold different secrets.
+fn read_verdict(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<()> {
+    let mut verdict = [0u8; 1];
+    read_exact_by(
+        stream,
+        &mut verdict,
+        deadline,
+        &format!("auth handshake with {peer}: waiting for verdict"),
+    )?;
+    if verdict[0] != ACCEPTED {
+        return Err(TransportError::Auth {
+            detail: format!("{peer} refused our proof: the two sides hold different job secrets"),
+        });
+    }
+    Ok(())
+}
+
+/// Reads the peer's proof (its HMAC over both nonces).
+fn read_proof(stream: &mut TcpStream, deadline: Instant, peer: &str) -> Result<[u8; PROOF_BYTES]> {
+    let mut proof = [0u8; PROOF_BYTES];
+    read_exact_by(
+        stream,
+        &mut proof,
+        deadline,
+        &format!("auth handshake with {peer}: waiting for proof"),
+    )?;
+    Ok(proof)
 }
 
 #[cfg(test)]

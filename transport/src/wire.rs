@@ -40,6 +40,19 @@ pub(crate) fn is_disconnect(e: &io::Error) -> bool {
     )
 }
 
+/// A failed blocking read or write step: Ok to try again (interrupted, or the per-step socket
+/// timeout expired before the overall deadline), `PeerClosed` if the other side went away,
+/// else an `Io` error naming the step and the peer.
+fn retry_or_fail(stream: &TcpStream, op: &'static str, what: &str, e: io::Error) -> Result<()> {
+    match e.kind() {
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Ok(()),
+        _ if is_disconnect(&e) => Err(TransportError::PeerClosed {
+            detail: format!("{what}: {}: {e}", peer_of(stream)),
+        }),
+        _ => Err(TransportError::io(op, format!("{what} ({})", peer_of(stream)), e)),
+    }
+}
+
 /// Reads exactly `buf.len()` bytes before `deadline`. `what` describes the step for errors.
 pub(crate) fn read_exact_by(
     stream: &mut TcpStream,
@@ -64,25 +77,7 @@ pub(crate) fn read_exact_by(
                 })
             }
             Ok(n) => done += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted
-                        | io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if is_disconnect(&e) => {
-                return Err(TransportError::PeerClosed {
-                    detail: format!("{what}: {}: {e}", peer_of(stream)),
-                })
-            }
-            Err(e) => {
-                return Err(TransportError::io(
-                    "read",
-                    format!("{what} ({})", peer_of(stream)),
-                    e,
-                ))
-            }
+            Err(e) => retry_or_fail(stream, "read", what, e)?,
         }
     }
     Ok(())
@@ -108,25 +103,7 @@ pub(crate) fn write_all_by(
                 })
             }
             Ok(n) => done += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::Interrupted
-                        | io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if is_disconnect(&e) => {
-                return Err(TransportError::PeerClosed {
-                    detail: format!("{what}: {}: {e}", peer_of(stream)),
-                })
-            }
-            Err(e) => {
-                return Err(TransportError::io(
-                    "write",
-                    format!("{what} ({})", peer_of(stream)),
-                    e,
-                ))
-            }
+            Err(e) => retry_or_fail(stream, "write", what, e)?,
         }
     }
     Ok(())
