@@ -438,21 +438,9 @@ impl Communicator {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.check_lengths(send.map(|s| s.len()), recv.len(), count, dtype)?;
-        self.start_call()?;
-        if self.nranks == 1 {
-            if let Some(send) = send {
-                recv.copy_from_slice(send);
-            }
+        let Some(layout) = self.begin_all_gather(send, recv, count, dtype)? else {
             return Ok(());
-        }
-        let layout = Layout::new(
-            self.rank,
-            self.nranks,
-            count,
-            dtype,
-            self.config.chunk_bytes,
-        );
+        };
         let payloads = RawPayloads::new(layout, send, recv);
         self.execute(Op::AllGather, layout, dtype, payloads)
     }
@@ -469,21 +457,9 @@ impl Communicator {
         dtype: DType,
         codec: &mut dyn FrameCodec,
     ) -> Result<()> {
-        self.check_lengths(send.map(|s| s.len()), recv.len(), count, dtype)?;
-        self.start_call()?;
-        if self.nranks == 1 {
-            if let Some(send) = send {
-                recv.copy_from_slice(send);
-            }
+        let Some(layout) = self.begin_all_gather(send, recv, count, dtype)? else {
             return Ok(());
-        }
-        let layout = Layout::new(
-            self.rank,
-            self.nranks,
-            count,
-            dtype,
-            self.config.chunk_bytes,
-        );
+        };
         let mut frames = std::mem::take(&mut self.frames);
         let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames);
         let r = self.execute(Op::AllGather, layout, dtype, payloads);
@@ -507,6 +483,32 @@ impl Communicator {
         let mut empty: [u8; 0] = [];
         let payloads = RawPayloads::new(layout, None, &mut empty);
         self.execute(Op::Barrier, layout, DType::U8, payloads)
+    }
+
+    /// The common start of an allgather: check the lengths, count the call, and finish it at
+    /// once on a single rank (None); else the layout of this call's blocks.
+    fn begin_all_gather(
+        &mut self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<Option<Layout>> {
+        self.check_lengths(send.map(|s| s.len()), recv.len(), count, dtype)?;
+        self.start_call()?;
+        if self.nranks == 1 {
+            if let Some(send) = send {
+                recv.copy_from_slice(send);
+            }
+            return Ok(None);
+        }
+        Ok(Some(Layout::new(
+            self.rank,
+            self.nranks,
+            count,
+            dtype,
+            self.config.chunk_bytes,
+        )))
     }
 
     fn check_lengths(
