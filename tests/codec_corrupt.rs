@@ -21,9 +21,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 use ciera::codec::bitmask::MaskCoding;
-use ciera::codec::{bitmask, checksum, decode_raw, frame, rans, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use ciera::codec::{bitmask, decode_raw, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
 use ciera::safetensors::SafeTensors;
 use ciera::{DType, Error};
+
+#[path = "common/frame_support.rs"]
+mod frame_support;
+use frame_support::{mask_is_canonical, reseal, section_lens, set_section_lens, slot_at};
 
 // ---- helpers -------------------------------------------------------------------------------
 
@@ -48,53 +52,6 @@ impl Rng {
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn section_lens(f: &[u8]) -> [usize; 4] {
-    std::array::from_fn(|i| u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize)
-}
-
-fn set_section_lens(f: &mut [u8], s: [usize; 4]) {
-    for (i, l) in s.iter().enumerate() {
-        f[32 + 4 * i..36 + 4 * i].copy_from_slice(&(*l as u32).to_le_bytes());
-    }
-}
-
-/// Recompute both checksums (SH64 of s0 at 48, xxh3 of header + s1..s3 at 56) as the format
-/// defines them, as far as the bytes present allow.
-fn reseal(f: &mut [u8]) {
-    if f.len() < frame::HEADER_LEN {
-        return;
-    }
-    let s = section_lens(f);
-    let h = frame::HEADER_LEN;
-    let end0 = (h + s[0]).min(f.len());
-    let s0 = checksum::sh64(&f[h..end0]);
-    f[48..56].copy_from_slice(&s0.to_le_bytes());
-    let end = (h + s.iter().sum::<usize>()).min(f.len());
-    let mut x = xxhash_rust::xxh3::Xxh3::new();
-    x.update(&f[..56]);
-    x.update(&f[end0..end]);
-    let sum = x.digest();
-    f[56..64].copy_from_slice(&sum.to_le_bytes());
-}
-
-/// A slot at `version` holding `values` as its previous iteration (if `warm`), built through
-/// the public API: a raw FILL frame with its version field rewritten.
-fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, version: u64, warm: bool, values: &[u8]) -> CacheSlot {
-    let mut src = CacheSlot::new(dtype, mode, len);
-    let mut f = Vec::new();
-    src.encode(values, &mut f).expect("raw encode");
-    f[24..32].copy_from_slice(&version.wrapping_sub(1).to_le_bytes());
-    reseal(&mut f);
-    let mut s = CacheSlot::new(dtype, mode, len);
-    s.set_frame_choice(choice);
-    let mut out = vec![0u8; values.len()];
-    s.decode(&f, &mut out).expect("decode of a raw frame");
-    if !warm {
-        s.poison();
-    }
-    s
 }
 
 // ---- trace data ------------------------------------------------------------------------------
@@ -310,61 +267,6 @@ fn follow_up(b: &Base, d: &mut Decoded) -> Result<(), String> {
         Ok(_) => Err("follow-up frame decoded to other values: the slot disagrees with what it reported".into()),
         Err(e) => Err(format!("follow-up frame refused: {e}")),
     }
-}
-
-/// The frequency table at the start of a rANS block (docs/WIRE.md): freq per symbol.
-fn rans_table(b: &[u8]) -> Option<[u64; 256]> {
-    let nsym = *b.first()? as usize + 1;
-    let mut pos = 1;
-    let mut syms = Vec::new();
-    if nsym < 32 {
-        syms.extend(b.get(1..1 + nsym)?.iter().map(|&s| s as usize));
-        pos += nsym;
-    } else {
-        let bm = b.get(1..33)?;
-        syms.extend((0..256).filter(|&s| bm[s / 8] >> (s % 8) & 1 == 1));
-        pos += 32;
-    }
-    let mut freq = [0u64; 256];
-    for s in syms {
-        let (mut v, mut shift) = (0u64, 0);
-        loop {
-            let x = *b.get(pos)?;
-            pos += 1;
-            v |= ((x & 0x7f) as u64) << shift;
-            shift += 7;
-            if x & 0x80 == 0 {
-                break;
-            }
-        }
-        freq[s] = v + 1;
-    }
-    Some(freq)
-}
-
-/// An accepted coded mask is the one encoding of its bits in its coding: Zero, Flat and Hier
-/// are deterministic; a rANS block re-encodes to itself with its own frequency table (a
-/// histogram equal to the frequencies scales to exactly that table).
-fn mask_is_canonical(section: &[u8], m: usize, words: &[u64]) -> Result<(), String> {
-    let coding = match section[0] {
-        0 => MaskCoding::Zero,
-        1 => MaskCoding::Flat,
-        2 => MaskCoding::Hier,
-        _ => MaskCoding::Rans,
-    };
-    let mut again = Vec::new();
-    if coding == MaskCoding::Rans {
-        let hist = rans_table(&section[1..]).ok_or("unparsable rANS table")?;
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take(m.div_ceil(8)).collect();
-        again.push(3);
-        rans::encode(&bytes, &rans::FreqTable::from_histogram(&hist), &mut again);
-    } else {
-        bitmask::encode(words, m, coding, &mut again);
-    }
-    if again != section {
-        return Err(format!("{coding:?} mask accepted in a non-canonical form ({} bytes, canonical {})", section.len(), again.len()));
-    }
-    Ok(())
 }
 
 /// An accepted delta frame must be the canonical coding of what it decoded to: a sender in the

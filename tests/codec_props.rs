@@ -20,6 +20,10 @@ use std::process::Command;
 
 use ciera::codec::{checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode, SlotChunk};
 use ciera::{DType, Error};
+
+#[path = "common/frame_support.rs"]
+mod frame_support;
+use frame_support::{reseal, slot_at};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
@@ -195,48 +199,6 @@ fn drift_step(rng: &mut Rng, dtype: DType, prev: &[u8], d: Drift) -> Vec<u8> {
         store(&mut v, size, i, x);
     }
     v
-}
-
-// ---- frame surgery -------------------------------------------------------------------------
-
-fn section_lens(f: &[u8]) -> [usize; 4] {
-    std::array::from_fn(|i| u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize)
-}
-
-/// Recompute both checksums of the frame at the start of `f` (SH64 of s0 at 48, xxh3 of the
-/// header and s1..s3 at 56), as frame.rs documents them.
-fn reseal(f: &mut [u8]) {
-    let s = section_lens(f);
-    let h = frame::HEADER_LEN;
-    let s0 = checksum::sh64(&f[h..h + s[0]]);
-    f[48..56].copy_from_slice(&s0.to_le_bytes());
-    let mut x = xxhash_rust::xxh3::Xxh3::new();
-    x.update(&f[..56]);
-    x.update(&f[h + s[0]..h + s[0] + s[1] + s[2] + s[3]]);
-    let sum = x.digest();
-    f[56..64].copy_from_slice(&sum.to_le_bytes());
-}
-
-/// A slot at `version`, holding `values` as its previous iteration (when `warm`): the state a
-/// peer would be in after decoding `values` at `version - 1`. Built through the public API
-/// alone: a raw FILL frame whose version field is rewritten.
-fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, version: u64, warm: bool, values: &[u8]) -> CacheSlot {
-    let mut src = CacheSlot::new(dtype, mode, len);
-    let mut f = Vec::new();
-    src.encode(values, &mut f).expect("raw encode");
-    f[24..32].copy_from_slice(&version.wrapping_sub(1).to_le_bytes());
-    reseal(&mut f);
-    let mut s = CacheSlot::new(dtype, mode, len);
-    s.set_frame_choice(choice);
-    let mut out = vec![0u8; values.len()];
-    s.decode(&f, &mut out).expect("decode of a raw frame");
-    assert_eq!(out, values);
-    assert_eq!(s.version(), version);
-    if !warm {
-        s.poison();
-    }
-    assert_eq!(s.is_warm(), warm && dtype.is_compressible());
-    s
 }
 
 // ---- the sender/receiver pair ---------------------------------------------------------------

@@ -2,9 +2,14 @@
 //! slot in a given state through the public API, resealing frame checksums so the fuzzer gets
 //! past them, and the checks every accepted frame must pass.
 
-use ciera::codec::bitmask::MaskCoding;
-use ciera::codec::{bitmask, checksum, frame, rans, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use ciera::codec::{bitmask, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
 use ciera::DType;
+
+// Frame surgery (section lengths, checksums, slots in a given state, canonical masks) is the
+// same as the tests': one file serves both.
+#[path = "../../tests/common/frame_support.rs"]
+mod frame_support;
+pub use frame_support::{mask_is_canonical, rans_table, reseal, section_lens, set_section_lens, slot_at};
 
 /// Fuzzer bytes consumed from the front; runs out into zeros.
 pub struct Input<'a>(pub &'a [u8]);
@@ -40,95 +45,12 @@ impl Input<'_> {
     }
 }
 
-pub fn section_lens(f: &[u8]) -> [usize; 4] {
-    std::array::from_fn(|i| u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize)
-}
-
-/// Recompute both checksums of the frame at the start of `f` (as far as its bytes go).
-pub fn reseal(f: &mut [u8]) {
-    if f.len() < frame::HEADER_LEN {
-        return;
-    }
-    let s = section_lens(f);
-    let h = frame::HEADER_LEN;
-    let end0 = (h + s[0]).min(f.len());
-    let s0 = checksum::sh64(&f[h..end0]);
-    f[48..56].copy_from_slice(&s0.to_le_bytes());
-    let end = (h + s.iter().sum::<usize>()).min(f.len());
-    let mut x = xxhash_rust::xxh3::Xxh3::new();
-    x.update(&f[..56]);
-    x.update(&f[end0..end]);
-    let sum = x.digest();
-    f[56..64].copy_from_slice(&sum.to_le_bytes());
-}
-
-/// A slot at `version` holding `values` as its previous iteration if `warm` (cold otherwise).
-pub fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, version: u64, warm: bool, values: &[u8]) -> CacheSlot {
-    let mut src = CacheSlot::new(dtype, mode, len);
-    let mut f = Vec::new();
-    src.encode(values, &mut f).expect("raw encode");
-    f[24..32].copy_from_slice(&version.wrapping_sub(1).to_le_bytes());
-    reseal(&mut f);
-    let mut s = CacheSlot::new(dtype, mode, len);
-    s.set_frame_choice(choice);
-    let mut out = vec![0u8; values.len()];
-    s.decode(&f, &mut out).expect("decode of a raw frame");
-    if !warm {
-        s.poison();
-    }
-    s
-}
-
-/// The frequency table at the start of a rANS block (docs/WIRE.md), as a histogram that
-/// `FreqTable::from_histogram` scales to exactly that table.
-pub fn rans_table(b: &[u8]) -> Option<[u64; 256]> {
-    let nsym = *b.first()? as usize + 1;
-    let mut pos = 1;
-    let mut syms = Vec::new();
-    if nsym < 32 {
-        syms.extend(b.get(1..1 + nsym)?.iter().map(|&s| s as usize));
-        pos += nsym;
-    } else {
-        let bm = b.get(1..33)?;
-        syms.extend((0..256).filter(|&s| bm[s / 8] >> (s % 8) & 1 == 1));
-        pos += 32;
-    }
-    let mut freq = [0u64; 256];
-    for s in syms {
-        let (mut v, mut shift) = (0u64, 0);
-        loop {
-            let x = *b.get(pos)?;
-            pos += 1;
-            v |= ((x & 0x7f) as u64) << shift;
-            shift += 7;
-            if x & 0x80 == 0 {
-                break;
-            }
-        }
-        freq[s] = v + 1;
-    }
-    Some(freq)
-}
-
 /// An accepted coded mask is the one encoding of its bits in its coding (rANS: with its own
 /// frequency table).
 pub fn assert_mask_canonical(section: &[u8], m: usize, words: &[u64]) {
-    let coding = match section[0] {
-        0 => MaskCoding::Zero,
-        1 => MaskCoding::Flat,
-        2 => MaskCoding::Hier,
-        _ => MaskCoding::Rans,
-    };
-    let mut again = Vec::new();
-    if coding == MaskCoding::Rans {
-        let hist = rans_table(&section[1..]).expect("accepted rANS block has a table");
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take(m.div_ceil(8)).collect();
-        again.push(3);
-        rans::encode(&bytes, &rans::FreqTable::from_histogram(&hist), &mut again);
-    } else {
-        bitmask::encode(words, m, coding, &mut again);
+    if let Err(e) = mask_is_canonical(section, m, words) {
+        panic!("{e}");
     }
-    assert!(again == section, "{coding:?} mask accepted in a non-canonical form");
 }
 
 /// What the receiver held before the frame.
