@@ -249,32 +249,30 @@ fn mismatched_dtype_fails_every_rank() {
     mismatch(5, 3, "dtype", "shm", "bruck");
 }
 
-#[test]
-fn abort_from_another_thread_unblocks_a_waiting_collective() {
+/// Runs `role` on 2 ranks with `CIERA_TIMEOUT=timeout`; rank 0 must exit cleanly having
+/// reported one result; rank 1 is killed afterwards. Returns rank 0's result line.
+fn rank0_result_of_two(role: &str, timeout: &str) -> String {
     let id = UniqueId::new().unwrap();
-    let env = [("CIERA_TIMEOUT", "120")];
-    let r0 = spawn_rank(&id, 2, 0, "abort", &env);
-    let mut r1 = spawn_rank(&id, 2, 1, "abort", &env);
+    let env = [("CIERA_TIMEOUT", timeout)];
+    let r0 = spawn_rank(&id, 2, 0, role, &env);
+    let mut r1 = spawn_rank(&id, 2, 1, role, &env);
     let (status, err) = stderr_of(r0);
     r1.kill().unwrap();
     r1.wait().unwrap();
     assert!(status.success(), "{err}");
     let res = result_lines(&err);
     assert_eq!(res.len(), 1, "{err}");
-    assert!(res[0].starts_with("aborted :: "), "{}", res[0]);
+    res[0].clone()
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_waiting_collective() {
+    let res = rank0_result_of_two("abort", "120");
+    assert!(res.starts_with("aborted :: "), "{res}");
 }
 
 #[test]
 fn a_peer_that_never_comes_is_a_timeout_naming_it() {
-    let id = UniqueId::new().unwrap();
-    let env = [("CIERA_TIMEOUT", "1")];
-    let r0 = spawn_rank(&id, 2, 0, "timeout", &env);
-    let mut r1 = spawn_rank(&id, 2, 1, "timeout", &env);
-    let (status, err) = stderr_of(r0);
-    r1.kill().unwrap();
-    r1.wait().unwrap();
-    assert!(status.success(), "{err}");
-    let res = result_lines(&err);
-    assert_eq!(res.len(), 1, "{err}");
-    assert!(res[0].starts_with("timeout peer=Some(1) "), "{}", res[0]);
+    let res = rank0_result_of_two("timeout", "1");
+    assert!(res.starts_with("timeout peer=Some(1) "), "{res}");
 }

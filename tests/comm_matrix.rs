@@ -22,6 +22,24 @@ fn rank_main() {
     }
 }
 
+/// Runs `role` on `n` ranks and asserts that the job succeeded and every rank reported "ok";
+/// returns the ranks' stderr.
+fn launch_all_ok(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) -> String {
+    let out = launch(n, role, env);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{transport} with {n} ranks failed ({}):\n{err}",
+        out.status
+    );
+    assert_eq!(
+        result_lines(&err),
+        vec!["ok"; n],
+        "{transport} with {n} ranks:\n{err}"
+    );
+    err
+}
+
 /// Bytes each rank reported offering by reference (single-copy shm).
 fn single_copy_bytes(stderr: &str) -> Vec<u64> {
     stderr
@@ -41,18 +59,7 @@ fn run_matrix_with(
     for n in ranks {
         let mut env = vec![("CIERA_TRANSPORT", transport)];
         env.extend_from_slice(extra_env);
-        let out = launch(n, "matrix", &env);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{transport} with {n} ranks failed ({}):\n{err}",
-            out.status
-        );
-        assert_eq!(
-            result_lines(&err),
-            vec!["ok"; n],
-            "{transport} with {n} ranks:\n{err}"
-        );
+        let err = launch_all_ok(n, "matrix", transport, &env);
         single.push(single_copy_bytes(&err));
     }
     single
@@ -91,18 +98,7 @@ fn matrix_over_tcp() {
 #[test]
 fn framed_codec_hook_over_shm_and_tcp() {
     for (transport, n) in [("shm", 3), ("tcp", 4), ("shm", 2)] {
-        let out = launch(n, "framed", &[("CIERA_TRANSPORT", transport)]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{transport} with {n} ranks failed ({}):\n{err}",
-            out.status
-        );
-        assert_eq!(
-            result_lines(&err),
-            vec!["ok"; n],
-            "{transport} with {n} ranks:\n{err}"
-        );
+        launch_all_ok(n, "framed", transport, &[("CIERA_TRANSPORT", transport)]);
     }
 }
 
