@@ -11,10 +11,16 @@ use ciera::safetensors::SafeTensors;
 
 /// Bytes per run: 64 MiB, or CIERA_BENCH_BYTES (e.g. 1048576 for one pipeline chunk).
 fn bytes() -> usize {
-    std::env::var("CIERA_BENCH_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20)
+    std::env::var("CIERA_BENCH_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64 << 20)
 }
 fn reps() -> usize {
-    std::env::var("CIERA_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(7)
+    std::env::var("CIERA_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7)
 }
 
 fn trace_dir() -> PathBuf {
@@ -23,7 +29,11 @@ fn trace_dir() -> PathBuf {
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let shared = root.join("../shared/traces/olmoe-mini-s0");
-    if shared.is_dir() { shared } else { root.join("tests/data/olmoe-slice") }
+    if shared.is_dir() {
+        shared
+    } else {
+        root.join("tests/data/olmoe-slice")
+    }
 }
 
 fn tile(b: &[u8]) -> Vec<u8> {
@@ -47,7 +57,12 @@ fn main() {
     }
     let dir = trace_dir();
     let bytes = bytes();
-    println!("codec bench: {} KiB per run, best of {}, one thread, trace {}", bytes >> 10, reps(), dir.display());
+    println!(
+        "codec bench: {} KiB per run, best of {}, one thread, trace {}",
+        bytes >> 10,
+        reps(),
+        dir.display()
+    );
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
     let memcpy = best(|| {
@@ -60,7 +75,11 @@ fn main() {
         "{:<10} {:<26} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>8}",
         "pair", "tensor", "mode", "ratio", "enc GB/s", "x memcpy", "dec GB/s", "x memcpy"
     );
-    for (a, b) in [("step_00101", "step_00102"), ("step_00301", "step_00302"), ("step_00598", "step_00599")] {
+    for (a, b) in [
+        ("step_00101", "step_00102"),
+        ("step_00301", "step_00302"),
+        ("step_00598", "step_00599"),
+    ] {
         let (Ok(sa), Ok(sb)) = (
             SafeTensors::open(&dir.join(format!("{a}.safetensors"))),
             SafeTensors::open(&dir.join(format!("{b}.safetensors"))),

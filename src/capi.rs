@@ -138,21 +138,33 @@ pub struct Failure {
 
 impl Failure {
     pub fn invalid_argument(message: impl Into<String>) -> Failure {
-        Failure { code: ResultCode::InvalidArgument, message: message.into() }
+        Failure {
+            code: ResultCode::InvalidArgument,
+            message: message.into(),
+        }
     }
 
     pub fn invalid_usage(message: impl Into<String>) -> Failure {
-        Failure { code: ResultCode::InvalidUsage, message: message.into() }
+        Failure {
+            code: ResultCode::InvalidUsage,
+            message: message.into(),
+        }
     }
 
     pub fn internal(message: impl Into<String>) -> Failure {
-        Failure { code: ResultCode::InternalError, message: message.into() }
+        Failure {
+            code: ResultCode::InternalError,
+            message: message.into(),
+        }
     }
 }
 
 impl From<Error> for Failure {
     fn from(e: Error) -> Failure {
-        Failure { code: e.code(), message: e.to_string() }
+        Failure {
+            code: e.code(),
+            message: e.to_string(),
+        }
     }
 }
 
@@ -234,8 +246,10 @@ fn read_field(cfg: &CConfig, offset: usize, value: c_int) -> Option<c_int> {
 /// `cfg` is NULL or points to at least `VERSIONED_HEADER_BYTES` readable bytes whose `size`
 /// field says how many bytes of a `cieraConfig_t` are readable there.
 pub unsafe fn resolve_config(cfg: *const CConfig) -> Result<(Config, CompressConfig), Failure> {
-    let mut config = Config::from_env().map_err(|e| Failure::invalid_argument(format!("environment: {e}")))?;
-    let mut options = CompressConfig::from_env().map_err(|e| Failure::invalid_argument(format!("environment: {e}")))?;
+    let mut config =
+        Config::from_env().map_err(|e| Failure::invalid_argument(format!("environment: {e}")))?;
+    let mut options = CompressConfig::from_env()
+        .map_err(|e| Failure::invalid_argument(format!("environment: {e}")))?;
     if cfg.is_null() {
         return Ok((config, options));
     }
@@ -245,7 +259,9 @@ pub unsafe fn resolve_config(cfg: *const CConfig) -> Result<(Config, CompressCon
     // alignment.
     let header_size = unsafe { std::ptr::read_unaligned(cfg as *const usize) };
     // SAFETY: as above, the magic follows `size` inside the header.
-    let magic = unsafe { std::ptr::read_unaligned((cfg as *const u8).add(std::mem::size_of::<usize>()) as *const u32) };
+    let magic = unsafe {
+        std::ptr::read_unaligned((cfg as *const u8).add(std::mem::size_of::<usize>()) as *const u32)
+    };
     if magic != API_MAGIC {
         return Err(Failure::invalid_argument(format!(
             "config: magic is {magic:#010x}, not CIERA_API_MAGIC {API_MAGIC:#010x}; initialize it with CIERA_CONFIG_INITIALIZER"
@@ -269,13 +285,17 @@ pub unsafe fn resolve_config(cfg: *const CConfig) -> Result<(Config, CompressCon
     let n = header_size.min(std::mem::size_of::<CConfig>());
     // SAFETY: the caller's struct has `header_size >= n` readable bytes; `c` is a local of at
     // least `n` bytes; the two do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(cfg as *const u8, &mut c as *mut CConfig as *mut u8, n) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(cfg as *const u8, &mut c as *mut CConfig as *mut u8, n)
+    };
     c.size = header_size;
 
     use std::mem::offset_of;
     if let Some(ms) = read_field(&c, offset_of!(CConfig, timeout_ms), c.timeout_ms) {
         if ms <= 0 {
-            return Err(Failure::invalid_argument(format!("config.timeoutMs is {ms}; must be > 0")));
+            return Err(Failure::invalid_argument(format!(
+                "config.timeoutMs is {ms}; must be > 0"
+            )));
         }
         config.timeout = Duration::from_millis(ms as u64);
     }
@@ -293,7 +313,9 @@ pub unsafe fn resolve_config(cfg: *const CConfig) -> Result<(Config, CompressCon
     }
     if let Some(v) = read_field(&c, offset_of!(CConfig, cache_budget_mb), c.cache_budget_mb) {
         if v < 0 {
-            return Err(Failure::invalid_argument(format!("config.cacheBudgetMB is {v}; must be >= 0")));
+            return Err(Failure::invalid_argument(format!(
+                "config.cacheBudgetMB is {v}; must be >= 0"
+            )));
         }
         options.cache_bytes = (v as usize) << 20;
     }
@@ -313,7 +335,11 @@ pub unsafe fn resolve_config(cfg: *const CConfig) -> Result<(Config, CompressCon
         options.verify = match v {
             0 => false,
             1 => true,
-            _ => return Err(Failure::invalid_argument(format!("config.verify is {v}; expected 0, 1 or CIERA_CONFIG_UNDEF_INT"))),
+            _ => {
+                return Err(Failure::invalid_argument(format!(
+                    "config.verify is {v}; expected 0, 1 or CIERA_CONFIG_UNDEF_INT"
+                )))
+            }
         };
     }
     Ok((config, options))
@@ -383,8 +409,13 @@ impl CallStats {
 /// The buffers of one allgather call, checked against each other.
 pub enum GatherBuffers<'a> {
     /// This rank's shard is already at `recv[rank*block..]`.
-    InPlace { recv: &'a mut [u8] },
-    OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
+    InPlace {
+        recv: &'a mut [u8],
+    },
+    OutOfPlace {
+        send: &'a [u8],
+        recv: &'a mut [u8],
+    },
 }
 
 /// Checks the pointers and sizes of an allgather (NCCL's rules: `recvbuff` holds
@@ -404,7 +435,9 @@ pub unsafe fn gather_buffers<'a>(
     nranks: usize,
 ) -> Result<GatherBuffers<'a>, Failure> {
     let block = count.checked_mul(dtype.size()).ok_or_else(|| {
-        Failure::invalid_argument(format!("sendcount {count} of {dtype} overflows a byte length"))
+        Failure::invalid_argument(format!(
+            "sendcount {count} of {dtype} overflows a byte length"
+        ))
     })?;
     let total = block
         .checked_mul(nranks)
@@ -420,21 +453,32 @@ pub unsafe fn gather_buffers<'a>(
         return Ok(if std::ptr::eq(send, recv) {
             GatherBuffers::InPlace { recv: &mut [] }
         } else {
-            GatherBuffers::OutOfPlace { send: &[], recv: &mut [] }
+            GatherBuffers::OutOfPlace {
+                send: &[],
+                recv: &mut [],
+            }
         });
     }
     if recv.is_null() {
-        return Err(Failure::invalid_argument(format!("recvbuff is NULL (sendcount {count})")));
+        return Err(Failure::invalid_argument(format!(
+            "recvbuff is NULL (sendcount {count})"
+        )));
     }
     if send.is_null() {
-        return Err(Failure::invalid_argument(format!("sendbuff is NULL (sendcount {count})")));
+        return Err(Failure::invalid_argument(format!(
+            "sendbuff is NULL (sendcount {count})"
+        )));
     }
     let (r, s) = (recv as usize, send as usize);
     if r.checked_add(total).is_none() {
-        return Err(Failure::invalid_argument(format!("recvbuff {recv:p} + {total} bytes wraps the address space")));
+        return Err(Failure::invalid_argument(format!(
+            "recvbuff {recv:p} + {total} bytes wraps the address space"
+        )));
     }
     if s.checked_add(block).is_none() {
-        return Err(Failure::invalid_argument(format!("sendbuff {send:p} + {block} bytes wraps the address space")));
+        return Err(Failure::invalid_argument(format!(
+            "sendbuff {send:p} + {block} bytes wraps the address space"
+        )));
     }
     for (name, p) in [("sendbuff", send), ("recvbuff", recv as *const c_void)] {
         if cuda::classify(p) != cuda::MemoryKind::Host {
@@ -458,7 +502,10 @@ pub unsafe fn gather_buffers<'a>(
     // SAFETY: both non-null, sized as the caller's contract says, and disjoint (checked above),
     // so the shared and the mutable slice do not alias.
     let (send, recv) = unsafe {
-        (std::slice::from_raw_parts(send as *const u8, block), std::slice::from_raw_parts_mut(recv as *mut u8, total))
+        (
+            std::slice::from_raw_parts(send as *const u8, block),
+            std::slice::from_raw_parts_mut(recv as *mut u8, total),
+        )
     };
     Ok(GatherBuffers::OutOfPlace { send, recv })
 }
@@ -494,7 +541,10 @@ impl LiveComm {
             abort: comm.abort_handle(),
             rank: comm.rank(),
             nranks: comm.size(),
-            engine: Mutex::new(Engine { comm, compressor: Compressor::new(compress_config.clone()) }),
+            engine: Mutex::new(Engine {
+                comm,
+                compressor: Compressor::new(compress_config.clone()),
+            }),
             compress_config,
             stats: Mutex::new(CallStats::default()),
             async_error: Mutex::new(None),
@@ -541,14 +591,24 @@ impl LiveComm {
     /// results never depend on it. The one place that calls into `compress::Compressor`: if
     /// the compressor moves into `Communicator` (an `all_gather_keyed` and a `stats()`), only
     /// this function and `Engine` change.
-    pub fn all_gather(&self, bufs: GatherBuffers<'_>, count: usize, dtype: DType, key: Option<u64>) -> Result<(), Failure> {
+    pub fn all_gather(
+        &self,
+        bufs: GatherBuffers<'_>,
+        count: usize,
+        dtype: DType,
+        key: Option<u64>,
+    ) -> Result<(), Failure> {
         let in_place = matches!(bufs, GatherBuffers::InPlace { .. });
         let (result, compress) = {
             let mut engine = lock(&self.engine);
             let Engine { comm, compressor } = &mut *engine;
             let r = match bufs {
-                GatherBuffers::InPlace { recv } => compressor.all_gather(comm, None, recv, count, dtype, key),
-                GatherBuffers::OutOfPlace { send, recv } => compressor.all_gather(comm, Some(send), recv, count, dtype, key),
+                GatherBuffers::InPlace { recv } => {
+                    compressor.all_gather(comm, None, recv, count, dtype, key)
+                }
+                GatherBuffers::OutOfPlace { send, recv } => {
+                    compressor.all_gather(comm, Some(send), recv, count, dtype, key)
+                }
             };
             (r, compressor.stats())
         };
@@ -586,7 +646,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn registry() -> MutexGuard<'static, Registry> {
     static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
-    lock(REGISTRY.get_or_init(|| Mutex::new(Registry { live: HashMap::new() })))
+    lock(REGISTRY.get_or_init(|| {
+        Mutex::new(Registry {
+            live: HashMap::new(),
+        })
+    }))
 }
 
 fn register(comm: Arc<LiveComm>) -> *mut c_void {
@@ -599,10 +663,16 @@ fn register(comm: Arc<LiveComm>) -> *mut c_void {
 fn describe_dead_handle(handle: *mut c_void) -> Failure {
     let h = handle as usize;
     let id = (h & !HANDLE_TAG) >> 4;
-    if h & HANDLE_TAG == HANDLE_TAG && h & 0xF == 0 && id >= 1 && (id as u64) < NEXT_ID.load(Ordering::Relaxed) {
+    if h & HANDLE_TAG == HANDLE_TAG
+        && h & 0xF == 0
+        && id >= 1
+        && (id as u64) < NEXT_ID.load(Ordering::Relaxed)
+    {
         Failure::invalid_usage(format!("comm {handle:p} was destroyed or aborted"))
     } else {
-        Failure::invalid_usage(format!("comm {handle:p} is not a communicator made by cieraCommInitRank*"))
+        Failure::invalid_usage(format!(
+            "comm {handle:p} is not a communicator made by cieraCommInitRank*"
+        ))
     }
 }
 
@@ -610,25 +680,43 @@ fn live(handle: *mut c_void) -> Result<Arc<LiveComm>, Failure> {
     if handle.is_null() {
         return Err(Failure::invalid_argument("comm is NULL"));
     }
-    registry().live.get(&(handle as usize)).cloned().ok_or_else(|| describe_dead_handle(handle))
+    registry()
+        .live
+        .get(&(handle as usize))
+        .cloned()
+        .ok_or_else(|| describe_dead_handle(handle))
 }
 
 fn unregister(handle: *mut c_void) -> Result<Arc<LiveComm>, Failure> {
-    registry().live.remove(&(handle as usize)).ok_or_else(|| describe_dead_handle(handle))
+    registry()
+        .live
+        .remove(&(handle as usize))
+        .ok_or_else(|| describe_dead_handle(handle))
 }
 
 fn datatype(code: c_int) -> Result<DType, Failure> {
-    u8::try_from(code).ok().and_then(DType::from_code).ok_or_else(|| {
-        Failure::invalid_argument(format!("datatype {code} is not a cieraDataType_t (0..{})", DType::ALL.len() - 1))
-    })
+    u8::try_from(code)
+        .ok()
+        .and_then(DType::from_code)
+        .ok_or_else(|| {
+            Failure::invalid_argument(format!(
+                "datatype {code} is not a cieraDataType_t (0..{})",
+                DType::ALL.len() - 1
+            ))
+        })
 }
 
 fn nranks_rank(nranks: c_int, rank: c_int) -> Result<(usize, usize), Failure> {
     if nranks < 1 {
-        return Err(Failure::invalid_argument(format!("nranks is {nranks}; must be >= 1")));
+        return Err(Failure::invalid_argument(format!(
+            "nranks is {nranks}; must be >= 1"
+        )));
     }
     if rank < 0 || rank >= nranks {
-        return Err(Failure::invalid_argument(format!("rank is {rank}; must be in 0..{}", nranks - 1)));
+        return Err(Failure::invalid_argument(format!(
+            "rank is {rank}; must be in 0..{}",
+            nranks - 1
+        )));
     }
     Ok((nranks as usize, rank as usize))
 }
@@ -661,7 +749,9 @@ pub unsafe extern "C" fn cieraGetUniqueId(unique_id: *mut CUniqueId) -> c_int {
             return Err(Failure::invalid_argument("uniqueId is NULL"));
         }
         let id = UniqueId::new()?;
-        let mut out = CUniqueId { internal: [0; UNIQUE_ID_BYTES] };
+        let mut out = CUniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        };
         for (o, b) in out.internal.iter_mut().zip(id.as_bytes()) {
             *o = *b as c_char;
         }
@@ -691,7 +781,12 @@ pub unsafe extern "C" fn cieraCommInitRankConfig(
 /// # Safety
 /// `comm` is NULL (an error) or writable.
 #[no_mangle]
-pub unsafe extern "C" fn cieraCommInitRank(comm: *mut *mut c_void, nranks: c_int, unique_id: CUniqueId, rank: c_int) -> c_int {
+pub unsafe extern "C" fn cieraCommInitRank(
+    comm: *mut *mut c_void,
+    nranks: c_int,
+    unique_id: CUniqueId,
+    rank: c_int,
+) -> c_int {
     entry("cieraCommInitRank", || {
         // SAFETY: forwarded caller contract; a NULL config is allowed.
         unsafe { init_rank(comm, nranks, unique_id, rank, std::ptr::null()) }
@@ -700,9 +795,17 @@ pub unsafe extern "C" fn cieraCommInitRank(comm: *mut *mut c_void, nranks: c_int
 
 /// # Safety
 /// As [`cieraCommInitRankConfig`].
-unsafe fn init_rank(comm: *mut *mut c_void, nranks: c_int, unique_id: CUniqueId, rank: c_int, config: *const CConfig) -> Result<(), Failure> {
+unsafe fn init_rank(
+    comm: *mut *mut c_void,
+    nranks: c_int,
+    unique_id: CUniqueId,
+    rank: c_int,
+    config: *const CConfig,
+) -> Result<(), Failure> {
     if comm.is_null() {
-        return Err(Failure::invalid_argument("comm (the output pointer) is NULL"));
+        return Err(Failure::invalid_argument(
+            "comm (the output pointer) is NULL",
+        ));
     }
     // SAFETY: non-null and writable by contract; NULL until a communicator exists.
     unsafe { comm.write(std::ptr::null_mut()) };
@@ -711,7 +814,8 @@ unsafe fn init_rank(comm: *mut *mut c_void, nranks: c_int, unique_id: CUniqueId,
     for (b, c) in bytes.iter_mut().zip(unique_id.internal) {
         *b = c as u8;
     }
-    let id = UniqueId::from_bytes(&bytes).map_err(|e| Failure::invalid_argument(format!("commId: {e}")))?;
+    let id = UniqueId::from_bytes(&bytes)
+        .map_err(|e| Failure::invalid_argument(format!("commId: {e}")))?;
     // SAFETY: forwarded caller contract for `config`.
     let (config, options) = unsafe { resolve_config(config) }?;
     let live = LiveComm::init_rank(&id, nranks, rank, config, options)?;
@@ -726,10 +830,15 @@ unsafe fn init_rank(comm: *mut *mut c_void, nranks: c_int, unique_id: CUniqueId,
 /// # Safety
 /// `comm` is NULL (an error) or writable; `config` as for [`cieraCommInitRankConfig`].
 #[no_mangle]
-pub unsafe extern "C" fn cieraCommInitFromEnv(comm: *mut *mut c_void, config: *const CConfig) -> c_int {
+pub unsafe extern "C" fn cieraCommInitFromEnv(
+    comm: *mut *mut c_void,
+    config: *const CConfig,
+) -> c_int {
     entry("cieraCommInitFromEnv", || {
         if comm.is_null() {
-            return Err(Failure::invalid_argument("comm (the output pointer) is NULL"));
+            return Err(Failure::invalid_argument(
+                "comm (the output pointer) is NULL",
+            ));
         }
         // SAFETY: non-null and writable by contract.
         unsafe { comm.write(std::ptr::null_mut()) };
@@ -833,7 +942,10 @@ pub extern "C" fn cieraCommDestroy(comm: *mut c_void) -> c_int {
 /// # Safety
 /// `async_error` is NULL (an error) or points to a writable `cieraResult_t`.
 #[no_mangle]
-pub unsafe extern "C" fn cieraCommGetAsyncError(comm: *mut c_void, async_error: *mut c_int) -> c_int {
+pub unsafe extern "C" fn cieraCommGetAsyncError(
+    comm: *mut c_void,
+    async_error: *mut c_int,
+) -> c_int {
     entry("cieraCommGetAsyncError", || {
         if async_error.is_null() {
             return Err(Failure::invalid_argument("asyncError is NULL"));
@@ -890,14 +1002,20 @@ pub unsafe extern "C" fn cieraCommGetStats(comm: *mut c_void, stats: *mut CStats
         // SAFETY: the header is readable by contract; unaligned reads cope with any alignment.
         let size = unsafe { std::ptr::read_unaligned(stats as *const usize) };
         // SAFETY: the magic follows `size` in the header.
-        let magic = unsafe { std::ptr::read_unaligned((stats as *const u8).add(std::mem::size_of::<usize>()) as *const u32) };
+        let magic = unsafe {
+            std::ptr::read_unaligned(
+                (stats as *const u8).add(std::mem::size_of::<usize>()) as *const u32
+            )
+        };
         if magic != API_MAGIC {
             return Err(Failure::invalid_argument(format!(
                 "stats: magic is {magic:#010x}, not CIERA_API_MAGIC; initialize it with CIERA_STATS_INITIALIZER"
             )));
         }
         if !(VERSIONED_HEADER_BYTES..=(1 << 20)).contains(&size) {
-            return Err(Failure::invalid_argument(format!("stats: size field is {size}; expected sizeof(cieraStats_t)")));
+            return Err(Failure::invalid_argument(format!(
+                "stats: size field is {size}; expected sizeof(cieraStats_t)"
+            )));
         }
         let live = live(comm)?;
         let c = live.stats().to_c();
@@ -941,7 +1059,9 @@ pub mod interpose {
 
     /// Whether an environment variable is set to 1 / true / yes.
     pub fn env_flag(name: &str) -> bool {
-        std::env::var(name).map(|v| v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes")).unwrap_or(false)
+        std::env::var(name)
+            .map(|v| v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes"))
+            .unwrap_or(false)
     }
 
     /// `CIERA_DISABLE=1`: the interposer passes every call through (read once per process).
@@ -1010,15 +1130,26 @@ pub mod cuda {
         }
         // RTLD_NOLOAD: a handle only if the process already has the driver; never load it.
         // SAFETY: a NUL-terminated name; the handle is kept for the process's life.
-        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        let handle = unsafe {
+            libc::dlopen(
+                c"libcuda.so.1".as_ptr(),
+                libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+            )
+        };
         if handle.is_null() {
             return None;
         }
-        let (pga, sync) = (symbol(handle, c"cuPointerGetAttribute"), symbol(handle, c"cuStreamSynchronize"));
+        let (pga, sync) = (
+            symbol(handle, c"cuPointerGetAttribute"),
+            symbol(handle, c"cuStreamSynchronize"),
+        );
         if pga.is_null() || sync.is_null() {
             return None;
         }
-        let (alloc, free) = (symbol(handle, c"cuMemAllocHost_v2"), symbol(handle, c"cuMemFreeHost"));
+        let (alloc, free) = (
+            symbol(handle, c"cuMemAllocHost_v2"),
+            symbol(handle, c"cuMemFreeHost"),
+        );
         // SAFETY: these driver entry points have had these C signatures since CUDA 4
         // (CUresult cuPointerGetAttribute(void*, CUpointer_attribute, CUdeviceptr);
         // CUresult cuStreamSynchronize(CUstream); CUresult cuMemAllocHost_v2(void**, size_t);
@@ -1027,8 +1158,10 @@ pub mod cuda {
             Driver {
                 pointer_get_attribute: std::mem::transmute::<*mut c_void, PointerGetAttribute>(pga),
                 stream_synchronize: std::mem::transmute::<*mut c_void, StreamSynchronize>(sync),
-                mem_alloc_host: (!alloc.is_null()).then(|| std::mem::transmute::<*mut c_void, MemAllocHost>(alloc)),
-                mem_free_host: (!free.is_null()).then(|| std::mem::transmute::<*mut c_void, MemFreeHost>(free)),
+                mem_alloc_host: (!alloc.is_null())
+                    .then(|| std::mem::transmute::<*mut c_void, MemAllocHost>(alloc)),
+                mem_free_host: (!free.is_null())
+                    .then(|| std::mem::transmute::<*mut c_void, MemFreeHost>(free)),
             }
         };
         Some(DRIVER.get_or_init(|| d))
@@ -1036,17 +1169,25 @@ pub mod cuda {
 
     /// Host unless the CUDA driver is loaded and says otherwise.
     pub fn classify(p: *const c_void) -> MemoryKind {
-        let Some(d) = driver() else { return MemoryKind::Host };
+        let Some(d) = driver() else {
+            return MemoryKind::Host;
+        };
         let mut kind: c_uint = 0;
         // SAFETY: `kind` is a writable unsigned int, what MEMORY_TYPE writes; the driver only
         // looks the address up, never dereferences it.
         let rc = unsafe {
-            (d.pointer_get_attribute)(&mut kind as *mut c_uint as *mut c_void, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p as u64)
+            (d.pointer_get_attribute)(
+                &mut kind as *mut c_uint as *mut c_void,
+                CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                p as u64,
+            )
         };
         match rc {
             CUDA_SUCCESS if kind == CU_MEMORYTYPE_HOST => MemoryKind::Host,
             CUDA_SUCCESS => MemoryKind::Device,
-            CUDA_ERROR_INVALID_VALUE | CUDA_ERROR_NOT_INITIALIZED | CUDA_ERROR_DEINITIALIZED => MemoryKind::Host,
+            CUDA_ERROR_INVALID_VALUE | CUDA_ERROR_NOT_INITIALIZED | CUDA_ERROR_DEINITIALIZED => {
+                MemoryKind::Host
+            }
             _ => MemoryKind::Unknown,
         }
     }
@@ -1091,7 +1232,11 @@ pub mod cuda {
             }
             // SAFETY: the driver just allocated `len` bytes at `p`.
             unsafe { std::ptr::write_bytes(p as *mut u8, 0, len) };
-            Some(PinnedHost { ptr: p as *mut u8, len, free })
+            Some(PinnedHost {
+                ptr: p as *mut u8,
+                len,
+                free,
+            })
         }
 
         pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -1115,7 +1260,9 @@ mod tests {
 
     fn last_error() -> String {
         // SAFETY: cieraGetLastError returns a valid NUL-terminated string.
-        unsafe { CStr::from_ptr(cieraGetLastError(std::ptr::null_mut())) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(cieraGetLastError(std::ptr::null_mut())) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     #[test]
@@ -1127,7 +1274,11 @@ mod tests {
         let fake = (HANDLE_TAG | (1 << 40)) as *mut c_void;
         // SAFETY: as above.
         assert_eq!(unsafe { cieraCommCount(fake, &mut n) }, 5);
-        assert!(last_error().contains("not a communicator"), "{}", last_error());
+        assert!(
+            last_error().contains("not a communicator"),
+            "{}",
+            last_error()
+        );
         assert_eq!(cieraCommDestroy(fake), 5);
         assert_eq!(cieraCommDestroy(std::ptr::null_mut()), 0);
     }
@@ -1138,15 +1289,26 @@ mod tests {
         let p = recv.as_mut_ptr() as *mut c_void;
         // SAFETY: the buffers are live vectors of the sizes described.
         unsafe {
-            assert!(matches!(gather_buffers(p.add(16), p, 4, DType::F32, 1, 3), Ok(GatherBuffers::InPlace { .. })));
-            let e = gather_buffers(p.add(8), p, 4, DType::F32, 1, 3).err().unwrap();
+            assert!(matches!(
+                gather_buffers(p.add(16), p, 4, DType::F32, 1, 3),
+                Ok(GatherBuffers::InPlace { .. })
+            ));
+            let e = gather_buffers(p.add(8), p, 4, DType::F32, 1, 3)
+                .err()
+                .unwrap();
             assert_eq!(e.code, ResultCode::InvalidArgument);
             assert!(e.message.contains("overlaps"), "{}", e.message);
-            let e = gather_buffers(std::ptr::null(), p, 4, DType::F32, 1, 3).err().unwrap();
+            let e = gather_buffers(std::ptr::null(), p, 4, DType::F32, 1, 3)
+                .err()
+                .unwrap();
             assert!(e.message.contains("sendbuff is NULL"));
-            let e = gather_buffers(p, p, usize::MAX / 2, DType::F32, 1, 3).err().unwrap();
+            let e = gather_buffers(p, p, usize::MAX / 2, DType::F32, 1, 3)
+                .err()
+                .unwrap();
             assert!(e.message.contains("overflows"), "{}", e.message);
-            assert!(gather_buffers(std::ptr::null(), std::ptr::null_mut(), 0, DType::F32, 0, 3).is_ok());
+            assert!(
+                gather_buffers(std::ptr::null(), std::ptr::null_mut(), 0, DType::F32, 0, 3).is_ok()
+            );
         }
     }
 
@@ -1181,6 +1343,10 @@ mod tests {
         c.transport = TRANSPORT_AUTO;
         c.magic = 0;
         // SAFETY: as above.
-        assert!(unsafe { resolve_config(&c) }.err().unwrap().message.contains("CIERA_CONFIG_INITIALIZER"));
+        assert!(unsafe { resolve_config(&c) }
+            .err()
+            .unwrap()
+            .message
+            .contains("CIERA_CONFIG_INITIALIZER"));
     }
 }

@@ -14,36 +14,75 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     // ---- codec -------------------------------------------------------------------------
     /// A frame could not be parsed: `what` names the field or section, `detail` the numbers.
-    CorruptFrame { what: &'static str, detail: String },
+    CorruptFrame {
+        what: &'static str,
+        detail: String,
+    },
     /// The frame's checksum does not match its bytes.
-    Checksum { expected: u64, actual: u64 },
+    Checksum {
+        expected: u64,
+        actual: u64,
+    },
     /// The frame was encoded against another version of the cache slot.
-    VersionMismatch { slot_version: u64, frame_version: u64 },
+    VersionMismatch {
+        slot_version: u64,
+        frame_version: u64,
+    },
     /// The frame is for another element type than the caller or the slot expects.
-    DTypeMismatch { expected: DType, found: DType },
+    DTypeMismatch {
+        expected: DType,
+        found: DType,
+    },
     /// A length that must agree does not (elements, bytes, offsets).
-    LengthMismatch { what: &'static str, expected: usize, found: usize },
+    LengthMismatch {
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
     /// The cache slot cannot decode this frame (cold, poisoned, or in the other mode).
-    SlotState { detail: String },
+    SlotState {
+        detail: String,
+    },
 
     // ---- arguments and files -------------------------------------------------------------
     InvalidArgument(String),
     /// An I/O error on a file or device; `what` names it.
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     /// A file is not what it should be (not safetensors, shapes that disagree, ...).
-    Format { path: String, detail: String },
+    Format {
+        path: String,
+        detail: String,
+    },
 
     // ---- communication -------------------------------------------------------------------
     /// A transport operation with `peer` failed.
-    Transport { op: &'static str, peer: usize, source: ciera_transport::TransportError },
+    Transport {
+        op: &'static str,
+        peer: usize,
+        source: ciera_transport::TransportError,
+    },
     /// A peer rank died, closed its link, or reported an error of its own.
-    PeerFailed { peer: usize, detail: String },
+    PeerFailed {
+        peer: usize,
+        detail: String,
+    },
     /// A wait passed its deadline; `op` says what was being waited for and from whom.
-    Timeout { op: String, peer: Option<usize>, after: Duration },
+    Timeout {
+        op: String,
+        peer: Option<usize>,
+        after: Duration,
+    },
     /// Ranks called the collective with different arguments.
-    CallMismatch { detail: String },
+    CallMismatch {
+        detail: String,
+    },
     /// The communicator was aborted (by `abort`, or after an earlier fatal error).
-    Aborted { detail: String },
+    Aborted {
+        detail: String,
+    },
     /// Bootstrap (rendezvous, authentication, address exchange) failed.
     Bootstrap(String),
     /// Something this build or this machine does not support.
@@ -88,7 +127,10 @@ impl Error {
     }
 
     pub(crate) fn corrupt(what: &'static str, detail: impl Into<String>) -> Error {
-        Error::CorruptFrame { what, detail: detail.into() }
+        Error::CorruptFrame {
+            what,
+            detail: detail.into(),
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use std::sync::Once;
 pub fn init_from_env() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let Ok(v) = std::env::var("CIERA_DEBUG") else { return };
+        let Ok(v) = std::env::var("CIERA_DEBUG") else {
+            return;
+        };
         let level = match v.trim().to_ascii_uppercase().as_str() {
             "" | "0" | "OFF" | "NONE" => return,
             "ERROR" => tracing::Level::ERROR,
@@ -17,6 +19,10 @@ pub fn init_from_env() {
             "TRACE" => tracing::Level::TRACE,
             _ => tracing::Level::INFO,
         };
-        let _ = tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).with_target(false).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .try_init();
     });
 }

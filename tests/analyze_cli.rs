@@ -20,23 +20,49 @@ fn tmpdir(name: &str) -> PathBuf {
 }
 
 fn json_rows(out: &[u8]) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(out).lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect()
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
 }
 
 #[test]
 fn bundled_slice_is_exact_and_near_bounds() {
-    let out = ciera().arg("analyze").arg(slice()).arg("--json").output().unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let out = ciera()
+        .arg("analyze")
+        .arg(slice())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = json_rows(&out.stdout);
     // 4 windows x 2 consecutive pairs x 4 tensors x 3 modes.
     assert_eq!(rows.len(), 4 * 2 * 4 * 3);
     for r in &rows {
-        for k in ["step", "tensor", "dtype", "mode", "ratio", "exc_bound", "hyb_bound", "exact", "encode_gbps", "decode_gbps"] {
+        for k in [
+            "step",
+            "tensor",
+            "dtype",
+            "mode",
+            "ratio",
+            "exc_bound",
+            "hyb_bound",
+            "exact",
+            "encode_gbps",
+            "decode_gbps",
+        ] {
             assert!(r.get(k).is_some(), "missing key {k} in {r}");
         }
         assert_eq!(r["exact"], true, "{r}");
         let ratio = r["ratio"].as_f64().unwrap();
-        let (exc, hyb) = (r["exc_bound"].as_f64().unwrap(), r["hyb_bound"].as_f64().unwrap());
+        let (exc, hyb) = (
+            r["exc_bound"].as_f64().unwrap(),
+            r["hyb_bound"].as_f64().unwrap(),
+        );
         match r["mode"].as_str().unwrap() {
             // The slice's tensors are small (12288 values), so headers and tables weigh more
             // than on the full trace; the full-trace thresholds are in the issue note.
@@ -45,8 +71,12 @@ fn bundled_slice_is_exact_and_near_bounds() {
         }
     }
     // The steps reported are the later step of each consecutive pair.
-    let steps: std::collections::BTreeSet<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
-    assert_eq!(steps.into_iter().collect::<Vec<_>>(), vec![1, 2, 101, 102, 301, 302, 598, 599]);
+    let steps: std::collections::BTreeSet<u64> =
+        rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(
+        steps.into_iter().collect::<Vec<_>>(),
+        vec![1, 2, 101, 102, 301, 302, 598, 599]
+    );
 }
 
 fn expect_error(args: &[&str], dir: &Path, needle: &str) {
@@ -64,34 +94,60 @@ fn missing_folder() {
 #[test]
 fn single_snapshot() {
     let d = tmpdir("single");
-    std::fs::copy(slice().join("step_00101.safetensors"), d.join("step_00101.safetensors")).unwrap();
+    std::fs::copy(
+        slice().join("step_00101.safetensors"),
+        d.join("step_00101.safetensors"),
+    )
+    .unwrap();
     expect_error(&[], &d, "found 1 *.safetensors snapshot(s)");
 }
 
 #[test]
 fn no_consecutive_steps() {
     let d = tmpdir("gap");
-    std::fs::copy(slice().join("step_00101.safetensors"), d.join("step_00101.safetensors")).unwrap();
-    std::fs::copy(slice().join("step_00300.safetensors"), d.join("step_00300.safetensors")).unwrap();
+    std::fs::copy(
+        slice().join("step_00101.safetensors"),
+        d.join("step_00101.safetensors"),
+    )
+    .unwrap();
+    std::fs::copy(
+        slice().join("step_00300.safetensors"),
+        d.join("step_00300.safetensors"),
+    )
+    .unwrap();
     expect_error(&[], &d, "no two snapshots are consecutive");
 }
 
 #[test]
 fn not_safetensors() {
     let d = tmpdir("garbage");
-    std::fs::copy(slice().join("step_00101.safetensors"), d.join("step_00101.safetensors")).unwrap();
-    std::fs::write(d.join("step_00102.safetensors"), b"this is not a safetensors file").unwrap();
+    std::fs::copy(
+        slice().join("step_00101.safetensors"),
+        d.join("step_00101.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("step_00102.safetensors"),
+        b"this is not a safetensors file",
+    )
+    .unwrap();
     expect_error(&[], &d, "step_00102.safetensors: not a safetensors file");
 }
 
 #[test]
 fn mismatched_shapes() {
     let d = tmpdir("shapes");
-    std::fs::copy(slice().join("step_00101.safetensors"), d.join("step_00101.safetensors")).unwrap();
+    std::fs::copy(
+        slice().join("step_00101.safetensors"),
+        d.join("step_00101.safetensors"),
+    )
+    .unwrap();
     // Rewrite the next step with one tensor's shape transposed (same byte count).
     let b = std::fs::read(slice().join("step_00102.safetensors")).unwrap();
     let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
-    let hdr = String::from_utf8(b[8..8 + n].to_vec()).unwrap().replacen("[96,128]", "[128,96]", 1);
+    let hdr = String::from_utf8(b[8..8 + n].to_vec())
+        .unwrap()
+        .replacen("[96,128]", "[128,96]", 1);
     assert_eq!(hdr.len(), n);
     let mut out = b[..8].to_vec();
     out.extend_from_slice(hdr.as_bytes());
@@ -115,14 +171,26 @@ fn full_trace_meets_bounds() {
         eprintln!("skipping: {} not present", dir.display());
         return;
     }
-    let out = ciera().arg("analyze").arg(&dir).arg("--json").output().unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let out = ciera()
+        .arg("analyze")
+        .arg(&dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = json_rows(&out.stdout);
     assert!(rows.len() >= 3 * 4 * 21, "{} rows", rows.len());
     for r in &rows {
         assert_eq!(r["exact"], true, "{r}");
         let ratio = r["ratio"].as_f64().unwrap();
-        let (exc, hyb) = (r["exc_bound"].as_f64().unwrap(), r["hyb_bound"].as_f64().unwrap());
+        let (exc, hyb) = (
+            r["exc_bound"].as_f64().unwrap(),
+            r["hyb_bound"].as_f64().unwrap(),
+        );
         match (r["dtype"].as_str().unwrap(), r["mode"].as_str().unwrap()) {
             (_, "exp") => assert!(ratio >= 0.95 * exc, "{r}"),
             ("bfloat16", "hybrid") => assert!(ratio >= 0.85 * hyb, "{r}"),

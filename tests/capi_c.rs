@@ -23,7 +23,11 @@ fn include_dir() -> PathBuf {
 fn header_matches_the_rust_side() {
     let dir = scratch("layout");
     let exe = dir.join("layout");
-    cc(&exe, &[c_dir().join("layout.c")], &[format!("-I{}", include_dir().display())]);
+    cc(
+        &exe,
+        &[c_dir().join("layout.c")],
+        &[format!("-I{}", include_dir().display())],
+    );
     let o = Command::new(&exe).output().unwrap();
     assert_success("layout", &o);
     let printed: BTreeMap<String, i64> = String::from_utf8(o.stdout)
@@ -84,9 +88,15 @@ fn header_matches_the_rust_side() {
     put("cieraTransportTcp", capi::TRANSPORT_TCP as i64);
     put("cieraTransportUnset", capi::CONFIG_UNDEF_INT as i64);
     put("sizeof(cieraUniqueId)", size_of::<CUniqueId>() as i64);
-    put("sizeof(cieraComm_t)", size_of::<*mut std::ffi::c_void>() as i64);
+    put(
+        "sizeof(cieraComm_t)",
+        size_of::<*mut std::ffi::c_void>() as i64,
+    );
     put("sizeof(cieraResult_t)", size_of::<std::ffi::c_int>() as i64);
-    put("sizeof(cieraDataType_t)", size_of::<std::ffi::c_int>() as i64);
+    put(
+        "sizeof(cieraDataType_t)",
+        size_of::<std::ffi::c_int>() as i64,
+    );
     put("sizeof(cieraConfig_t)", size_of::<CConfig>() as i64);
     for (f, o) in [
         ("size", offset_of!(CConfig, size)),
@@ -125,7 +135,10 @@ fn header_matches_the_rust_side() {
     put("initializer.timeoutMs", capi::CONFIG_UNDEF_INT as i64);
     put("initializer.verify", capi::CONFIG_UNDEF_INT as i64);
     put("stats_initializer.version", capi::STATS_VERSION as i64);
-    assert_eq!(printed, want, "include/ciera.h (left) and src/capi.rs (right) disagree");
+    assert_eq!(
+        printed, want,
+        "include/ciera.h (left) and src/capi.rs (right) disagree"
+    );
 }
 
 #[test]
@@ -198,15 +211,25 @@ fn launch(n: usize, args: &[String], env: &[(&str, &str)]) -> (String, String) {
 #[test]
 fn c_program_gathers_exact_bytes_and_reports_bad_calls() {
     let exe = build_app().display().to_string();
-    let olmoe = Path::new(MANIFEST_DIR).join("tests/data/olmoe-slice").display().to_string();
+    let olmoe = Path::new(MANIFEST_DIR)
+        .join("tests/data/olmoe-slice")
+        .display()
+        .to_string();
     let scratch = scratch("ciera_app_ids");
     for n in 2..=4 {
         // From the launcher's environment; compression from CIERA_COMPRESS (forced on, so the
         // app can require delta calls, except with 3 ranks: auto, whose choices depend on
         // timing).
-        let env_mode: &[(&str, &str)] =
-            if n == 3 { &[] } else { &[("CIERA_COMPRESS", "on"), ("CIERA_APP_EXPECT_DELTAS", "1")] };
-        let (out_env, _) = launch(n, &[exe.clone(), "env".into(), "60".into(), olmoe.clone()], env_mode);
+        let env_mode: &[(&str, &str)] = if n == 3 {
+            &[]
+        } else {
+            &[("CIERA_COMPRESS", "on"), ("CIERA_APP_EXPECT_DELTAS", "1")]
+        };
+        let (out_env, _) = launch(
+            n,
+            &[exe.clone(), "env".into(), "60".into(), olmoe.clone()],
+            env_mode,
+        );
         // From a unique id that rank 0 makes and hands out (through a file here), with a
         // cieraConfig_t asking for compression: it overrides CIERA_COMPRESS=off.
         let id_file = scratch.join(format!("id-{n}")).display().to_string();

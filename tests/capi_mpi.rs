@@ -21,24 +21,37 @@ const ITERS: usize = 30;
 fn mpi_missing() -> Option<String> {
     for tool in ["mpicc", "mpirun"] {
         if !have(tool) {
-            return Some(format!("{tool} not found (apt-get install openmpi-bin libopenmpi-dev)"));
+            return Some(format!(
+                "{tool} not found (apt-get install openmpi-bin libopenmpi-dev)"
+            ));
         }
     }
     let v = Command::new("mpirun").arg("--version").output().ok()?;
     let v = String::from_utf8_lossy(&v.stdout).to_string() + &String::from_utf8_lossy(&v.stderr);
-    (!v.contains("Open MPI")).then(|| format!("mpirun is not Open MPI's (the interposer speaks Open MPI's ABI): {v}"))
+    (!v.contains("Open MPI"))
+        .then(|| format!("mpirun is not Open MPI's (the interposer speaks Open MPI's ABI): {v}"))
 }
 
 fn build_app() -> PathBuf {
     let dir = scratch("mpi");
     let exe = dir.join("mpi_app");
-    cc_with("mpicc", &exe, &[c_dir().join("mpi_app.c")], &[format!("-I{}", c_dir().display()), "-lm".into()]);
+    cc_with(
+        "mpicc",
+        &exe,
+        &[c_dir().join("mpi_app.c")],
+        &[format!("-I{}", c_dir().display()), "-lm".into()],
+    );
     exe
 }
 
 fn mpirun(app: &PathBuf, env: &[(&str, String)]) -> (String, String) {
     let mut cmd = Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &RANKS.to_string()]);
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &RANKS.to_string(),
+    ]);
     for (k, v) in env {
         cmd.args(["-x", &format!("{k}={v}")]);
     }
@@ -55,7 +68,9 @@ fn mpirun(app: &PathBuf, env: &[(&str, String)]) -> (String, String) {
 
 fn stats_line(err: &str, rank: usize, size: usize) -> &str {
     let head = format!("ciera-mpi: rank {rank}/{size} comm ");
-    err.lines().find(|l| l.starts_with(&head)).unwrap_or_else(|| panic!("no stats for rank {rank}/{size}:\n{err}"))
+    err.lines()
+        .find(|l| l.starts_with(&head))
+        .unwrap_or_else(|| panic!("no stats for rank {rank}/{size}:\n{err}"))
 }
 
 #[test]
@@ -79,8 +94,14 @@ fn mpi_allgathers_are_served_by_ciera() {
     // MPI_COMM_WORLD: every float, uint16 and double gather was CIERA's.
     for r in 0..RANKS {
         let line = stats_line(&err, r, RANKS);
-        assert!(line.contains(&format!(": {} allgathers served by CIERA", 2 * ITERS + 1)), "{line}");
-        assert!(line.contains(" 0 failed") && line.ends_with(", 0 passed to MPI"), "{line}");
+        assert!(
+            line.contains(&format!(": {} allgathers served by CIERA", 2 * ITERS + 1)),
+            "{line}"
+        );
+        assert!(
+            line.contains(" 0 failed") && line.ends_with(", 0 passed to MPI"),
+            "{line}"
+        );
     }
     // The split communicator of the even ranks {0, 2} (size 2) was served too; the odd rank is
     // alone in its half, and a one-rank gather is left to MPI.
@@ -89,19 +110,46 @@ fn mpi_allgathers_are_served_by_ciera() {
         assert!(line.contains(": 10 allgathers served by CIERA"), "{line}");
     }
     // Derived types (2 calls) always go to MPI; rank 1 also passes its 10 one-rank gathers.
-    let passed: Vec<&str> = err.lines().filter(|l| l.contains("CIERA does not serve")).collect();
+    let passed: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("CIERA does not serve"))
+        .collect();
     assert_eq!(passed.len(), RANKS, "{err}");
-    assert_eq!(passed.iter().filter(|l| l.starts_with("ciera-mpi: 2 allgathers")).count(), 2, "{err}");
-    assert_eq!(passed.iter().filter(|l| l.starts_with("ciera-mpi: 12 allgathers")).count(), 1, "{err}");
+    assert_eq!(
+        passed
+            .iter()
+            .filter(|l| l.starts_with("ciera-mpi: 2 allgathers"))
+            .count(),
+        2,
+        "{err}"
+    );
+    assert_eq!(
+        passed
+            .iter()
+            .filter(|l| l.starts_with("ciera-mpi: 12 allgathers"))
+            .count(),
+        1,
+        "{err}"
+    );
     eprintln!("{out}{err}");
 
     // CIERA_DISABLE=1: the same program, nothing served, nothing printed by the interposer.
-    let (_, err) = mpirun(&app, &[("LD_PRELOAD", preload), ("CIERA_STATS", "1".into()), ("CIERA_DISABLE", "1".into())]);
+    let (_, err) = mpirun(
+        &app,
+        &[
+            ("LD_PRELOAD", preload),
+            ("CIERA_STATS", "1".into()),
+            ("CIERA_DISABLE", "1".into()),
+        ],
+    );
     assert!(!err.contains("ciera-mpi"), "{err}");
 }
 
 #[test]
 fn mpi_interposer_exports_only_mpi_allgather() {
     build_libs(&["ciera-mpi"]);
-    assert_eq!(exported_symbols(&lib_path("libciera_mpi.so")), ["MPI_Allgather"]);
+    assert_eq!(
+        exported_symbols(&lib_path("libciera_mpi.so")),
+        ["MPI_Allgather"]
+    );
 }

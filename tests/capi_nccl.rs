@@ -31,7 +31,15 @@ fn build() -> Built {
     build_libs(&["ciera-nccl"]);
     let dir = scratch("nccl");
     let fake = dir.join("libnccl.so.2");
-    cc(&fake, &[c_dir().join("fake_nccl.c")], &["-shared".into(), "-fPIC".into(), "-Wl,-soname,libnccl.so.2".into()]);
+    cc(
+        &fake,
+        &[c_dir().join("fake_nccl.c")],
+        &[
+            "-shared".into(),
+            "-fPIC".into(),
+            "-Wl,-soname,libnccl.so.2".into(),
+        ],
+    );
     std::os::unix::fs::symlink("libnccl.so.2", dir.join("libnccl.so")).unwrap();
     let app = dir.join("nccl_app");
     cc(
@@ -45,7 +53,11 @@ fn build() -> Built {
             format!("-Wl,-rpath,{}", dir.display()),
         ],
     );
-    Built { dir, app, preload: lib_path("libciera_nccl.so") }
+    Built {
+        dir,
+        app,
+        preload: lib_path("libciera_nccl.so"),
+    }
 }
 
 /// Runs the app as RANKS ranks; returns (stdout, stderr, the stand-in's log lines).
@@ -59,14 +71,23 @@ fn run(b: &Built, name: &str, env: &[(&str, String)]) -> (String, String, Vec<St
         cmd.arg(format!("{k}={v}"));
     }
     cmd.arg(&b.app).arg(&id).arg(ITERS.to_string());
-    cmd.env("FAKE_NCCL_LOG", &log).env("FAKE_NCCL_DIR", &b.dir).env("CIERA_TIMEOUT", "60");
+    cmd.env("FAKE_NCCL_LOG", &log)
+        .env("FAKE_NCCL_DIR", &b.dir)
+        .env("CIERA_TIMEOUT", "60");
     let o = run_limited(cmd, Duration::from_secs(180));
     assert_success(name, &o);
     let (out, err) = text(&o);
     for r in 0..RANKS {
-        assert!(out.contains(&format!("nccl_app rank {r}: OK {ITERS} allgathers checked")), "{name}: rank {r}:\n{out}\n{err}");
+        assert!(
+            out.contains(&format!("nccl_app rank {r}: OK {ITERS} allgathers checked")),
+            "{name}: rank {r}:\n{out}\n{err}"
+        );
     }
-    let lines = std::fs::read_to_string(&log).unwrap().lines().map(str::to_string).collect();
+    let lines = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
     (out, err, lines)
 }
 
@@ -79,29 +100,78 @@ fn nccl_allgathers_are_served_by_ciera_and_the_rest_passes_through() {
     let b = build();
 
     // Preloaded: the stand-in sees the bootstrap, not the app's gathers.
-    let (_, err, log) = run(&b, "served", &[("LD_PRELOAD", b.preload.display().to_string()), ("CIERA_STATS", "1".into())]);
+    let (_, err, log) = run(
+        &b,
+        "served",
+        &[
+            ("LD_PRELOAD", b.preload.display().to_string()),
+            ("CIERA_STATS", "1".into()),
+        ],
+    );
     let gathers: Vec<&String> = log.iter().filter(|l| l.contains("AllGather")).collect();
-    assert_eq!(gathers.len(), RANKS, "expected only the bootstrap's agreement allgather per rank:\n{gathers:#?}");
-    assert!(gathers.iter().all(|l| l.contains("ncclAllGather count=1 datatype=1")), "{gathers:#?}");
-    assert_eq!(count(&log, "ncclBroadcast count=128 datatype=1 root=0"), RANKS, "{log:#?}");
+    assert_eq!(
+        gathers.len(),
+        RANKS,
+        "expected only the bootstrap's agreement allgather per rank:\n{gathers:#?}"
+    );
+    assert!(
+        gathers
+            .iter()
+            .all(|l| l.contains("ncclAllGather count=1 datatype=1")),
+        "{gathers:#?}"
+    );
+    assert_eq!(
+        count(&log, "ncclBroadcast count=128 datatype=1 root=0"),
+        RANKS,
+        "{log:#?}"
+    );
     // Calls we do not define reach the real library: the app's own ncclCommCount/UserRank,
     // plus the interposer's (one each per gather call).
-    assert!(count(&log, "ncclCommCount") >= RANKS * (ITERS + 1), "{log:#?}");
-    assert!(count(&log, "ncclCommUserRank") >= RANKS * (ITERS + 1), "{log:#?}");
+    assert!(
+        count(&log, "ncclCommCount") >= RANKS * (ITERS + 1),
+        "{log:#?}"
+    );
+    assert!(
+        count(&log, "ncclCommUserRank") >= RANKS * (ITERS + 1),
+        "{log:#?}"
+    );
     assert_eq!(count(&log, "ncclCommInitRank"), RANKS);
     assert_eq!(count(&log, "ncclCommDestroy"), RANKS);
     for r in 0..RANKS {
         let want = format!("ciera-nccl: rank {r}/{RANKS} nccl comm");
-        let line = err.lines().find(|l| l.starts_with(&want)).unwrap_or_else(|| panic!("no stats from rank {r}:\n{err}"));
-        assert!(line.contains(&format!(": {ITERS} allgathers served by CIERA")), "{line}");
-        assert!(line.contains("0 failed") && line.contains(", 0 passed to NCCL"), "{line}");
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&want))
+            .unwrap_or_else(|| panic!("no stats from rank {r}:\n{err}"));
+        assert!(
+            line.contains(&format!(": {ITERS} allgathers served by CIERA")),
+            "{line}"
+        );
+        assert!(
+            line.contains("0 failed") && line.contains(", 0 passed to NCCL"),
+            "{line}"
+        );
     }
-    eprintln!("served run, stand-in log: {} lines; stats:\n{err}", log.len());
+    eprintln!(
+        "served run, stand-in log: {} lines; stats:\n{err}",
+        log.len()
+    );
 
     // CIERA_DISABLE=1: pure pass-through, every gather reaches the stand-in.
-    let (_, err, log) = run(&b, "disabled", &[("LD_PRELOAD", b.preload.display().to_string()), ("CIERA_DISABLE", "1".into())]);
+    let (_, err, log) = run(
+        &b,
+        "disabled",
+        &[
+            ("LD_PRELOAD", b.preload.display().to_string()),
+            ("CIERA_DISABLE", "1".into()),
+        ],
+    );
     assert_eq!(count(&log, "AllGather count="), RANKS * ITERS, "{log:#?}");
-    assert_eq!(count(&log, "pncclAllGather count="), RANKS, "the app's last call uses the profiling name");
+    assert_eq!(
+        count(&log, "pncclAllGather count="),
+        RANKS,
+        "the app's last call uses the profiling name"
+    );
     assert_eq!(count(&log, "ncclBroadcast"), 0);
     assert!(!err.contains("ciera-nccl"), "{err}");
 
@@ -109,12 +179,22 @@ fn nccl_allgathers_are_served_by_ciera_and_the_rest_passes_through() {
     let (_, err, log) = run(
         &b,
         "fallback",
-        &[("LD_PRELOAD", b.preload.display().to_string()), ("CIERA_TRANSPORT", "carrier-pigeon".into())],
+        &[
+            ("LD_PRELOAD", b.preload.display().to_string()),
+            ("CIERA_TRANSPORT", "carrier-pigeon".into()),
+        ],
     );
     assert_eq!(count(&log, "ncclBroadcast count=128"), RANKS);
     // The agreement allgather plus every one of the app's.
-    assert_eq!(count(&log, "AllGather count="), RANKS * (ITERS + 1), "{log:#?}");
-    assert!(err.contains("CIERA did not start") && err.contains("CIERA_TRANSPORT"), "{err}");
+    assert_eq!(
+        count(&log, "AllGather count="),
+        RANKS * (ITERS + 1),
+        "{log:#?}"
+    );
+    assert!(
+        err.contains("CIERA did not start") && err.contains("CIERA_TRANSPORT"),
+        "{err}"
+    );
 
     // No preload at all: the same as disabled (the baseline the others are compared with).
     let (_, _, log) = run(&b, "plain", &[]);
@@ -127,4 +207,3 @@ fn nccl_interposer_exports_only_allgather() {
     let syms = exported_symbols(&lib_path("libciera_nccl.so"));
     assert_eq!(syms, ["ncclAllGather", "pncclAllGather"]);
 }
-

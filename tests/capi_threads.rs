@@ -13,7 +13,9 @@ const BFLOAT16: c_int = 9;
 
 fn last_error() -> String {
     // SAFETY: cieraGetLastError returns a NUL-terminated string valid until the next failure.
-    unsafe { CStr::from_ptr(cieraGetLastError(null_mut())) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(cieraGetLastError(null_mut())) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 struct Handle(*mut c_void);
@@ -22,9 +24,16 @@ unsafe impl Send for Handle {}
 
 /// Two communicators (ranks 0 and 1 of one job) over TCP, with a short timeout.
 fn pair() -> (Handle, Handle) {
-    let mut id = CUniqueId { internal: [0; UNIQUE_ID_BYTES] };
+    let mut id = CUniqueId {
+        internal: [0; UNIQUE_ID_BYTES],
+    };
     // SAFETY: a writable id.
-    assert_eq!(unsafe { cieraGetUniqueId(&mut id) }, SUCCESS, "{}", last_error());
+    assert_eq!(
+        unsafe { cieraGetUniqueId(&mut id) },
+        SUCCESS,
+        "{}",
+        last_error()
+    );
     let config = CConfig {
         size: std::mem::size_of::<CConfig>(),
         magic: API_MAGIC,
@@ -56,9 +65,23 @@ fn pair() -> (Handle, Handle) {
 fn gather(comm: &Handle, send: &[u16], recv: &mut [u16]) -> (c_int, String) {
     // SAFETY: live vectors of the sizes the call describes (count = send.len(), 2 ranks).
     let rc = unsafe {
-        cieraAllGather(send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len(), BFLOAT16, comm.0, null_mut())
+        cieraAllGather(
+            send.as_ptr() as *const c_void,
+            recv.as_mut_ptr() as *mut c_void,
+            send.len(),
+            BFLOAT16,
+            comm.0,
+            null_mut(),
+        )
     };
-    (rc, if rc == SUCCESS { String::new() } else { last_error() })
+    (
+        rc,
+        if rc == SUCCESS {
+            String::new()
+        } else {
+            last_error()
+        },
+    )
 }
 
 #[test]
@@ -72,7 +95,12 @@ fn abort_from_another_thread_ends_a_blocked_call() {
         gather(&r0, &send, &mut recv)
     });
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(cieraCommAbort(abort_target as *mut c_void), SUCCESS, "{}", last_error());
+    assert_eq!(
+        cieraCommAbort(abort_target as *mut c_void),
+        SUCCESS,
+        "{}",
+        last_error()
+    );
     let (rc, msg) = blocked.join().unwrap();
     // Aborted while blocked (remote error), or, if the abort won the race to the registry,
     // refused as an aborted handle (invalid usage). Either way the message says so.
@@ -82,8 +110,15 @@ fn abort_from_another_thread_ends_a_blocked_call() {
     // The handle is gone now.
     let mut n = 0;
     // SAFETY: a writable int.
-    assert_eq!(unsafe { cieraCommCount(abort_target as *mut c_void, &mut n) }, INVALID_USAGE);
-    assert!(last_error().contains("destroyed or aborted"), "{}", last_error());
+    assert_eq!(
+        unsafe { cieraCommCount(abort_target as *mut c_void, &mut n) },
+        INVALID_USAGE
+    );
+    assert!(
+        last_error().contains("destroyed or aborted"),
+        "{}",
+        last_error()
+    );
     assert_eq!(cieraCommDestroy(r1.0), SUCCESS);
 }
 
@@ -105,7 +140,10 @@ fn a_peer_that_goes_away_leaves_an_async_error() {
     let r1 = h.join().unwrap();
     let mut async_err: c_int = -1;
     // SAFETY: a writable result slot.
-    assert_eq!(unsafe { cieraCommGetAsyncError(r0.0, &mut async_err) }, SUCCESS);
+    assert_eq!(
+        unsafe { cieraCommGetAsyncError(r0.0, &mut async_err) },
+        SUCCESS
+    );
     assert_eq!(async_err, SUCCESS);
 
     // Rank 1 goes away (its links close); rank 0's next gather fails naming it.
@@ -115,12 +153,20 @@ fn a_peer_that_goes_away_leaves_an_async_error() {
     assert!(msg.contains("rank 1"), "{msg}");
     eprintln!("after the peer left: rc {rc}: {msg}");
     // SAFETY: as above.
-    assert_eq!(unsafe { cieraCommGetAsyncError(r0.0, &mut async_err) }, SUCCESS);
+    assert_eq!(
+        unsafe { cieraCommGetAsyncError(r0.0, &mut async_err) },
+        SUCCESS
+    );
     assert_eq!(async_err, rc, "the async error is the failure's code");
     // The communicator stays broken: the next call fails at once with the same code.
     let (rc2, msg2) = gather(&r0, &[5, 5, 5, 5], &mut recv);
     assert_eq!(rc2, rc, "{msg2}");
-    let mut stats = CStats { size: std::mem::size_of::<CStats>(), magic: API_MAGIC, version: STATS_VERSION, ..Default::default() };
+    let mut stats = CStats {
+        size: std::mem::size_of::<CStats>(),
+        magic: API_MAGIC,
+        version: STATS_VERSION,
+        ..Default::default()
+    };
     // SAFETY: a full, initialized stats struct.
     assert_eq!(unsafe { cieraCommGetStats(r0.0, &mut stats) }, SUCCESS);
     assert_eq!((stats.calls, stats.failed_calls), (1, 2));

@@ -21,7 +21,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 use ciera::codec::bitmask::MaskCoding;
-use ciera::codec::{bitmask, decode_raw, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use ciera::codec::{
+    bitmask, decode_raw, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode,
+};
 use ciera::safetensors::SafeTensors;
 use ciera::{DType, Error};
 
@@ -51,7 +53,10 @@ impl Rng {
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 // ---- trace data ------------------------------------------------------------------------------
@@ -87,23 +92,49 @@ fn f32_to_f16(x: u32) -> u16 {
 fn trajectories() -> Vec<Trajectory> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/olmoe-slice");
     let mut out = Vec::new();
-    for window in [[0u32, 1, 2], [100, 101, 102], [300, 301, 302], [597, 598, 599]] {
+    for window in [
+        [0u32, 1, 2],
+        [100, 101, 102],
+        [300, 301, 302],
+        [597, 598, 599],
+    ] {
         let files: Vec<SafeTensors> = window
             .iter()
-            .map(|s| SafeTensors::open(&dir.join(format!("step_{s:05}.safetensors"))).expect("bundled trace slice"))
+            .map(|s| {
+                SafeTensors::open(&dir.join(format!("step_{s:05}.safetensors")))
+                    .expect("bundled trace slice")
+            })
             .collect();
         for t in &files[0].tensors {
-            let steps: [Vec<u8>; 3] = std::array::from_fn(|i| files[i].bytes(files[i].get(&t.name).unwrap()).to_vec());
+            let steps: [Vec<u8>; 3] =
+                std::array::from_fn(|i| files[i].bytes(files[i].get(&t.name).unwrap()).to_vec());
             if t.dtype == DType::F32 {
                 let half: [Vec<u8>; 3] = std::array::from_fn(|i| {
-                    steps[i].chunks_exact(4).flat_map(|c| f32_to_f16(u32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()).collect()
+                    steps[i]
+                        .chunks_exact(4)
+                        .flat_map(|c| {
+                            f32_to_f16(u32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                        })
+                        .collect()
                 });
-                out.push(Trajectory { name: format!("{}@{}->f16", t.name, window[0]), dtype: DType::F16, steps: half });
+                out.push(Trajectory {
+                    name: format!("{}@{}->f16", t.name, window[0]),
+                    dtype: DType::F16,
+                    steps: half,
+                });
             }
-            out.push(Trajectory { name: format!("{}@{}", t.name, window[0]), dtype: t.dtype, steps });
+            out.push(Trajectory {
+                name: format!("{}@{}", t.name, window[0]),
+                dtype: t.dtype,
+                steps,
+            });
         }
     }
-    assert!(out.len() >= 12, "trace slice has {} trajectories", out.len());
+    assert!(
+        out.len() >= 12,
+        "trace slice has {} trajectories",
+        out.len()
+    );
     out
 }
 
@@ -143,10 +174,29 @@ struct Base {
 }
 
 fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
-    let kind = [Kind::Delta, Kind::Delta, Kind::Delta, Kind::ColdFill, Kind::WarmFill, Kind::Chunk, Kind::Chunk, Kind::Raw][rng.below(8)];
+    let kind = [
+        Kind::Delta,
+        Kind::Delta,
+        Kind::Delta,
+        Kind::ColdFill,
+        Kind::WarmFill,
+        Kind::Chunk,
+        Kind::Chunk,
+        Kind::Raw,
+    ][rng.below(8)];
     let t = &trajs[rng.below(trajs.len())];
     let (dtype, steps): (DType, [Vec<u8>; 3]) = if kind == Kind::Raw {
-        let d = [DType::I8, DType::U8, DType::I32, DType::U32, DType::I64, DType::U64, DType::F64, DType::F8E4M3, DType::F8E5M2][rng.below(9)];
+        let d = [
+            DType::I8,
+            DType::U8,
+            DType::I32,
+            DType::U32,
+            DType::I64,
+            DType::U64,
+            DType::F64,
+            DType::F8E4M3,
+            DType::F8E5M2,
+        ][rng.below(9)];
         // Reinterpret trace bytes: raw types only move bytes.
         (d, t.steps.clone())
     } else {
@@ -195,7 +245,9 @@ fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
             let a = rng.below(len + 1);
             let b = a + rng.below(len - a + 1);
             range = a..b;
-            tx.chunk(range.clone()).encode(&x1[a * size..b * size], &mut frame).unwrap();
+            tx.chunk(range.clone())
+                .encode(&x1[a * size..b * size], &mut frame)
+                .unwrap();
         }
     }
     if !dtype.is_compressible() {
@@ -229,7 +281,15 @@ struct Decoded {
 }
 
 fn decode_on_copy(b: &Base, bytes: &[u8]) -> Decoded {
-    let mut rx = slot_at(b.dtype, b.mode, b.choice, b.len, b.rx_version, b.rx_warm, &b.rx_prev);
+    let mut rx = slot_at(
+        b.dtype,
+        b.mode,
+        b.choice,
+        b.len,
+        b.rx_version,
+        b.rx_warm,
+        &b.rx_prev,
+    );
     let size = b.dtype.size();
     let mut out = vec![0xC3u8; b.range.len() * size];
     let result = if b.kind == Kind::Chunk {
@@ -258,13 +318,25 @@ fn follow_up(b: &Base, d: &mut Decoded) -> Result<(), String> {
     if b.kind == Kind::Chunk || !d.rx.is_warm() {
         return Ok(());
     }
-    let mut tx = slot_at(b.dtype, b.mode, b.choice, b.len, d.rx.version(), true, &d.out);
+    let mut tx = slot_at(
+        b.dtype,
+        b.mode,
+        b.choice,
+        b.len,
+        d.rx.version(),
+        true,
+        &d.out,
+    );
     let mut f = Vec::new();
-    tx.encode(&b.next, &mut f).map_err(|e| format!("follow-up encode: {e}"))?;
+    tx.encode(&b.next, &mut f)
+        .map_err(|e| format!("follow-up encode: {e}"))?;
     let mut out = vec![0u8; b.next.len()];
     match d.rx.decode(&f, &mut out) {
         Ok(_) if out == b.next => Ok(()),
-        Ok(_) => Err("follow-up frame decoded to other values: the slot disagrees with what it reported".into()),
+        Ok(_) => Err(
+            "follow-up frame decoded to other values: the slot disagrees with what it reported"
+                .into(),
+        ),
         Err(e) => Err(format!("follow-up frame refused: {e}")),
     }
 }
@@ -278,32 +350,64 @@ fn canonical(b: &Base, bytes: &[u8], info: &FrameInfo, out: &[u8]) -> Result<(),
     if info.mode == Mode::Raw {
         return Ok(());
     }
-    let choice = if info.mode == Mode::Exp { FrameChoice::Exp } else { FrameChoice::Hybrid };
-    let mut tx = slot_at(b.dtype, b.mode, choice, b.len, info.version, true, &b.rx_prev);
+    let choice = if info.mode == Mode::Exp {
+        FrameChoice::Exp
+    } else {
+        FrameChoice::Hybrid
+    };
+    let mut tx = slot_at(
+        b.dtype,
+        b.mode,
+        choice,
+        b.len,
+        info.version,
+        true,
+        &b.rx_prev,
+    );
     let mut f = Vec::new();
-    let tinfo = tx.chunk(b.range.clone()).encode(out, &mut f).map_err(|e| format!("canonical encode: {e}"))?;
+    let tinfo = tx
+        .chunk(b.range.clone())
+        .encode(out, &mut f)
+        .map_err(|e| format!("canonical encode: {e}"))?;
     if tinfo.mode == Mode::Raw {
         // The encoder sends a FILL where its delta would be longer than the values; such a
         // delta is still a valid frame to accept, but there is no canonical one to compare.
         return Ok(());
     }
-    if tinfo.mode != info.mode || (tinfo.exp_changes, tinfo.value_changes) != (info.exp_changes, info.value_changes) {
-        return Err(format!("accepted {info:?}; the canonical frame for its output is {tinfo:?}"));
+    if tinfo.mode != info.mode
+        || (tinfo.exp_changes, tinfo.value_changes) != (info.exp_changes, info.value_changes)
+    {
+        return Err(format!(
+            "accepted {info:?}; the canonical frame for its output is {tinfo:?}"
+        ));
     }
     let (p, q) = (frame::parse(bytes).unwrap(), frame::parse(&f).unwrap());
-    let mask_sections: &[usize] = if info.mode == Mode::Exp { &[1] } else { &[1, 2] };
+    let mask_sections: &[usize] = if info.mode == Mode::Exp {
+        &[1]
+    } else {
+        &[1, 2]
+    };
     for i in 0..4 {
         if mask_sections.contains(&i) {
-            let m = if i == 1 { b.range.len() } else { info.value_changes.unwrap() };
+            let m = if i == 1 {
+                b.range.len()
+            } else {
+                info.value_changes.unwrap()
+            };
             let (mut x, mut y) = (Vec::new(), Vec::new());
             let _ = bitmask::decode(p.sections[i], m, &mut x);
             let _ = bitmask::decode(q.sections[i], m, &mut y);
             if x != y {
-                return Err(format!("accepted frame's mask s{i} differs from the canonical one"));
+                return Err(format!(
+                    "accepted frame's mask s{i} differs from the canonical one"
+                ));
             }
-            mask_is_canonical(p.sections[i], m, &x).map_err(|e| format!("accepted frame's mask s{i}: {e}"))?;
+            mask_is_canonical(p.sections[i], m, &x)
+                .map_err(|e| format!("accepted frame's mask s{i}: {e}"))?;
         } else if p.sections[i] != q.sections[i] {
-            return Err(format!("accepted frame's s{i} differs from the canonical coding of its output"));
+            return Err(format!(
+                "accepted frame's s{i} differs from the canonical coding of its output"
+            ));
         }
     }
     Ok(())
@@ -318,7 +422,10 @@ fn check(b: &Base, bytes: &[u8], class: Class, what: &str) -> Result<bool, Strin
             Err(_) => return Ok(false),
             Ok(info) => {
                 if class == Class::Strict && d.out != b.expect {
-                    return Err(format!("accepted with different output ({:?} frame)", info.mode));
+                    return Err(format!(
+                        "accepted with different output ({:?} frame)",
+                        info.mode
+                    ));
                 }
                 if info.count != b.range.len() || info.dtype != b.dtype {
                     return Err(format!("accepted with info {info:?}"));
@@ -332,8 +439,14 @@ fn check(b: &Base, bytes: &[u8], class: Class, what: &str) -> Result<bool, Strin
         Ok(Ok(ok)) => Ok(ok),
         Ok(Err(e)) => Err(format!("{what}: {e}")),
         Err(p) => {
-            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            Err(format!("{what}: decoder PANICKED: {}", msg.unwrap_or_default()))
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(format!(
+                "{what}: decoder PANICKED: {}",
+                msg.unwrap_or_default()
+            ))
         }
     }
 }
@@ -444,7 +557,13 @@ fn mutate_structure(rng: &mut Rng, f: &[u8]) -> (String, Vec<u8>) {
         }
         2 => {
             let c = u64::from_le_bytes(g[8..16].try_into().unwrap());
-            let nc = [c.wrapping_add(1), c.wrapping_sub(1), c * 2, rng.next() % 100_000, 0][rng.below(5)];
+            let nc = [
+                c.wrapping_add(1),
+                c.wrapping_sub(1),
+                c * 2,
+                rng.next() % 100_000,
+                0,
+            ][rng.below(5)];
             g[8..16].copy_from_slice(&nc.to_le_bytes());
             format!("count {c} -> {nc}")
         }
@@ -541,7 +660,11 @@ fn mutate_content(rng: &mut Rng, f: &[u8]) -> Option<(String, Vec<u8>)> {
 fn report(seed: u64, case: usize, b: &Base, g: &[u8], msg: String) -> String {
     let path = std::env::temp_dir().join(format!("ciera-corrupt-{seed}-{case}.bin"));
     let _ = std::fs::write(&path, g);
-    format!("seed {seed} case {case}: {}\n  {msg}\n  frame written to {}", b.desc, path.display())
+    format!(
+        "seed {seed} case {case}: {}\n  {msg}\n  frame written to {}",
+        b.desc,
+        path.display()
+    )
 }
 
 // ---- the tests ---------------------------------------------------------------------------------
@@ -562,7 +685,11 @@ fn damaged_trace_frames_are_refused_or_exact() {
             continue;
         }
         let d = decode_on_copy(&b, &b.frame);
-        assert!(d.result.is_ok() && d.out == b.expect, "{}: valid frame", b.desc);
+        assert!(
+            d.result.is_ok() && d.out == b.expect,
+            "{}: valid frame",
+            b.desc
+        );
         for _ in 0..8 {
             let (what, g) = mutate_raw(&mut rng, &b.frame);
             decodes += 1;
@@ -580,7 +707,9 @@ fn damaged_trace_frames_are_refused_or_exact() {
             }
         }
         for _ in 0..6 {
-            let Some((what, g)) = mutate_content(&mut rng, &b.frame) else { break };
+            let Some((what, g)) = mutate_content(&mut rng, &b.frame) else {
+                break;
+            };
             decodes += 1;
             match check(&b, &g, Class::Consistent, &what) {
                 Ok(ok) => accepted[2] += ok as usize,
@@ -596,7 +725,12 @@ fn damaged_trace_frames_are_refused_or_exact() {
          {} structural edits, {} content edits",
         accepted[0], accepted[1], accepted[2]
     );
-    assert!(failures.is_empty(), "{} failure(s):\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// A flat-coded mask (coding 1, then the bits LSB first).
@@ -626,7 +760,11 @@ fn damaged_masks_are_refused_or_canonical() {
             }
         }
         let ones: u32 = words.iter().map(|w| w.count_ones()).sum();
-        let coding = if ones == 0 { MaskCoding::Zero } else { [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans][rng.below(3)] };
+        let coding = if ones == 0 {
+            MaskCoding::Zero
+        } else {
+            [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans][rng.below(3)]
+        };
         let mut enc = Vec::new();
         bitmask::encode(&words, m, coding, &mut enc);
         let mut g = enc.clone();
@@ -635,7 +773,10 @@ fn damaged_masks_are_refused_or_canonical() {
             // A level-1 bit for a word past the end, with a level-2 byte for it where the
             // decoder would look: must be refused, not skipped.
             let l1_len = g_words.div_ceil(8);
-            let nz: usize = g[1..1 + l1_len].iter().map(|b| b.count_ones() as usize).sum();
+            let nz: usize = g[1..1 + l1_len]
+                .iter()
+                .map(|b| b.count_ones() as usize)
+                .sum();
             g[l1_len] |= 1 << (g_words % 8);
             g.insert(1 + l1_len + nz, 1 + rng.below(255) as u8);
         }
@@ -664,7 +805,10 @@ fn damaged_masks_are_refused_or_canonical() {
             let mut back = Vec::new();
             match bitmask::decode(&g, m, &mut back) {
                 Ok(n) => {
-                    assert_eq!(n, back.iter().map(|w| w.count_ones() as usize).sum::<usize>());
+                    assert_eq!(
+                        n,
+                        back.iter().map(|w| w.count_ones() as usize).sum::<usize>()
+                    );
                     mask_is_canonical(&g, m, &back).map(|_| 1)
                 }
                 Err(_) => Ok(0),
@@ -672,11 +816,17 @@ fn damaged_masks_are_refused_or_canonical() {
         }));
         match r {
             Ok(Ok(n)) => accepted += n,
-            Ok(Err(e)) => panic!("case {case}: {coding:?} mask of {m} bits, damaged {:02x?}: {e}", g),
+            Ok(Err(e)) => panic!(
+                "case {case}: {coding:?} mask of {m} bits, damaged {:02x?}: {e}",
+                g
+            ),
             Err(_) => panic!("case {case}: mask decoder panicked on {:02x?} (m = {m})", g),
         }
     }
-    eprintln!("{} damaged masks, {accepted} accepted (all canonical)", 3000 * scale);
+    eprintln!(
+        "{} damaged masks, {accepted} accepted (all canonical)",
+        3000 * scale
+    );
 }
 
 /// Arbitrary bytes, and arbitrary bytes behind a plausible resealed header, against random slots.
@@ -705,7 +855,11 @@ fn arbitrary_bytes_are_refused_without_panicking() {
                 DType::F32 => 3 * len,
                 _ => len * size,
             };
-            let mode = if dtype.is_compressible() { rng.below(3) as u8 } else { 0 };
+            let mode = if dtype.is_compressible() {
+                rng.below(3) as u8
+            } else {
+                0
+            };
             let mut secs: [Vec<u8>; 4] = Default::default();
             match mode {
                 0 => secs[0] = rng.bytes(len * size),
@@ -739,7 +893,10 @@ fn arbitrary_bytes_are_refused_without_panicking() {
             g[7] = (mode == 0 && rng.below(2) == 0) as u8;
             g[8..16].copy_from_slice(&(len as u64).to_le_bytes());
             g[24..32].copy_from_slice(&version.to_le_bytes());
-            set_section_lens(&mut g, [secs[0].len(), secs[1].len(), secs[2].len(), secs[3].len()]);
+            set_section_lens(
+                &mut g,
+                [secs[0].len(), secs[1].len(), secs[2].len(), secs[3].len()],
+            );
             for sec in secs {
                 g.extend(sec);
             }
@@ -750,13 +907,26 @@ fn arbitrary_bytes_are_refused_without_panicking() {
             let mut g = rng.bytes(frame::HEADER_LEN);
             g[0..4].copy_from_slice(b"CIRF");
             g[4] = 1;
-            g[5] = if rng.below(8) == 0 { rng.next() as u8 } else { dtype.code() };
+            g[5] = if rng.below(8) == 0 {
+                rng.next() as u8
+            } else {
+                dtype.code()
+            };
             g[6] = rng.below(4) as u8;
             g[7] = [0, 0, 1, rng.next() as u8][rng.below(4)];
-            g[8..16].copy_from_slice(&(if rng.below(8) == 0 { rng.next() % 1000 } else { len as u64 }).to_le_bytes());
+            g[8..16].copy_from_slice(
+                &(if rng.below(8) == 0 {
+                    rng.next() % 1000
+                } else {
+                    len as u64
+                })
+                .to_le_bytes(),
+            );
             g[16..24].copy_from_slice(&0u64.to_le_bytes());
             g[24..32].copy_from_slice(&version.to_le_bytes());
-            let s: [usize; 4] = std::array::from_fn(|_| [0, 1, 2, 3, 8, rng.below(64), len * dtype.size()][rng.below(7)]);
+            let s: [usize; 4] = std::array::from_fn(|_| {
+                [0, 1, 2, 3, 8, rng.below(64), len * dtype.size()][rng.below(7)]
+            });
             set_section_lens(&mut g, s);
             let body = rng.bytes(s.iter().sum());
             g.extend(body);
@@ -799,10 +969,17 @@ fn arbitrary_bytes_are_refused_without_panicking() {
         }));
         match r {
             Ok(ok) => oks += ok as usize,
-            Err(_) => panic!("seed {seed} case {case}: decoder panicked on {} bytes: {:02x?}", g.len(), &g[..g.len().min(128)]),
+            Err(_) => panic!(
+                "seed {seed} case {case}: decoder panicked on {} bytes: {:02x?}",
+                g.len(),
+                &g[..g.len().min(128)]
+            ),
         }
     }
-    eprintln!("{} arbitrary frames, {oks} accepted (valid by construction)", 8000 * scale);
+    eprintln!(
+        "{} arbitrary frames, {oks} accepted (valid by construction)",
+        8000 * scale
+    );
 }
 
 /// The error each refusal reports names the failed check.
@@ -821,16 +998,35 @@ fn damage_reports_a_codec_error() {
             other => panic!("{}: last byte flipped: {other:?}", b.desc),
         }
         let d = decode_on_copy(&b, &b.frame[..b.frame.len() - 1]);
-        assert!(matches!(d.result, Err(Error::LengthMismatch { .. })), "{}: truncated: {:?}", b.desc, d.result);
+        assert!(
+            matches!(d.result, Err(Error::LengthMismatch { .. })),
+            "{}: truncated: {:?}",
+            b.desc,
+            d.result
+        );
         let d = decode_on_copy(&b, &b.frame[..10.min(b.frame.len())]);
-        assert!(matches!(d.result, Err(Error::LengthMismatch { .. })), "{}: 10 bytes: {:?}", b.desc, d.result);
+        assert!(
+            matches!(d.result, Err(Error::LengthMismatch { .. })),
+            "{}: 10 bytes: {:?}",
+            b.desc,
+            d.result
+        );
         let mut g = b.frame.clone();
         g[0] = b'X';
-        assert!(matches!(decode_on_copy(&b, &g).result, Err(Error::CorruptFrame { what: "magic", .. })));
+        assert!(matches!(
+            decode_on_copy(&b, &g).result,
+            Err(Error::CorruptFrame { what: "magic", .. })
+        ));
         let mut g = b.frame.clone();
         g[4] = 2;
         reseal(&mut g);
-        assert!(matches!(decode_on_copy(&b, &g).result, Err(Error::CorruptFrame { what: "format version", .. })));
+        assert!(matches!(
+            decode_on_copy(&b, &g).result,
+            Err(Error::CorruptFrame {
+                what: "format version",
+                ..
+            })
+        ));
     }
 }
 
@@ -878,7 +1074,10 @@ fn decode_raw_refuses_a_huge_count() {
             reseal(&mut f);
             let mut out = vec![0u8; 2 * dtype.size()];
             let r = catch_unwind(AssertUnwindSafe(|| decode_raw(&f, &mut out).map(|_| ())));
-            assert!(matches!(r, Ok(Err(_))), "decode_raw of a {dtype:?} frame of 2 values claiming {count}: {r:?}");
+            assert!(
+                matches!(r, Ok(Err(_))),
+                "decode_raw of a {dtype:?} frame of 2 values claiming {count}: {r:?}"
+            );
         }
     }
 }

@@ -252,7 +252,9 @@ mod spec {
         for i in 0..n {
             let st = &mut x[i % 2];
             let slot = *st & 4095;
-            let s = (0..256).find(|&s| freq[s] > 0 && c[s] <= slot && slot < c[s] + freq[s]).unwrap();
+            let s = (0..256)
+                .find(|&s| freq[s] > 0 && c[s] <= slot && slot < c[s] + freq[s])
+                .unwrap();
             out.push(s as u8);
             *st = freq[s] * (*st >> 12) + slot - c[s];
             while *st < L {
@@ -278,15 +280,24 @@ mod spec {
         const P1: u64 = 0x9E3779B185EBCA87;
         const P2: u64 = 0xC2B2AE3D27D4EB4F;
         const P3: u64 = 0x165667B19E3779F9;
-        const KEY: [u64; 4] = [0xbe4ba423396cfeb8, 0x1cad21f72c81017c, 0xdb979083e96dd4de, 0x1f67b3b7a4a44072];
+        const KEY: [u64; 4] = [
+            0xbe4ba423396cfeb8,
+            0x1cad21f72c81017c,
+            0xdb979083e96dd4de,
+            0x1f67b3b7a4a44072,
+        ];
         let mut acc = [P1, P2, P3, 0x27D4EB2F165667C5];
         for (s, stripe) in data.chunks(32).enumerate() {
             let mut padded = [0u8; 32];
             padded[..stripe.len()].copy_from_slice(stripe);
-            let w: [u64; 4] = std::array::from_fn(|l| u64::from_le_bytes(padded[8 * l..8 * l + 8].try_into().unwrap()));
+            let w: [u64; 4] = std::array::from_fn(|l| {
+                u64::from_le_bytes(padded[8 * l..8 * l + 8].try_into().unwrap())
+            });
             for l in 0..4 {
                 let v = w[l] ^ KEY[l] ^ (s as u64).wrapping_mul(P2);
-                acc[l] = acc[l].wrapping_add((v & 0xffffffff).wrapping_mul(v >> 32)).wrapping_add(w[l ^ 1]);
+                acc[l] = acc[l]
+                    .wrapping_add((v & 0xffffffff).wrapping_mul(v >> 32))
+                    .wrapping_add(w[l ^ 1]);
             }
         }
         let mut h = (data.len() as u64).wrapping_mul(P3);
@@ -365,7 +376,8 @@ fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     v.push(Case {
         name: "bf16_exp_8",
-        about: "bf16, exponent cache, 8 values: a FILL, then an exp frame with one exponent change \
+        about:
+            "bf16, exponent cache, 8 values: a FILL, then an exp frame with one exponent change \
                 (element 0, 1.0 -> 2.0) and three mantissa changes; flat mask",
         dtype: DType::BF16,
         mode: CacheMode::Exponent,
@@ -373,75 +385,124 @@ fn cases() -> Vec<Case> {
         chunk: None,
         steps: plain(vec![
             // 1.0, -2.0, 0.5, 3.0, 0.0, -0.0, 1.5, 100.0
-            u16s(&[0x3F80, 0xC000, 0x3F00, 0x4040, 0x0000, 0x8000, 0x3FC0, 0x42C8]),
+            u16s(&[
+                0x3F80, 0xC000, 0x3F00, 0x4040, 0x0000, 0x8000, 0x3FC0, 0x42C8,
+            ]),
             // 2.0, -2.5, 0.5, 3.5, 0.0, -0.0, 1.75, 100.0
-            u16s(&[0x4000, 0xC020, 0x3F00, 0x4060, 0x0000, 0x8000, 0x3FE0, 0x42C8]),
+            u16s(&[
+                0x4000, 0xC020, 0x3F00, 0x4060, 0x0000, 0x8000, 0x3FE0, 0x42C8,
+            ]),
         ]),
     });
     v.push(Case {
         name: "f16_exp_11",
-        about: "fp16, exponent cache, 11 values (a group of 8 and a tail of 3 in the 3-bit packing), \
+        about:
+            "fp16, exponent cache, 11 values (a group of 8 and a tail of 3 in the 3-bit packing), \
                 with +inf, a NaN with payload, a subnormal and -0; two exponent changes (3, 9)",
         dtype: DType::F16,
         mode: CacheMode::Exponent,
         choice: FrameChoice::Auto,
         chunk: None,
         steps: plain(vec![
-            u16s(&[0x3C00, 0xC000, 0x3800, 0x7BFF, 0x7C00, 0x7E01, 0x0001, 0x8000, 0x3E00, 0x2E66, 0x4200]),
-            u16s(&[0x3C01, 0xC000, 0x3A00, 0x77FF, 0x7C00, 0x7E02, 0x0003, 0x8000, 0x3E00, 0x3266, 0x4201]),
+            u16s(&[
+                0x3C00, 0xC000, 0x3800, 0x7BFF, 0x7C00, 0x7E01, 0x0001, 0x8000, 0x3E00, 0x2E66,
+                0x4200,
+            ]),
+            u16s(&[
+                0x3C01, 0xC000, 0x3A00, 0x77FF, 0x7C00, 0x7E02, 0x0003, 0x8000, 0x3E00, 0x3266,
+                0x4201,
+            ]),
         ]),
     });
     v.push(Case {
         name: "f32_exp_5",
-        about: "fp32, full-value cache sending exp frames, 5 values (a subnormal, a quiet NaN with \
+        about:
+            "fp32, full-value cache sending exp frames, 5 values (a subnormal, a quiet NaN with \
                 payload): one exponent change, then none (Zero mask)",
         dtype: DType::F32,
         mode: CacheMode::FullValue,
         choice: FrameChoice::Exp,
         chunk: None,
         steps: plain(vec![
-            u32s(&[0x3F80_0000, 0xBDCC_CCCD, 0x0001_16C2, 0x7FC0_0123, 0x447A_0000]),
-            u32s(&[0x3F80_0001, 0xBE4C_CCCD, 0x0001_16C2, 0x7FC0_0124, 0x447A_0000]),
-            u32s(&[0x3F80_0002, 0xBE4C_CCCE, 0x0001_16C3, 0x7FC0_0124, 0x447A_0001]),
+            u32s(&[
+                0x3F80_0000,
+                0xBDCC_CCCD,
+                0x0001_16C2,
+                0x7FC0_0123,
+                0x447A_0000,
+            ]),
+            u32s(&[
+                0x3F80_0001,
+                0xBE4C_CCCD,
+                0x0001_16C2,
+                0x7FC0_0124,
+                0x447A_0000,
+            ]),
+            u32s(&[
+                0x3F80_0002,
+                0xBE4C_CCCE,
+                0x0001_16C3,
+                0x7FC0_0124,
+                0x447A_0001,
+            ]),
         ]),
     });
     v.push(Case {
         name: "bf16_hybrid_10",
-        about: "bf16, full-value cache, hybrid frames, 10 values: 3 change (one with its exponent, \
+        about:
+            "bf16, full-value cache, hybrid frames, 10 values: 3 change (one with its exponent, \
                 one a NaN payload), then nothing changes (k = 0: empty s0, Zero masks)",
         dtype: DType::BF16,
         mode: CacheMode::FullValue,
         choice: FrameChoice::Hybrid,
         chunk: None,
         steps: plain(vec![
-            u16s(&[0x3F80, 0x3F81, 0x3F82, 0x3F83, 0xBF80, 0x4000, 0x4001, 0x0000, 0x7FC1, 0x3C00]),
-            u16s(&[0x3F80, 0x3F85, 0x3F82, 0x3F83, 0xBF80, 0x4080, 0x4001, 0x0000, 0x7FC2, 0x3C00]),
-            u16s(&[0x3F80, 0x3F85, 0x3F82, 0x3F83, 0xBF80, 0x4080, 0x4001, 0x0000, 0x7FC2, 0x3C00]),
+            u16s(&[
+                0x3F80, 0x3F81, 0x3F82, 0x3F83, 0xBF80, 0x4000, 0x4001, 0x0000, 0x7FC1, 0x3C00,
+            ]),
+            u16s(&[
+                0x3F80, 0x3F85, 0x3F82, 0x3F83, 0xBF80, 0x4080, 0x4001, 0x0000, 0x7FC2, 0x3C00,
+            ]),
+            u16s(&[
+                0x3F80, 0x3F85, 0x3F82, 0x3F83, 0xBF80, 0x4080, 0x4001, 0x0000, 0x7FC2, 0x3C00,
+            ]),
         ]),
     });
     v.push(Case {
         name: "f16_hybrid_13",
-        about: "fp16, full-value cache, hybrid frames, 13 values: 9 change (the 3-bit packing over \
+        about:
+            "fp16, full-value cache, hybrid frames, 13 values: 9 change (the 3-bit packing over \
                 the 9 changed values: a group of 8 and a tail of 1), two of them in exponent",
         dtype: DType::F16,
         mode: CacheMode::FullValue,
         choice: FrameChoice::Hybrid,
         chunk: None,
         steps: plain(vec![
-            u16s(&[0x3C00, 0x3C01, 0x3C02, 0x3C03, 0xBC04, 0x3C05, 0x3C06, 0x3C07, 0x3C08, 0x3C09, 0x3C0A, 0x3C0B, 0x3C0C]),
-            u16s(&[0x3C00, 0x3D01, 0x3C12, 0x4003, 0xBE04, 0x3C05, 0x3F06, 0x3C17, 0x3C08, 0xB809, 0x3C1A, 0x3C0B, 0x3FFF]),
+            u16s(&[
+                0x3C00, 0x3C01, 0x3C02, 0x3C03, 0xBC04, 0x3C05, 0x3C06, 0x3C07, 0x3C08, 0x3C09,
+                0x3C0A, 0x3C0B, 0x3C0C,
+            ]),
+            u16s(&[
+                0x3C00, 0x3D01, 0x3C12, 0x4003, 0xBE04, 0x3C05, 0x3F06, 0x3C17, 0x3C08, 0xB809,
+                0x3C1A, 0x3C0B, 0x3FFF,
+            ]),
         ]),
     });
     v.push(Case {
         name: "bf16_exp_hier_200",
-        about: "bf16, exponent cache, 200 values, exponent changes at 5, 6 and 150: a hierarchical \
+        about:
+            "bf16, exponent cache, 200 values, exponent changes at 5, 6 and 150: a hierarchical \
                 mask (L1 = 0b0101, L2 = [0x01, 0x04], L3 = [0x60, 0x40])",
         dtype: DType::BF16,
         mode: CacheMode::Exponent,
         choice: FrameChoice::Auto,
         chunk: None,
         steps: plain(vec![
-            u16s(&(0..200u16).map(|i| 0x3C00 | ((i * 37) & 0x7f) | ((i & 1) << 15)).collect::<Vec<_>>()),
+            u16s(
+                &(0..200u16)
+                    .map(|i| 0x3C00 | ((i * 37) & 0x7f) | ((i & 1) << 15))
+                    .collect::<Vec<_>>(),
+            ),
             u16s(
                 &(0..200u16)
                     .map(|i| {
@@ -454,7 +515,8 @@ fn cases() -> Vec<Case> {
     });
     v.push(Case {
         name: "bf16_hybrid_rans_512",
-        about: "bf16, full-value cache, hybrid frames, 512 values; the changed-value mask has bytes \
+        about:
+            "bf16, full-value cache, hybrid frames, 512 values; the changed-value mask has bytes \
                 0x0f (7 of 8) and 0xf0: coded with rANS (two symbols, freqs 3584 and 512)",
         dtype: DType::BF16,
         mode: CacheMode::FullValue,
@@ -484,7 +546,11 @@ fn cases() -> Vec<Case> {
         chunk: Some(8),
         steps: plain(vec![
             u16s(&(0..20u16).map(|i| 0x3F00 + i).collect::<Vec<_>>()),
-            u16s(&(0..20u16).map(|i| if i == 17 { 0x3F80 + i } else { 0x3F00 + i + 1 }).collect::<Vec<_>>()),
+            u16s(
+                &(0..20u16)
+                    .map(|i| if i == 17 { 0x3F80 + i } else { 0x3F00 + i + 1 })
+                    .collect::<Vec<_>>(),
+            ),
         ]),
     });
     v.push(Case {
@@ -525,7 +591,10 @@ fn cases() -> Vec<Case> {
         mode: CacheMode::Exponent,
         choice: FrameChoice::Auto,
         chunk: None,
-        steps: plain(vec![u32s(&[1, 0xFFFF_FFFF, 0x8000_0000]), u32s(&[2, 0xFFFF_FFFE, 0x8000_0000])]),
+        steps: plain(vec![
+            u32s(&[1, 0xFFFF_FFFF, 0x8000_0000]),
+            u32s(&[2, 0xFFFF_FFFE, 0x8000_0000]),
+        ]),
     });
     v
 }
@@ -559,7 +628,12 @@ fn encode_case(c: &Case) -> Vec<Vec<(FrameInfo, Vec<u8>)>> {
                     .iter_mut()
                     .map(|ch| {
                         let mut f = Vec::new();
-                        let info = ch.encode(&input[ch.offset() * size..(ch.offset() + ch.len()) * size], &mut f).unwrap();
+                        let info = ch
+                            .encode(
+                                &input[ch.offset() * size..(ch.offset() + ch.len()) * size],
+                                &mut f,
+                            )
+                            .unwrap();
                         (info, f)
                     })
                     .collect();
@@ -588,21 +662,25 @@ fn decode_case(c: &Case, frames: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
         match c.chunk {
             None => {
                 assert_eq!(fs.len(), 1);
-                rx.decode(&fs[0], &mut out).unwrap_or_else(|e| panic!("{} step {step}: {e}", c.name));
+                rx.decode(&fs[0], &mut out)
+                    .unwrap_or_else(|e| panic!("{} step {step}: {e}", c.name));
             }
             Some(n) => {
-                let infos: Vec<FrameInfo> = {
-                    let mut chunks = rx.chunks(n);
-                    assert_eq!(chunks.len(), fs.len());
-                    // Decode in reverse order: frames are independent.
-                    let mut infos = Vec::new();
-                    for (i, ch) in chunks.iter_mut().enumerate().rev() {
-                        let p = frame::parse(&fs[i]).unwrap();
-                        let r = ch.offset() * size..(ch.offset() + ch.len()) * size;
-                        infos.push(ch.decode(&p, &mut out[r]).unwrap_or_else(|e| panic!("{} step {step} chunk {i}: {e}", c.name)));
-                    }
-                    infos
-                };
+                let infos: Vec<FrameInfo> =
+                    {
+                        let mut chunks = rx.chunks(n);
+                        assert_eq!(chunks.len(), fs.len());
+                        // Decode in reverse order: frames are independent.
+                        let mut infos = Vec::new();
+                        for (i, ch) in chunks.iter_mut().enumerate().rev() {
+                            let p = frame::parse(&fs[i]).unwrap();
+                            let r = ch.offset() * size..(ch.offset() + ch.len()) * size;
+                            infos.push(ch.decode(&p, &mut out[r]).unwrap_or_else(|e| {
+                                panic!("{} step {step} chunk {i}: {e}", c.name)
+                            }));
+                        }
+                        infos
+                    };
                 rx.commit(&infos).unwrap();
             }
         }
@@ -628,7 +706,11 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
             version = *v;
         }
         let mut frames = Vec::new();
-        let offsets: Vec<usize> = if n_all == 0 { vec![0] } else { (0..n_all).step_by(chunk).collect() };
+        let offsets: Vec<usize> = if n_all == 0 {
+            vec![0]
+        } else {
+            (0..n_all).step_by(chunk).collect()
+        };
         for (ci, &off) in offsets.iter().enumerate() {
             let n = chunk.min(n_all - off);
             let cur = &input[off * size..(off + n) * size];
@@ -651,13 +733,16 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                 let old = &prev[off * size..(off + n) * size];
                 let vals: Vec<u32> = (0..n).map(|i| spec::value(c.dtype, cur, i)).collect();
                 let olds: Vec<u32> = (0..n).map(|i| spec::value(c.dtype, old, i)).collect();
-                let exp_changed: Vec<bool> =
-                    (0..n).map(|i| spec::exponent(c.dtype, vals[i]) != spec::exponent(c.dtype, olds[i])).collect();
+                let exp_changed: Vec<bool> = (0..n)
+                    .map(|i| spec::exponent(c.dtype, vals[i]) != spec::exponent(c.dtype, olds[i]))
+                    .collect();
                 let fallback = actual[6] == 0;
                 let mode = match (c.mode, c.choice) {
                     (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => 1,
                     (_, FrameChoice::Hybrid) => 2,
-                    (_, FrameChoice::Auto) if fallback => panic!("{ctx}: cannot tell which delta an Auto slot replaced by a FILL"),
+                    (_, FrameChoice::Auto) if fallback => {
+                        panic!("{ctx}: cannot tell which delta an Auto slot replaced by a FILL")
+                    }
                     (_, FrameChoice::Auto) => actual[6],
                 };
                 let mut h = spec::Header { mode, ..h };
@@ -668,7 +753,8 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                     let coding = if fallback {
                         if bits.iter().all(|&b| !b) {
                             0
-                        } else if spec::mask(bits, 2, None).len() <= spec::mask(bits, 1, None).len() {
+                        } else if spec::mask(bits, 2, None).len() <= spec::mask(bits, 1, None).len()
+                        {
                             2
                         } else {
                             1
@@ -679,23 +765,35 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                     let m = spec::mask(bits, coding, (coding == 3).then(|| &actual[at + 1..]));
                     if coding != 3 {
                         let best = *spec::cheap_sizes(bits).iter().min().unwrap();
-                        assert_eq!(m.len(), best, "{ctx}: the encoder picks the smallest cheap coding");
+                        assert_eq!(
+                            m.len(),
+                            best,
+                            "{ctx}: the encoder picks the smallest cheap coding"
+                        );
                     }
                     m
                 };
                 let delta = if mode == 1 {
                     let s0 = spec::pack_sm(c.dtype, &vals);
                     let s1 = coded(&exp_changed, spec::HEADER + s0.len());
-                    let s2: Vec<u8> = (0..n).filter(|&i| exp_changed[i]).map(|i| spec::exponent(c.dtype, vals[i])).collect();
+                    let s2: Vec<u8> = (0..n)
+                        .filter(|&i| exp_changed[i])
+                        .map(|i| spec::exponent(c.dtype, vals[i]))
+                        .collect();
                     spec::frame(&h, [&s0, &s1, &s2, &[]])
                 } else {
                     let changed: Vec<bool> = (0..n).map(|i| vals[i] != olds[i]).collect();
                     let idx: Vec<usize> = (0..n).filter(|&i| changed[i]).collect();
-                    let s0 = spec::pack_sm(c.dtype, &idx.iter().map(|&i| vals[i]).collect::<Vec<_>>());
+                    let s0 =
+                        spec::pack_sm(c.dtype, &idx.iter().map(|&i| vals[i]).collect::<Vec<_>>());
                     let s1 = coded(&changed, spec::HEADER + s0.len());
                     let sub: Vec<bool> = idx.iter().map(|&i| exp_changed[i]).collect();
                     let s2 = coded(&sub, spec::HEADER + s0.len() + s1.len());
-                    let s3: Vec<u8> = idx.iter().filter(|&&i| exp_changed[i]).map(|&i| spec::exponent(c.dtype, vals[i])).collect();
+                    let s3: Vec<u8> = idx
+                        .iter()
+                        .filter(|&&i| exp_changed[i])
+                        .map(|&i| spec::exponent(c.dtype, vals[i]))
+                        .collect();
                     spec::frame(&h, [&s0, &s1, &s2, &s3])
                 };
                 // "An encoder never emits a frame longer than 64 + n x size bytes": a longer
@@ -708,7 +806,11 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                     delta
                 }
             };
-            assert_eq!(hex(&f), hex(actual), "{ctx}: frame re-derived from docs/WIRE.md");
+            assert_eq!(
+                hex(&f),
+                hex(actual),
+                "{ctx}: frame re-derived from docs/WIRE.md"
+            );
             frames.push(f);
         }
         // Every chunk of an iteration FILLs or none does, so the slot is warm from here on.
@@ -731,22 +833,35 @@ fn blessing() -> bool {
 }
 
 fn hex(b: &[u8]) -> String {
-    b.iter().fold(String::with_capacity(2 * b.len()), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    b.iter()
+        .fold(String::with_capacity(2 * b.len()), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
 
 fn unhex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().filter(|t| *t != "-").collect();
     assert!(s.len() % 2 == 0, "odd hex length");
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit")).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit"))
+        .collect()
 }
 
 /// One frame as annotated lines: the header split at its fields, then each section.
 fn frame_lines(key: &str, f: &[u8]) -> String {
     let h = &f[..64];
-    let fields = [&h[0..4], &h[4..5], &h[5..6], &h[6..7], &h[7..8], &h[8..16], &h[16..24], &h[24..32]];
+    let fields = [
+        &h[0..4],
+        &h[4..5],
+        &h[5..6],
+        &h[6..7],
+        &h[7..8],
+        &h[8..16],
+        &h[16..24],
+        &h[24..32],
+    ];
     let lens = [&h[32..36], &h[36..40], &h[40..44], &h[44..48]];
     let mut s = format!("{key} header   {}\n", fields.map(hex).join(" "));
     s += &format!("{key} sections {}\n", lens.map(hex).join(" "));
@@ -756,7 +871,11 @@ fn frame_lines(key: &str, f: &[u8]) -> String {
         let l = u32::from_le_bytes((*l).try_into().unwrap()) as usize;
         let body = &f[pos..pos + l];
         pos += l;
-        let text = if body.is_empty() { "-".to_string() } else { body.chunks(32).map(hex).collect::<Vec<_>>().join(" ") };
+        let text = if body.is_empty() {
+            "-".to_string()
+        } else {
+            body.chunks(32).map(hex).collect::<Vec<_>>().join(" ")
+        };
         s += &format!("{key} s{i}       {text}\n");
     }
     s
@@ -774,18 +893,29 @@ fn case_file(c: &Case, frames: &[Vec<(FrameInfo, Vec<u8>)>]) -> String {
         c.mode,
         c.choice,
         c.steps[0].0.len() / c.dtype.size(),
-        c.chunk.map(|n| format!(", chunks of {n}")).unwrap_or_default()
+        c.chunk
+            .map(|n| format!(", chunks of {n}"))
+            .unwrap_or_default()
     );
-    s += "# Lines: `input STEP HEX` (the values, little-endian), then per frame `frame STEP.CHUNK\n";
+    s +=
+        "# Lines: `input STEP HEX` (the values, little-endian), then per frame `frame STEP.CHUNK\n";
     s += "# FIELD HEX`; a frame is the concatenation of its lines' hex (`-` = empty section).\n";
     for (step, ((input, restart), fs)) in c.steps.iter().zip(frames).enumerate() {
         s += "\n";
         if let Some(v) = restart {
-            s += &format!("# both sides start over before step {step}: cold slots at version {v:#x}\n");
+            s += &format!(
+                "# both sides start over before step {step}: cold slots at version {v:#x}\n"
+            );
         }
         s += &format!("input {step} {}\n", hex(input));
         for (ci, (info, f)) in fs.iter().enumerate() {
-            s += &format!("# {} frame{}, version {}, {} bytes\n", info.mode.name(), if info.fill { " (FILL)" } else { "" }, info.version, f.len());
+            s += &format!(
+                "# {} frame{}, version {}, {} bytes\n",
+                info.mode.name(),
+                if info.fill { " (FILL)" } else { "" },
+                info.version,
+                f.len()
+            );
             s += &frame_lines(&format!("frame {step}.{ci}"), f);
         }
     }
@@ -812,12 +942,20 @@ fn textwrap(s: &str, width: usize) -> Vec<String> {
 fn parse_case_file(text: &str) -> (Vec<Vec<u8>>, Vec<Vec<Vec<u8>>>) {
     let mut inputs = Vec::new();
     let mut frames: Vec<Vec<Vec<u8>>> = Vec::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let mut t = line.splitn(3, ' ');
         let (kind, key, rest) = (t.next().unwrap(), t.next().unwrap(), t.next().unwrap_or(""));
         match kind {
             "input" => {
-                assert_eq!(key.parse::<usize>().unwrap(), inputs.len(), "inputs in order");
+                assert_eq!(
+                    key.parse::<usize>().unwrap(),
+                    inputs.len(),
+                    "inputs in order"
+                );
                 inputs.push(unhex(rest));
             }
             "frame" => {
@@ -846,8 +984,12 @@ fn read_or_bless(name: &str, fresh: String) -> String {
         eprintln!("blessed {}", path.display());
         return fresh;
     }
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with CIERA_BLESS=1 to create the golden vectors)", path.display()))
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with CIERA_BLESS=1 to create the golden vectors)",
+            path.display()
+        )
+    })
 }
 
 // ---- the tests -----------------------------------------------------------------------------------
@@ -868,13 +1010,23 @@ fn frames_match_golden_vectors() {
         for (step, (s, e)) in stored.iter().zip(&encoded).enumerate() {
             assert_eq!(s.len(), e.len(), "{} step {step}: frame count", c.name);
             for (ci, (sf, (_, ef))) in s.iter().zip(e).enumerate() {
-                assert_eq!(hex(ef), hex(sf), "{} step {step} chunk {ci}: encoder output differs from the golden frame", c.name);
+                assert_eq!(
+                    hex(ef),
+                    hex(sf),
+                    "{} step {step} chunk {ci}: encoder output differs from the golden frame",
+                    c.name
+                );
             }
         }
         // (b) stored bytes decode to the inputs.
         let outs = decode_case(&c, &stored);
         for (step, (o, (i, _))) in outs.iter().zip(&c.steps).enumerate() {
-            assert_eq!(hex(o), hex(i), "{} step {step}: decoded golden frame", c.name);
+            assert_eq!(
+                hex(o),
+                hex(i),
+                "{} step {step}: decoded golden frame",
+                c.name
+            );
         }
         // (c) the document re-derives the stored bytes.
         derive_case(&c, &stored);
@@ -894,13 +1046,27 @@ fn header_layout_by_hand() {
     assert_eq!(f[6], 1, "exp mode");
     assert_eq!(f[7], 0, "no flags");
     assert_eq!(u64::from_le_bytes(f[8..16].try_into().unwrap()), 8, "count");
-    assert_eq!(u64::from_le_bytes(f[16..24].try_into().unwrap()), 0, "offset");
-    assert_eq!(u64::from_le_bytes(f[24..32].try_into().unwrap()), 1, "version: the second iteration");
+    assert_eq!(
+        u64::from_le_bytes(f[16..24].try_into().unwrap()),
+        0,
+        "offset"
+    );
+    assert_eq!(
+        u64::from_le_bytes(f[24..32].try_into().unwrap()),
+        1,
+        "version: the second iteration"
+    );
     // s0: 8 sm bytes; s1: flat mask (coding 1, one byte 0b0000_0001); s2: one new cached
     // field, the high byte of 2.0 (0x4000), where 1.0 (0x3F80) had 0x3F.
-    assert_eq!(&f[32..48], &[8, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        &f[32..48],
+        &[8, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0]
+    );
     // sm of 2.0, -2.5, 0.5, 3.5, 0, -0, 1.75, 100: the low byte of each value.
-    assert_eq!(&f[64..72], &[0x00, 0x20, 0x00, 0x60, 0x00, 0x00, 0xE0, 0xC8]);
+    assert_eq!(
+        &f[64..72],
+        &[0x00, 0x20, 0x00, 0x60, 0x00, 0x00, 0xE0, 0xC8]
+    );
     assert_eq!(&f[72..75], &[1, 0x01, 0x40]);
     assert_eq!(f.len(), 75);
     let fill = &e[0][0].1;
@@ -922,9 +1088,15 @@ fn sh64_matches_golden_vectors() {
         (0..100u8).map(|i| i.wrapping_mul(151)).collect(),
         vec![0xff; 257],
     ];
-    let mut fresh = String::from("# SH64 (docs/WIRE.md) of byte strings: `sh64 HEX-INPUT = HEX-U64` (`-` = empty input)\n");
+    let mut fresh = String::from(
+        "# SH64 (docs/WIRE.md) of byte strings: `sh64 HEX-INPUT = HEX-U64` (`-` = empty input)\n",
+    );
     for d in &inputs {
-        let input = if d.is_empty() { "-".to_string() } else { hex(d) };
+        let input = if d.is_empty() {
+            "-".to_string()
+        } else {
+            hex(d)
+        };
         fresh += &format!("sh64 {input} = {:016x}\n", checksum::sh64(d));
     }
     let text = read_or_bless("sh64.hex", fresh);
@@ -934,8 +1106,18 @@ fn sh64_matches_golden_vectors() {
         let data = unhex(data);
         let want = u64::from_str_radix(want.trim(), 16).unwrap();
         assert_eq!(checksum::sh64(&data), want, "sh64 of {}", hex(&data));
-        assert_eq!(checksum::sh64_plain(&data), want, "sh64_plain of {}", hex(&data));
-        assert_eq!(spec::sh64(&data), want, "the document's SH64 of {}", hex(&data));
+        assert_eq!(
+            checksum::sh64_plain(&data),
+            want,
+            "sh64_plain of {}",
+            hex(&data)
+        );
+        assert_eq!(
+            spec::sh64(&data),
+            want,
+            "the document's SH64 of {}",
+            hex(&data)
+        );
         assert_eq!(data, inputs[seen]);
         seen += 1;
     }
@@ -951,14 +1133,46 @@ fn masks_match_golden_vectors() {
     let masks: Vec<(&str, usize, Vec<bool>, MaskCoding)> = vec![
         ("zero", 0, vec![], MaskCoding::Zero),
         ("zero", 100, bits_of(100, |_| false), MaskCoding::Zero),
-        ("flat", 10, bits_of(10, |i| [1, 5, 8].contains(&i)), MaskCoding::Flat),
+        (
+            "flat",
+            10,
+            bits_of(10, |i| [1, 5, 8].contains(&i)),
+            MaskCoding::Flat,
+        ),
         ("flat", 3, bits_of(3, |i| i == 1), MaskCoding::Flat),
-        ("hier", 200, bits_of(200, |i| [5, 6, 150].contains(&i)), MaskCoding::Hier),
-        ("hier", 600, bits_of(600, |i| i % 97 == 3 || i == 599), MaskCoding::Hier),
-        ("rans", 512, bits_of(512, |i| (if (i / 8) % 8 == 7 { 0xf0u8 } else { 0x0f }) >> (i % 8) & 1 == 1), MaskCoding::Rans),
-        ("rans", 77, bits_of(77, |i| (i * 7) % 5 < 2), MaskCoding::Rans),
+        (
+            "hier",
+            200,
+            bits_of(200, |i| [5, 6, 150].contains(&i)),
+            MaskCoding::Hier,
+        ),
+        (
+            "hier",
+            600,
+            bits_of(600, |i| i % 97 == 3 || i == 599),
+            MaskCoding::Hier,
+        ),
+        (
+            "rans",
+            512,
+            bits_of(512, |i| {
+                (if (i / 8) % 8 == 7 { 0xf0u8 } else { 0x0f }) >> (i % 8) & 1 == 1
+            }),
+            MaskCoding::Rans,
+        ),
+        (
+            "rans",
+            77,
+            bits_of(77, |i| (i * 7) % 5 < 2),
+            MaskCoding::Rans,
+        ),
         ("rans", 9, bits_of(9, |i| i % 2 == 0), MaskCoding::Rans),
-        ("rans", 2048, bits_of(2048, |i| (i * i + 3 * i) % 11 < 3), MaskCoding::Rans),
+        (
+            "rans",
+            2048,
+            bits_of(2048, |i| (i * i + 3 * i) % 11 < 3),
+            MaskCoding::Rans,
+        ),
     ];
     let words = |bits: &[bool]| -> Vec<u64> {
         let mut w = vec![0u64; bits.len().div_ceil(64)];
@@ -974,7 +1188,11 @@ fn masks_match_golden_vectors() {
         let mut out = Vec::new();
         bitmask::encode(&words(bits), *m, *coding, &mut out);
         let b = spec::mask_bytes(bits);
-        fresh += &format!("mask {name} {m} {} = {}\n", if b.is_empty() { "-".into() } else { hex(&b) }, hex(&out));
+        fresh += &format!(
+            "mask {name} {m} {} = {}\n",
+            if b.is_empty() { "-".into() } else { hex(&b) },
+            hex(&out)
+        );
     }
     let text = read_or_bless("masks.hex", fresh);
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("mask ")).collect();
@@ -995,9 +1213,17 @@ fn masks_match_golden_vectors() {
         assert_eq!(ones, bits.iter().filter(|&&b| b).count());
         // The document derives it.
         assert_eq!(coded[0], *coding as u8);
-        assert_eq!(hex(&spec::mask(bits, coded[0], Some(&coded[1..]))), hex(&coded), "{line}: re-derived");
+        assert_eq!(
+            hex(&spec::mask(bits, coded[0], Some(&coded[1..]))),
+            hex(&coded),
+            "{line}: re-derived"
+        );
         if *coding == MaskCoding::Rans {
-            assert_eq!(spec::rans_decode(&coded[1..], m.div_ceil(8)), spec::mask_bytes(bits), "{line}: rANS by the document");
+            assert_eq!(
+                spec::rans_decode(&coded[1..], m.div_ceil(8)),
+                spec::mask_bytes(bits),
+                "{line}: rANS by the document"
+            );
         }
     }
 }

@@ -18,7 +18,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 
-use ciera::codec::{checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode, SlotChunk};
+use ciera::codec::{
+    checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode, SlotChunk,
+};
 use ciera::{DType, Error};
 
 #[path = "common/frame_support.rs"]
@@ -114,7 +116,9 @@ fn cached_field(dtype: DType, fb: FloatBits, v: u64) -> u64 {
 /// A weight-like value: random sign and mantissa, exponent a little below the bias (|x| ~ 0.01).
 fn fresh_value(rng: &mut Rng, dtype: DType) -> u64 {
     let size = dtype.size() as u32;
-    let Some(fb) = float_bits(dtype) else { return rng.next() & low_bits(8 * size) };
+    let Some(fb) = float_bits(dtype) else {
+        return rng.next() & low_bits(8 * size);
+    };
     let bias = low_bits(fb.exp - 1) as i64;
     let emax = low_bits(fb.exp) as i64;
     let e = (bias - 1 - rng.below(8) as i64).clamp(1, emax - 1) as u64;
@@ -140,12 +144,12 @@ fn special_value(rng: &mut Rng, dtype: DType) -> u64 {
     let mmask = low_bits(fb.mant);
     match rng.below(7) {
         0 => sign | (emax << fb.mant) | (rng.next() & mmask).max(1), // NaN with payload
-        1 => sign | (emax << fb.mant),                                // +-Inf
-        2 => sign,                                                    // +-0
-        3 => sign | (rng.next() & mmask).max(1),                      // subnormal
-        4 => sign | ((emax - 1) << fb.mant) | mmask,                  // largest finite
-        5 => sign | (1 << fb.mant),                                   // smallest normal
-        _ => rng.next() & low_bits(8 * size),                         // any bits
+        1 => sign | (emax << fb.mant),                               // +-Inf
+        2 => sign,                                                   // +-0
+        3 => sign | (rng.next() & mmask).max(1),                     // subnormal
+        4 => sign | ((emax - 1) << fb.mant) | mmask,                 // largest finite
+        5 => sign | (1 << fb.mant),                                  // smallest normal
+        _ => rng.next() & low_bits(8 * size),                        // any bits
     }
 }
 
@@ -164,7 +168,11 @@ fn initial_tensor(rng: &mut Rng, dtype: DType, len: usize, special: f64) -> Vec<
     let size = dtype.size();
     let mut v = vec![0u8; len * size];
     for i in 0..len {
-        let x = if rng.chance(special) { special_value(rng, dtype) } else { fresh_value(rng, dtype) };
+        let x = if rng.chance(special) {
+            special_value(rng, dtype)
+        } else {
+            fresh_value(rng, dtype)
+        };
         store(&mut v, size, i, x);
     }
     v
@@ -289,33 +297,71 @@ impl Pair {
     }
 
     fn ctx(&self) -> String {
-        format!("{:?}/{:?}/{:?} len {} v{}", self.dtype, self.mode, self.choice, self.len, self.tx.version())
+        format!(
+            "{:?}/{:?}/{:?} len {} v{}",
+            self.dtype,
+            self.mode,
+            self.choice,
+            self.len,
+            self.tx.version()
+        )
     }
 
     /// What the frame the sender is about to produce for `input` must say about itself.
-    fn check_info(&self, info: &FrameInfo, input: &[u8], tx_warm: bool, offset: usize, count: usize) {
+    fn check_info(
+        &self,
+        info: &FrameInfo,
+        input: &[u8],
+        tx_warm: bool,
+        offset: usize,
+        count: usize,
+    ) {
         let ctx = self.ctx();
         let size = self.dtype.size();
-        assert_eq!((info.dtype, info.count, info.offset), (self.dtype, count, offset), "{ctx}");
+        assert_eq!(
+            (info.dtype, info.count, info.offset),
+            (self.dtype, count, offset),
+            "{ctx}"
+        );
         assert_eq!(info.raw_bytes, count * size, "{ctx}");
         if !self.dtype.is_compressible() {
             assert_eq!((info.mode, info.fill), (Mode::Raw, false), "{ctx}");
             return;
         }
         // No frame is longer than the values plus the header.
-        assert!(info.frame_bytes <= frame::HEADER_LEN + info.raw_bytes, "{ctx}: {} byte frame for {} bytes", info.frame_bytes, info.raw_bytes);
+        assert!(
+            info.frame_bytes <= frame::HEADER_LEN + info.raw_bytes,
+            "{ctx}: {} byte frame for {} bytes",
+            info.frame_bytes,
+            info.raw_bytes
+        );
         if !tx_warm || info.mode == Mode::Raw {
             // A cold sender FILLs; so does a warm one whose delta would be longer than that.
-            assert_eq!((info.mode, info.fill, info.exp_changes, info.value_changes), (Mode::Raw, true, 0, None), "{ctx}");
-            assert_eq!(info.frame_bytes, frame::HEADER_LEN + info.raw_bytes, "{ctx}");
+            assert_eq!(
+                (info.mode, info.fill, info.exp_changes, info.value_changes),
+                (Mode::Raw, true, 0, None),
+                "{ctx}"
+            );
+            assert_eq!(
+                info.frame_bytes,
+                frame::HEADER_LEN + info.raw_bytes,
+                "{ctx}"
+            );
             return;
         }
         assert!(!info.fill, "{ctx}");
         let fb = float_bits(self.dtype).unwrap();
         let range = offset..offset + count;
-        let exp_changed =
-            range.clone().filter(|&i| cached_field(self.dtype, fb, load(input, size, i)) != cached_field(self.dtype, fb, load(&self.tx_last, size, i))).count();
-        let value_changed = range.filter(|&i| load(input, size, i) != load(&self.tx_last, size, i)).count();
+        let exp_changed = range
+            .clone()
+            .filter(|&i| {
+                cached_field(self.dtype, fb, load(input, size, i))
+                    != cached_field(self.dtype, fb, load(&self.tx_last, size, i))
+            })
+            .count();
+        let value_changed = range
+            .filter(|&i| load(input, size, i) != load(&self.tx_last, size, i))
+            .count();
         let want = match (self.mode, self.choice) {
             (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => Some(Mode::Exp),
             (CacheMode::FullValue, FrameChoice::Hybrid) => Some(Mode::Hybrid),
@@ -327,7 +373,11 @@ impl Pair {
         assert_eq!(info.exp_changes, exp_changed, "{ctx}: exponent changes");
         match info.mode {
             Mode::Exp => assert_eq!(info.value_changes, None, "{ctx}"),
-            Mode::Hybrid => assert_eq!(info.value_changes, Some(value_changed), "{ctx}: value changes"),
+            Mode::Hybrid => assert_eq!(
+                info.value_changes,
+                Some(value_changed),
+                "{ctx}: value changes"
+            ),
             Mode::Raw => panic!("{ctx}: raw frame from a warm sender"),
         }
     }
@@ -337,7 +387,10 @@ impl Pair {
         assert_eq!(f.len(), info.frame_bytes, "{}", self.ctx());
         assert_eq!(frame::peek_len(f).unwrap(), f.len(), "{}", self.ctx());
         let p = frame::parse(f).unwrap();
-        assert_eq!((p.dtype, p.mode, p.count, p.offset, p.version), (info.dtype, info.mode, info.count, info.offset, info.version));
+        assert_eq!(
+            (p.dtype, p.mode, p.count, p.offset, p.version),
+            (info.dtype, info.mode, info.count, info.offset, info.version)
+        );
         assert_eq!(p.flags, if info.fill { frame::FLAG_FILL } else { 0 });
     }
 
@@ -350,15 +403,25 @@ impl Pair {
             assert_eq!(v, self.rx.version(), "{ctx}: versions before the iteration");
         }
         let mut f = Vec::new();
-        let info = self.tx.encode(input, &mut f).unwrap_or_else(|e| panic!("{ctx}: encode: {e}"));
+        let info = self
+            .tx
+            .encode(input, &mut f)
+            .unwrap_or_else(|e| panic!("{ctx}: encode: {e}"));
         assert_eq!(info.version, v);
         self.check_info(&info, input, tx_warm, 0, self.len);
         self.check_frame(&f, &info);
         self.probe(&f, &info, input, probes);
         // The receiver decodes into a buffer of stale bytes: every output byte must be written.
         let mut out = vec![0xA5u8; input.len()];
-        let rinfo = self.rx.decode(&f, &mut out).unwrap_or_else(|e| panic!("{ctx}: decode {:?} frame: {e}", info.mode));
-        assert!(out == input, "{ctx}: decoded {:?} frame differs from the input", info.mode);
+        let rinfo = self
+            .rx
+            .decode(&f, &mut out)
+            .unwrap_or_else(|e| panic!("{ctx}: decode {:?} frame: {e}", info.mode));
+        assert!(
+            out == input,
+            "{ctx}: decoded {:?} frame differs from the input",
+            info.mode
+        );
         assert_eq!(rinfo, info, "{ctx}: receiver's and sender's frame info");
         assert_eq!(self.rx.version(), self.tx.version(), "{ctx}");
         assert_eq!(self.rx.is_warm(), self.tx.is_warm(), "{ctx}");
@@ -370,9 +433,11 @@ impl Pair {
             if info.mode == Mode::Raw {
                 assert!(r.is_ok(), "{ctx}: replayed raw frame: {r:?}");
             } else {
-                assert_kind(r, &ctx, |e| {
-                    matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == v.wrapping_add(1) && *frame_version == v)
-                });
+                assert_kind(
+                    r,
+                    &ctx,
+                    |e| matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == v.wrapping_add(1) && *frame_version == v),
+                );
                 assert!(!copy.is_warm(), "{ctx}: a refused frame poisons the slot");
             }
         }
@@ -383,7 +448,15 @@ impl Pair {
     }
 
     fn rx_copy_of(&self, values: &[u8]) -> CacheSlot {
-        slot_at(self.dtype, self.mode, self.choice, self.len, self.rx.version(), self.rx.is_warm(), values)
+        slot_at(
+            self.dtype,
+            self.mode,
+            self.choice,
+            self.len,
+            self.rx.version(),
+            self.rx.is_warm(),
+            values,
+        )
     }
 
     /// Refusals, each on a copy of the receiver's state before `f`.
@@ -393,24 +466,38 @@ impl Pair {
         let delta = info.mode != Mode::Raw;
         let buf = || vec![0u8; input.len()];
         if probes.wrong_dtype {
-            let other = DType::ALL[(DType::ALL.iter().position(|&d| d == dtype).unwrap() + 1 + len % 11) % 12];
+            let other = DType::ALL
+                [(DType::ALL.iter().position(|&d| d == dtype).unwrap() + 1 + len % 11) % 12];
             let mut s = CacheSlot::new(other, self.mode, len);
             let r = s.decode(f, &mut vec![0u8; len * other.size()]);
-            assert_kind(r, &ctx, |e| matches!(e, Error::DTypeMismatch { expected, found } if *expected == other && *found == dtype));
+            assert_kind(
+                r,
+                &ctx,
+                |e| matches!(e, Error::DTypeMismatch { expected, found } if *expected == other && *found == dtype),
+            );
         }
         if probes.wrong_count {
-            for n in [len + 1, len.wrapping_sub(1)].into_iter().filter(|&n| n != usize::MAX) {
+            for n in [len + 1, len.wrapping_sub(1)]
+                .into_iter()
+                .filter(|&n| n != usize::MAX)
+            {
                 let mut s = CacheSlot::new(dtype, self.mode, n);
                 let r = s.decode(f, &mut vec![0u8; n * dtype.size()]);
-                assert_kind(r, &ctx, |e| {
-                    matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("count") && *expected == n && *found == len)
-                });
+                assert_kind(
+                    r,
+                    &ctx,
+                    |e| matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("count") && *expected == n && *found == len),
+                );
             }
         }
         if probes.wrong_out_len {
             let mut s = self.rx_copy_of(&self.rx_last);
             let r = s.decode(f, &mut vec![0u8; input.len() + 1]);
-            assert_kind(r, &ctx, |e| matches!(e, Error::LengthMismatch { what, .. } if what.contains("output")));
+            assert_kind(
+                r,
+                &ctx,
+                |e| matches!(e, Error::LengthMismatch { what, .. } if what.contains("output")),
+            );
             assert!(!s.is_warm());
         }
         if probes.cold {
@@ -420,7 +507,10 @@ impl Pair {
             if delta {
                 assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
             } else {
-                assert!(r.is_ok() && out == input, "{ctx}: raw frame on a cold slot: {r:?}");
+                assert!(
+                    r.is_ok() && out == input,
+                    "{ctx}: raw frame on a cold slot: {r:?}"
+                );
             }
         }
         if probes.other_version && self.rx.is_warm() {
@@ -429,12 +519,17 @@ impl Pair {
                 let mut out = buf();
                 let r = s.decode(f, &mut out);
                 if delta {
-                    assert_kind(r, &ctx, |e| {
-                        matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == w && *frame_version == v)
-                    });
+                    assert_kind(
+                        r,
+                        &ctx,
+                        |e| matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == w && *frame_version == v),
+                    );
                 } else {
                     // A raw FILL resynchronises a slot at any version.
-                    assert!(r.is_ok() && out == input, "{ctx}: raw frame at another version: {r:?}");
+                    assert!(
+                        r.is_ok() && out == input,
+                        "{ctx}: raw frame at another version: {r:?}"
+                    );
                     assert_eq!(s.version(), v.wrapping_add(1));
                 }
             }
@@ -451,7 +546,11 @@ impl Pair {
             if info.mode == Mode::Hybrid {
                 assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
             } else {
-                assert!(r.is_ok() && out == input, "{ctx}: {:?} frame on a {other:?} slot: {r:?}", info.mode);
+                assert!(
+                    r.is_ok() && out == input,
+                    "{ctx}: {:?} frame on a {other:?} slot: {r:?}",
+                    info.mode
+                );
             }
         }
     }
@@ -469,46 +568,80 @@ impl Pair {
         let (frames, tx_infos) = {
             let mut chunks = self.tx.chunks(chunk);
             let n = chunks.len();
-            assert_eq!(n, self.len.div_ceil(chunk).max(1), "{ctx}: number of chunks");
+            assert_eq!(
+                n,
+                self.len.div_ceil(chunk).max(1),
+                "{ctx}: number of chunks"
+            );
             let mut order: Vec<usize> = (0..n).collect();
             rng.shuffle(&mut order);
             let mut frames = vec![Vec::new(); n];
             let mut infos = vec![None; n];
             for &i in &order {
                 let c = &mut chunks[i];
-                assert_eq!((c.offset(), c.len()), (i * chunk, chunk.min(self.len - i * chunk)), "{ctx}");
+                assert_eq!(
+                    (c.offset(), c.len()),
+                    (i * chunk, chunk.min(self.len - i * chunk)),
+                    "{ctx}"
+                );
                 let r = c.offset() * size..(c.offset() + c.len()) * size;
-                infos[i] = Some(c.encode(&input[r], &mut frames[i]).unwrap_or_else(|e| panic!("{ctx}: encode chunk {i}: {e}")));
+                infos[i] = Some(
+                    c.encode(&input[r], &mut frames[i])
+                        .unwrap_or_else(|e| panic!("{ctx}: encode chunk {i}: {e}")),
+                );
             }
-            (frames, infos.into_iter().map(Option::unwrap).collect::<Vec<_>>())
+            (
+                frames,
+                infos.into_iter().map(Option::unwrap).collect::<Vec<_>>(),
+            )
         };
         for (i, (f, info)) in frames.iter().zip(&tx_infos).enumerate() {
             assert_eq!(info.version, v);
-            self.check_info(info, input, tx_warm, i * chunk, chunk.min(self.len - i * chunk));
+            self.check_info(
+                info,
+                input,
+                tx_warm,
+                i * chunk,
+                chunk.min(self.len - i * chunk),
+            );
             self.check_frame(f, info);
         }
         // Commit in a shuffled order too: commit must not care.
         let mut shuffled = tx_infos.clone();
         rng.shuffle(&mut shuffled);
-        self.tx.commit(&shuffled).unwrap_or_else(|e| panic!("{ctx}: sender commit: {e}"));
+        self.tx
+            .commit(&shuffled)
+            .unwrap_or_else(|e| panic!("{ctx}: sender commit: {e}"));
 
         let mut out = vec![0x5Au8; input.len()];
         let results = {
             let mut chunks = self.rx.chunks(chunk);
-            let mut outs: Vec<&mut [u8]> = if self.len == 0 { vec![&mut []] } else { out.chunks_mut(chunk * size).collect() };
+            let mut outs: Vec<&mut [u8]> = if self.len == 0 {
+                vec![&mut []]
+            } else {
+                out.chunks_mut(chunk * size).collect()
+            };
             assert_eq!(outs.len(), chunks.len());
             // Wrong offset: chunk 1 refuses chunk 0's frame even where the lengths agree.
             if chunks.len() >= 3 {
                 let p = frame::parse(&frames[0]).unwrap();
                 let r = chunks[1].decode(&p, &mut vec![0u8; chunk * size]);
-                assert_kind(r, &ctx, |e| {
-                    matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("offset") && *expected == chunk && *found == 0)
-                });
+                assert_kind(
+                    r,
+                    &ctx,
+                    |e| matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("offset") && *expected == chunk && *found == 0),
+                );
             }
-            let mut jobs: Vec<(usize, &mut SlotChunk<'_>, &mut [u8])> =
-                chunks.iter_mut().zip(outs.iter_mut()).enumerate().map(|(i, (c, o))| (i, c, &mut **o)).collect();
+            let mut jobs: Vec<(usize, &mut SlotChunk<'_>, &mut [u8])> = chunks
+                .iter_mut()
+                .zip(outs.iter_mut())
+                .enumerate()
+                .map(|(i, (c, o))| (i, c, &mut **o))
+                .collect();
             rng.shuffle(&mut jobs);
-            let decode = |(i, c, o): (usize, &mut SlotChunk<'_>, &mut [u8])| (i, frame::parse(&frames[i]).and_then(|p| c.decode(&p, o)));
+            let decode = |(i, c, o): (usize, &mut SlotChunk<'_>, &mut [u8])| {
+                (i, frame::parse(&frames[i]).and_then(|p| c.decode(&p, o)))
+            };
             if threads && jobs.len() > 1 {
                 let second = jobs.split_off(jobs.len() / 2);
                 std::thread::scope(|s| {
@@ -527,7 +660,9 @@ impl Pair {
             assert_eq!(info, tx_infos[i], "{ctx}: chunk {i} info");
             rx_infos.push(info);
         }
-        self.rx.commit(&rx_infos).unwrap_or_else(|e| panic!("{ctx}: receiver commit: {e}"));
+        self.rx
+            .commit(&rx_infos)
+            .unwrap_or_else(|e| panic!("{ctx}: receiver commit: {e}"));
         assert!(out == input, "{ctx}: chunked decode differs from the input");
         assert_eq!(self.rx.version(), self.tx.version(), "{ctx}");
         assert_eq!(self.rx.is_warm(), self.tx.is_warm(), "{ctx}");
@@ -555,7 +690,11 @@ impl Pair {
         let mut tx_infos = Vec::new();
         for r in &ranges {
             let mut f = Vec::new();
-            let info = self.tx.chunk(r.clone()).encode(&input[r.start * size..r.end * size], &mut f).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let info = self
+                .tx
+                .chunk(r.clone())
+                .encode(&input[r.start * size..r.end * size], &mut f)
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"));
             self.check_info(&info, input, tx_warm, r.start, r.len());
             self.check_frame(&f, &info);
             frames.push(f);
@@ -569,13 +708,21 @@ impl Pair {
         for i in order {
             let r = ranges[i].clone();
             let p = frame::parse(&frames[i]).unwrap();
-            let info = self.rx.chunk(r.clone()).decode(&p, &mut out[r.start * size..r.end * size]).unwrap_or_else(|e| panic!("{ctx}: range {r:?}: {e}"));
+            let info = self
+                .rx
+                .chunk(r.clone())
+                .decode(&p, &mut out[r.start * size..r.end * size])
+                .unwrap_or_else(|e| panic!("{ctx}: range {r:?}: {e}"));
             assert_eq!(info, tx_infos[i]);
             rx_infos.push(info);
         }
         self.rx.commit(&rx_infos).unwrap();
         assert!(out == input, "{ctx}: decoded ranges differ from the input");
-        assert_eq!((self.rx.version(), self.rx.is_warm()), (self.tx.version(), self.tx.is_warm()), "{ctx}");
+        assert_eq!(
+            (self.rx.version(), self.rx.is_warm()),
+            (self.tx.version(), self.tx.is_warm()),
+            "{ctx}"
+        );
         self.synced = true;
         self.frames += frames.len();
         self.bytes += frames.iter().map(Vec::len).sum::<usize>();
@@ -599,7 +746,11 @@ impl Pair {
         let mut out = vec![0u8; input.len()];
         let r = self.rx.decode(&f, &mut out);
         if damage.is_some() {
-            assert!(r.is_err(), "{ctx}: damaged {:?} frame accepted: {r:?}", info.mode);
+            assert!(
+                r.is_err(),
+                "{ctx}: damaged {:?} frame accepted: {r:?}",
+                info.mode
+            );
         } else if info.mode == Mode::Raw {
             // Nothing was lost that a raw frame needed (raw types, or a FILL anyway).
             assert!(r.is_ok() && out == input, "{ctx}: {r:?}");
@@ -610,18 +761,36 @@ impl Pair {
         } else {
             assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
         }
-        assert!(!self.rx.is_warm(), "{ctx}: a refused frame poisons the slot");
-        assert_ne!(self.rx.version(), info.version.wrapping_add(1), "{ctx}: a refused frame does not advance the receiver");
+        assert!(
+            !self.rx.is_warm(),
+            "{ctx}: a refused frame poisons the slot"
+        );
+        assert_ne!(
+            self.rx.version(),
+            info.version.wrapping_add(1),
+            "{ctx}: a refused frame does not advance the receiver"
+        );
         // Resend.
         self.tx.poison();
         let w = self.tx.version();
         let mut f = Vec::new();
         let info = self.tx.encode(input, &mut f).unwrap();
-        assert_eq!((info.mode, info.fill, info.version), (Mode::Raw, self.dtype.is_compressible(), w), "{ctx}");
-        let rinfo = self.rx.decode(&f, &mut out).unwrap_or_else(|e| panic!("{ctx}: resent raw frame: {e}"));
+        assert_eq!(
+            (info.mode, info.fill, info.version),
+            (Mode::Raw, self.dtype.is_compressible(), w),
+            "{ctx}"
+        );
+        let rinfo = self
+            .rx
+            .decode(&f, &mut out)
+            .unwrap_or_else(|e| panic!("{ctx}: resent raw frame: {e}"));
         assert_eq!(rinfo, info);
         assert!(out == input, "{ctx}: resent raw frame");
-        assert_eq!((self.rx.version(), self.rx.is_warm()), (self.tx.version(), self.tx.is_warm()), "{ctx}");
+        assert_eq!(
+            (self.rx.version(), self.rx.is_warm()),
+            (self.tx.version(), self.tx.is_warm()),
+            "{ctx}"
+        );
         self.synced = true;
         self.tx_last = input.to_vec();
         self.rx_last = out;
@@ -693,7 +862,11 @@ fn modes() -> impl Strategy<Value = CacheMode> {
 }
 
 fn choices() -> impl Strategy<Value = FrameChoice> {
-    prop::sample::select(vec![FrameChoice::Exp, FrameChoice::Hybrid, FrameChoice::Auto])
+    prop::sample::select(vec![
+        FrameChoice::Exp,
+        FrameChoice::Hybrid,
+        FrameChoice::Auto,
+    ])
 }
 
 fn lengths() -> impl Strategy<Value = usize> {
@@ -711,16 +884,25 @@ fn probabilities() -> impl Strategy<Value = f64> {
 }
 
 fn drifts() -> impl Strategy<Value = Drift> {
-    (probabilities(), probabilities(), prop_oneof![Just(0.0), Just(0.001), Just(0.05), Just(0.5), Just(1.0)])
+    (
+        probabilities(),
+        probabilities(),
+        prop_oneof![Just(0.0), Just(0.001), Just(0.05), Just(0.5), Just(1.0)],
+    )
         .prop_map(|(q, p, special)| Drift { q, p, special })
 }
 
 /// `cases` per run; `PROPTEST_CASES` overrides it (e.g. a long soak: PROPTEST_CASES=100000).
 fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(cases);
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
     ProptestConfig {
         cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
         max_shrink_iters: 2000,
         ..ProptestConfig::default()
     }
@@ -763,13 +945,20 @@ const ALL_MODES: [(CacheMode, FrameChoice); 4] = [
 /// and mode, with every refusal probed on every frame.
 #[test]
 fn block_boundary_lengths() {
-    let lens = [0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 1023, 1024, 1025];
+    let lens = [
+        0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193,
+        255, 256, 257, 1023, 1024, 1025,
+    ];
     for (k, &len) in lens.iter().enumerate() {
         for dtype in DType::ALL {
             for (mode, choice) in ALL_MODES {
                 let mut rng = Rng(k as u64 * 1000 + dtype.code() as u64);
                 let mut pair = Pair::new(dtype, mode, choice, len);
-                let drift = Drift { q: 0.3, p: 0.05, special: 0.02 };
+                let drift = Drift {
+                    q: 0.3,
+                    p: 0.05,
+                    special: 0.02,
+                };
                 let mut x = initial_tensor(&mut rng, dtype, len, 0.02);
                 for it in 0..4 {
                     if it > 0 {
@@ -797,12 +986,31 @@ fn special_values_round_trip() {
         let sign = 1u64 << (fb.mant + fb.exp);
         let emax = low_bits(fb.exp);
         let classes: [(&str, MakeValue); 6] = [
-            ("nan", Box::new(move |r: u64| (r & sign) | (emax << fb.mant) | (r & low_bits(fb.mant)).max(1))),
-            ("inf", Box::new(move |r: u64| (r & sign) | (emax << fb.mant))),
+            (
+                "nan",
+                Box::new(move |r: u64| {
+                    (r & sign) | (emax << fb.mant) | (r & low_bits(fb.mant)).max(1)
+                }),
+            ),
+            (
+                "inf",
+                Box::new(move |r: u64| (r & sign) | (emax << fb.mant)),
+            ),
             ("zero", Box::new(move |r: u64| r & sign)),
-            ("subnormal", Box::new(move |r: u64| (r & sign) | (r & low_bits(fb.mant)).max(1))),
-            ("normal", Box::new(move |r: u64| (r & sign) | (((r >> 32) % (emax - 1) + 1) << fb.mant) | (r & low_bits(fb.mant)))),
-            ("bits", Box::new(move |r: u64| r & low_bits(8 * size as u32))),
+            (
+                "subnormal",
+                Box::new(move |r: u64| (r & sign) | (r & low_bits(fb.mant)).max(1)),
+            ),
+            (
+                "normal",
+                Box::new(move |r: u64| {
+                    (r & sign) | (((r >> 32) % (emax - 1) + 1) << fb.mant) | (r & low_bits(fb.mant))
+                }),
+            ),
+            (
+                "bits",
+                Box::new(move |r: u64| r & low_bits(8 * size as u32)),
+            ),
         ];
         for (mode, choice) in ALL_MODES {
             let mut pair = Pair::new(dtype, mode, choice, 300);
@@ -812,7 +1020,11 @@ fn special_values_round_trip() {
                 for i in 0..300 {
                     // Mix the class with the previous iteration's values so both frames and
                     // masks see transitions into and out of the class.
-                    let v = if rng.chance(0.7) { make(rng.next()) } else { load(&pair.tx_last, size, i) };
+                    let v = if rng.chance(0.7) {
+                        make(rng.next())
+                    } else {
+                        load(&pair.tx_last, size, i)
+                    };
                     store(&mut x, size, i, v);
                 }
                 pair.step_whole(&x, Probes::default());
@@ -831,8 +1043,20 @@ fn large_tensors() {
             let mut pair = Pair::new(dtype, mode, choice, len);
             let mut x = initial_tensor(&mut rng, dtype, len, 0.001);
             pair.step_whole(&x, Probes::default());
-            for (it, (q, p)) in [(0.9, 0.03), (0.2, 0.002), (1.0, 0.5)].into_iter().enumerate() {
-                x = drift_step(&mut rng, dtype, &x, Drift { q, p, special: 0.0005 });
+            for (it, (q, p)) in [(0.9, 0.03), (0.2, 0.002), (1.0, 0.5)]
+                .into_iter()
+                .enumerate()
+            {
+                x = drift_step(
+                    &mut rng,
+                    dtype,
+                    &x,
+                    Drift {
+                        q,
+                        p,
+                        special: 0.0005,
+                    },
+                );
                 if it % 2 == 0 {
                     pair.step_chunked(&x, 16_384, &mut rng, true);
                 } else {
@@ -873,7 +1097,16 @@ fn transcript() -> Vec<u8> {
                 for it in 0..5 {
                     if it > 0 {
                         let p = [0.0, 0.002, 0.03, 0.3][it - 1];
-                        x = drift_step(&mut rng, dtype, &x, Drift { q: 0.5, p, special: 0.001 });
+                        x = drift_step(
+                            &mut rng,
+                            dtype,
+                            &x,
+                            Drift {
+                                q: 0.5,
+                                p,
+                                special: 0.001,
+                            },
+                        );
                     }
                     let (v, warm) = (rx.version(), rx.is_warm());
                     let mut f = Vec::new();
@@ -921,9 +1154,15 @@ fn simd_child_role() {
     if std::env::var_os(ROLE_VAR).is_none_or(|r| r != "plain") {
         return;
     }
-    assert!(std::env::var_os("CIERA_NO_SIMD").is_some_and(|v| v == "1"), "child must run with CIERA_NO_SIMD=1");
+    assert!(
+        std::env::var_os("CIERA_NO_SIMD").is_some_and(|v| v == "1"),
+        "child must run with CIERA_NO_SIMD=1"
+    );
     let out = PathBuf::from(std::env::var_os(OUT_VAR).expect("output path"));
-    std::fs::File::create(out).unwrap().write_all(&transcript()).unwrap();
+    std::fs::File::create(out)
+        .unwrap()
+        .write_all(&transcript())
+        .unwrap();
 }
 
 /// The AVX2 path (this process, when the CPU has AVX2) against the plain path (a child process
@@ -935,7 +1174,8 @@ fn simd_and_plain_paths_agree() {
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    let simd_here = std::is_x86_feature_detected!("avx2") && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0");
+    let simd_here = std::is_x86_feature_detected!("avx2")
+        && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0");
     #[cfg(not(target_arch = "x86_64"))]
     let simd_here = false;
     if !simd_here {
@@ -944,7 +1184,12 @@ fn simd_and_plain_paths_agree() {
     let path = std::env::temp_dir().join(format!("ciera-codec-plain-{}.bin", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "simd_child_role", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "simd_child_role",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("CIERA_NO_SIMD", "1")
         .env(ROLE_VAR, "plain")
         .env(OUT_VAR, &path)
@@ -957,11 +1202,15 @@ fn simd_and_plain_paths_agree() {
         String::from_utf8_lossy(&child.stdout),
         String::from_utf8_lossy(&child.stderr)
     );
-    let plain = std::fs::read(&path).expect("the child wrote no transcript (test filter did not match?)");
+    let plain =
+        std::fs::read(&path).expect("the child wrote no transcript (test filter did not match?)");
     let _ = std::fs::remove_file(&path);
     let here = transcript();
     if let Some(at) = here.iter().zip(&plain).position(|(a, b)| a != b) {
-        panic!("SIMD and plain transcripts differ first at byte {at} of {}", here.len());
+        panic!(
+            "SIMD and plain transcripts differ first at byte {at} of {}",
+            here.len()
+        );
     }
     assert_eq!(here.len(), plain.len(), "transcript lengths");
 }

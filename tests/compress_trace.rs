@@ -18,7 +18,11 @@ use harness::*;
 fn trace_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let full = root.join("../shared/traces/olmoe-mini-s0");
-    if full.is_dir() { full } else { root.join("tests/data/olmoe-slice") }
+    if full.is_dir() {
+        full
+    } else {
+        root.join("tests/data/olmoe-slice")
+    }
 }
 
 fn snapshots(dir: &Path) -> Vec<SafeTensors> {
@@ -28,15 +32,23 @@ fn snapshots(dir: &Path) -> Vec<SafeTensors> {
         .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
         .collect();
     files.sort();
-    files.iter().map(|p| SafeTensors::open(p).unwrap()).collect()
+    files
+        .iter()
+        .map(|p| SafeTensors::open(p).unwrap())
+        .collect()
 }
 
 /// Rank program: replay the trace through a Compressor with compression forced on.
 fn role_trace(comm: &mut Communicator) {
     let (rank, n) = (comm.rank(), comm.size());
-    let lose_cache_at: Option<usize> = std::env::var("CIERA_TEST_LOSE_CACHE").ok().map(|v| v.parse().unwrap());
+    let lose_cache_at: Option<usize> = std::env::var("CIERA_TEST_LOSE_CACHE")
+        .ok()
+        .map(|v| v.parse().unwrap());
     let base = CompressConfig::from_env().expect("compression settings");
-    let mut cz = Compressor::new(CompressConfig { mode: CompressMode::On, ..base });
+    let mut cz = Compressor::new(CompressConfig {
+        mode: CompressMode::On,
+        ..base
+    });
     let snaps = snapshots(&trace_dir());
     for (si, st) in snaps.iter().enumerate() {
         if lose_cache_at == Some(si) && rank == 1 {
@@ -60,7 +72,10 @@ fn role_trace(comm: &mut Communicator) {
                 } else {
                     cz.all_gather(comm, Some(shard), &mut recv, count, t.dtype, key)
                 };
-                let ctx = format!("rank {rank}/{n} snapshot {si} {} in_place={in_place}", t.name);
+                let ctx = format!(
+                    "rank {rank}/{n} snapshot {si} {} in_place={in_place}",
+                    t.name
+                );
                 if let Err(e) = r {
                     report(&format!("error {ctx}: {e}"));
                     std::process::exit(1);
@@ -86,7 +101,9 @@ fn role_trace(comm: &mut Communicator) {
 
 #[test]
 fn rank_main() {
-    let Ok(role) = std::env::var("CIERA_TEST_ROLE") else { return };
+    let Ok(role) = std::env::var("CIERA_TEST_ROLE") else {
+        return;
+    };
     let mut comm = Communicator::from_env(Config::from_env().unwrap()).expect("communicator");
     match role.as_str() {
         "trace" => role_trace(&mut comm),
@@ -114,13 +131,20 @@ fn run(transport: &str, n: usize, extra: &[(&str, &str)]) -> Vec<(u64, u64, u64,
     env.extend_from_slice(extra);
     let out = launch(n, "trace", &env);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{transport} x {n} ranks failed ({}):\n{err}", out.status);
+    assert!(
+        out.status.success(),
+        "{transport} x {n} ranks failed ({}):\n{err}",
+        out.status
+    );
     let lines = result_lines(&err);
     assert_eq!(lines.len(), n, "{err}");
-    lines.iter().map(|l| {
-        assert!(l.starts_with("ok "), "{transport} x {n}: {l}");
-        parse_ok(l)
-    }).collect()
+    lines
+        .iter()
+        .map(|l| {
+            assert!(l.starts_with("ok "), "{transport} x {n}: {l}");
+            parse_ok(l)
+        })
+        .collect()
 }
 
 #[test]
@@ -129,7 +153,10 @@ fn trace_exact_shm_and_tcp_2_to_5_ranks() {
     for transport in ["shm", "tcp"] {
         for n in 2..=5 {
             for (fill, delta, repairs, ratio) in run(transport, n, &[]) {
-                assert!(delta > fill, "{transport} x {n}: {delta} delta calls vs {fill} fills");
+                assert!(
+                    delta > fill,
+                    "{transport} x {n}: {delta} delta calls vs {fill} fills"
+                );
                 assert_eq!(repairs, 0);
                 // Mixed bf16 and fp32 tensors, full-value caches: well above 1.
                 assert!(ratio > 1.3, "{transport} x {n}: ratio {ratio}");

@@ -36,14 +36,18 @@ fn perf_json(args: &[&str], env: &[(&str, &str)]) -> Vec<Value> {
 fn perf_checks_every_element_over_shm_and_tcp() {
     for transport in ["shm", "tcp"] {
         let rows = perf_json(
-            &["-n", "3", "-b", "1K", "-e", "4M", "-f", "16", "-c", "1", "-i", "2", "-w", "1"],
+            &[
+                "-n", "3", "-b", "1K", "-e", "4M", "-f", "16", "-c", "1", "-i", "2", "-w", "1",
+            ],
             &[("CIERA_TRANSPORT", transport)],
         );
         let sizes: Vec<u64> = rows.iter().map(|r| r["size"].as_u64().unwrap()).collect();
         // Sizes are rounded down to a multiple of 3 ranks x 4-byte floats.
         assert_eq!(sizes, vec![1020, 16380, 262140, 4194300], "{transport}");
         for r in &rows {
-            for key in ["size", "count", "type", "time_us", "algbw", "busbw", "wrong"] {
+            for key in [
+                "size", "count", "type", "time_us", "algbw", "busbw", "wrong",
+            ] {
                 assert!(r.get(key).is_some(), "{transport}: no {key} in {r}");
             }
             assert_eq!(r["wrong"].as_u64(), Some(0), "{transport}: {r}");

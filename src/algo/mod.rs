@@ -440,7 +440,12 @@ mod tests {
             AlgoChoice::parse("direct"),
             Some(AlgoChoice::Fixed(Algo::Direct))
         );
-        for a in [Algo::Ring, Algo::RecursiveDoubling, Algo::Bruck, Algo::Direct] {
+        for a in [
+            Algo::Ring,
+            Algo::RecursiveDoubling,
+            Algo::Bruck,
+            Algo::Direct,
+        ] {
             assert_eq!(Algo::from_code(a.code()), Some(a));
         }
     }

@@ -44,7 +44,15 @@ impl AnalyzeMode {
         }
     }
     fn slot(self, dtype: DType, len: usize) -> CacheSlot {
-        let mut s = CacheSlot::new(dtype, if self == AnalyzeMode::Exp { CacheMode::Exponent } else { CacheMode::FullValue }, len);
+        let mut s = CacheSlot::new(
+            dtype,
+            if self == AnalyzeMode::Exp {
+                CacheMode::Exponent
+            } else {
+                CacheMode::FullValue
+            },
+            len,
+        );
         s.set_frame_choice(match self {
             AnalyzeMode::Exp => FrameChoice::Exp,
             AnalyzeMode::Hybrid => FrameChoice::Hybrid,
@@ -69,13 +77,17 @@ fn parse_args(args: &[String]) -> std::result::Result<Options, String> {
         match a.as_str() {
             "--json" => json = true,
             "--mode" => {
-                let m = it.next().ok_or("--mode needs a value: exp, hybrid, auto or all")?;
+                let m = it
+                    .next()
+                    .ok_or("--mode needs a value: exp, hybrid, auto or all")?;
                 modes = match m.as_str() {
                     "exp" => vec![AnalyzeMode::Exp],
                     "hybrid" => vec![AnalyzeMode::Hybrid],
                     "auto" => vec![AnalyzeMode::Auto],
                     "all" => vec![AnalyzeMode::Exp, AnalyzeMode::Hybrid, AnalyzeMode::Auto],
-                    other => return Err(format!("unknown mode '{other}' (exp, hybrid, auto or all)")),
+                    other => {
+                        return Err(format!("unknown mode '{other}' (exp, hybrid, auto or all)"))
+                    }
                 };
             }
             s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
@@ -120,23 +132,41 @@ struct Snapshot {
 
 fn list_snapshots(dir: &Path) -> Result<Vec<Snapshot>> {
     let shown = dir.display().to_string();
-    let meta = std::fs::metadata(dir).map_err(|e| Error::Io { what: format!("folder {shown}"), source: e })?;
+    let meta = std::fs::metadata(dir).map_err(|e| Error::Io {
+        what: format!("folder {shown}"),
+        source: e,
+    })?;
     if !meta.is_dir() {
-        return Err(Error::Format { path: shown, detail: "is not a folder (give the folder that holds the step_*.safetensors snapshots)".into() });
+        return Err(Error::Format {
+            path: shown,
+            detail: "is not a folder (give the folder that holds the step_*.safetensors snapshots)"
+                .into(),
+        });
     }
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::Io { what: format!("listing {shown}"), source: e })?;
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::Io {
+        what: format!("listing {shown}"),
+        source: e,
+    })?;
     let mut snaps = Vec::new();
     for entry in rd {
-        let entry = entry.map_err(|e| Error::Io { what: format!("listing {shown}"), source: e })?;
+        let entry = entry.map_err(|e| Error::Io {
+            what: format!("listing {shown}"),
+            source: e,
+        })?;
         let path = entry.path();
         if path.extension().and_then(|e| e.to_str()) != Some("safetensors") {
             continue;
         }
-        let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
         let digits: String = name.chars().filter(|c| c.is_ascii_digit()).collect();
         let step = digits.parse::<u64>().map_err(|_| Error::Format {
             path: path.display().to_string(),
-            detail: "cannot tell the training step: name the file like step_00042.safetensors".into(),
+            detail: "cannot tell the training step: name the file like step_00042.safetensors"
+                .into(),
         })?;
         snaps.push(Snapshot { step, path });
     }
@@ -145,7 +175,12 @@ fn list_snapshots(dir: &Path) -> Result<Vec<Snapshot>> {
         if w[0].step == w[1].step {
             return Err(Error::Format {
                 path: shown,
-                detail: format!("two snapshots for step {}: {} and {}", w[0].step, w[0].path.display(), w[1].path.display()),
+                detail: format!(
+                    "two snapshots for step {}: {} and {}",
+                    w[0].step,
+                    w[0].path.display(),
+                    w[1].path.display()
+                ),
             });
         }
     }
@@ -156,7 +191,11 @@ fn list_snapshots(dir: &Path) -> Result<Vec<Snapshot>> {
         });
     }
     if !snaps.windows(2).any(|w| w[1].step == w[0].step + 1) {
-        return Err(Error::Format { path: shown, detail: "no two snapshots are consecutive steps (e.g. step_00100 and step_00101)".into() });
+        return Err(Error::Format {
+            path: shown,
+            detail: "no two snapshots are consecutive steps (e.g. step_00100 and step_00101)"
+                .into(),
+        });
     }
     Ok(snaps)
 }
@@ -182,7 +221,10 @@ fn h2(p: f64) -> f64 {
 }
 
 fn hn(ps: &[f64]) -> f64 {
-    ps.iter().filter(|&&p| p > 0.0).map(|&p| -p * p.log2()).sum()
+    ps.iter()
+        .filter(|&&p| p > 0.0)
+        .map(|&p| -p * p.log2())
+        .sum()
 }
 
 /// The statistics BOUNDS.txt defines, computed from the previous and current bytes.
@@ -199,7 +241,11 @@ pub fn pair_stats(dtype: DType, prev: &[u8], cur: &[u8]) -> Option<PairStats> {
         return None;
     }
     let word = |b: &[u8], i: usize| -> u32 {
-        if sz == 2 { u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32 } else { u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap()) }
+        if sz == 2 {
+            u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32
+        } else {
+            u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap())
+        }
     };
     let emask = ((1u32 << exp_bits as u32) - 1) << shift;
     let (mut ce, mut same) = (0usize, 0usize);
@@ -223,7 +269,10 @@ pub fn pair_stats(dtype: DType, prev: &[u8], cur: &[u8]) -> Option<PairStats> {
     let q = same as f64 / n as f64;
     let sm_bits = bits - exp_bits;
     let nblocks = n.div_ceil(512) as f64;
-    let b512 = (blocks_changed as f64 * 512.0 * bits + (nblocks - blocks_changed as f64) * 512.0 * sm_bits + nblocks) / (nblocks * 512.0);
+    let b512 = (blocks_changed as f64 * 512.0 * bits
+        + (nblocks - blocks_changed as f64) * 512.0 * sm_bits
+        + nblocks)
+        / (nblocks * 512.0);
     let r = 1.0 - q - p; // value changed, exponent kept
     Some(PairStats {
         p_exp: p,
@@ -254,7 +303,11 @@ impl Row {
         self.raw_bytes as f64 / self.frame_bytes as f64
     }
     fn bound(&self) -> f64 {
-        if self.mode == AnalyzeMode::Exp { self.stats.exc_bound } else { self.stats.hyb_bound }
+        if self.mode == AnalyzeMode::Exp {
+            self.stats.exc_bound
+        } else {
+            self.stats.hyb_bound
+        }
     }
 }
 
@@ -278,7 +331,17 @@ fn run(opts: &Options) -> Result<bool> {
     if !opts.json {
         println!(
             "{:>6} {:<28} {:>5} {:>6} {:>7} {:>6} | {:>6} {:>6} {:>5} | {:>8} {:>8}",
-            "step", "tensor", "dtype", "p_exp", "q_val", "mode", "ratio", "bound", "eff", "enc GB/s", "dec GB/s"
+            "step",
+            "tensor",
+            "dtype",
+            "p_exp",
+            "q_val",
+            "mode",
+            "ratio",
+            "bound",
+            "eff",
+            "enc GB/s",
+            "dec GB/s"
         );
     }
     for snap in &snaps {
@@ -294,7 +357,17 @@ fn run(opts: &Options) -> Result<bool> {
                         shape: t.shape.clone(),
                         prev: Vec::new(),
                         prev_step: u64::MAX,
-                        slots: opts.modes.iter().map(|&m| (m, m.slot(t.dtype, t.elements()), m.slot(t.dtype, t.elements()))).collect(),
+                        slots: opts
+                            .modes
+                            .iter()
+                            .map(|&m| {
+                                (
+                                    m,
+                                    m.slot(t.dtype, t.elements()),
+                                    m.slot(t.dtype, t.elements()),
+                                )
+                            })
+                            .collect(),
                     });
                     tracks.len() - 1
                 }
@@ -310,7 +383,11 @@ fn run(opts: &Options) -> Result<bool> {
                 });
             }
             let consecutive = tr.prev_step != u64::MAX && snap.step == tr.prev_step + 1;
-            let stats = if consecutive { pair_stats(t.dtype, &tr.prev, bytes) } else { None };
+            let stats = if consecutive {
+                pair_stats(t.dtype, &tr.prev, bytes)
+            } else {
+                None
+            };
             for (mode, tx, rx) in tr.slots.iter_mut() {
                 if !consecutive {
                     // A new window of steps: start over from a cold cache (raw warm-up frame).
@@ -326,14 +403,25 @@ fn run(opts: &Options) -> Result<bool> {
                 let t2 = Instant::now();
                 let exact = dinfo.is_ok() && decoded == bytes;
                 if let Err(e) = &dinfo {
-                    eprintln!("ciera analyze: step {} tensor {} mode {}: decode failed: {e}", snap.step, t.name, mode.name());
+                    eprintln!(
+                        "ciera analyze: step {} tensor {} mode {}: decode failed: {e}",
+                        snap.step,
+                        t.name,
+                        mode.name()
+                    );
                 }
                 if !exact {
                     all_exact = false;
-                    eprintln!("ciera analyze: step {} tensor {} mode {}: DECODED BITS DIFFER", snap.step, t.name, mode.name());
+                    eprintln!(
+                        "ciera analyze: step {} tensor {} mode {}: DECODED BITS DIFFER",
+                        snap.step,
+                        t.name,
+                        mode.name()
+                    );
                 }
                 let Some(stats) = stats else { continue };
-                let gbps = |d: std::time::Duration| bytes.len() as f64 / d.as_secs_f64().max(1e-9) / 1e9;
+                let gbps =
+                    |d: std::time::Duration| bytes.len() as f64 / d.as_secs_f64().max(1e-9) / 1e9;
                 let row = Row {
                     step: snap.step,
                     tensor: t.name.clone(),
@@ -415,10 +503,16 @@ fn print_summary(rows: &[Row]) {
         }
     }
     for (d, m) in keys {
-        let sel: Vec<&Row> = rows.iter().filter(|r| r.dtype == d && r.mode == m).collect();
+        let sel: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.dtype == d && r.mode == m)
+            .collect();
         let raw: usize = sel.iter().map(|r| r.raw_bytes).sum();
         let fr: usize = sel.iter().map(|r| r.frame_bytes).sum();
-        let worst = sel.iter().map(|r| r.ratio() / r.bound()).fold(f64::INFINITY, f64::min);
+        let worst = sel
+            .iter()
+            .map(|r| r.ratio() / r.bound())
+            .fold(f64::INFINITY, f64::min);
         println!(
             "  {:>8} {:>6}: {:>3} pairs, ratio {:.3}, worst eff {:.3}, exact {}",
             d.name(),

@@ -22,7 +22,6 @@ use crate::comm::bootstrap::{spawn_root, RootMode};
 use crate::comm::id::{hex, random_secret, round_timeout};
 use crate::comm::{Config, DEFAULT_TIMEOUT};
 
-
 const USAGE: &str =
     "usage: ciera launch -n N [--grace SECONDS] [--bind auto|none] [--] PROGRAM [ARGS...]
 

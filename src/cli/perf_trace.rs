@@ -163,7 +163,11 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
             }
             "--modes" => {
                 let v = a.value(&flag)?;
-                o.modes = v.split(',').map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+                o.modes = v
+                    .split(',')
+                    .map(|m| m.trim().to_string())
+                    .filter(|m| !m.is_empty())
+                    .collect();
                 for m in &o.modes {
                     if !["raw", "exp", "full", "exp-on", "full-on"].contains(&m.as_str()) {
                         return Err(format!("--modes: unknown mode {m:?}"));
@@ -193,7 +197,10 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
         return Err("--trace DIR is required here".into());
     }
     if o.min_bytes > o.max_bytes {
-        return Err(format!("-b {} is larger than -e {}", o.min_bytes, o.max_bytes));
+        return Err(format!(
+            "-b {} is larger than -e {}",
+            o.min_bytes, o.max_bytes
+        ));
     }
     Ok(Some((o, pass)))
 }
@@ -201,12 +208,26 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
 /// The windows of consecutive steps in a trace folder, each a list of (step, path).
 fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     let shown = dir.display().to_string();
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::Io { what: format!("trace folder {shown}"), source: e })?;
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::Io {
+        what: format!("trace folder {shown}"),
+        source: e,
+    })?;
     let mut steps: Vec<(u64, PathBuf)> = Vec::new();
     for e in rd {
-        let p = e.map_err(|e| Error::Io { what: format!("listing {shown}"), source: e })?.path();
+        let p = e
+            .map_err(|e| Error::Io {
+                what: format!("listing {shown}"),
+                source: e,
+            })?
+            .path();
         if p.extension().is_some_and(|x| x == "safetensors") {
-            let digits: String = p.file_stem().unwrap_or_default().to_string_lossy().chars().filter(|c| c.is_ascii_digit()).collect();
+            let digits: String = p
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .chars()
+                .filter(|c| c.is_ascii_digit())
+                .collect();
             if let Ok(s) = digits.parse() {
                 steps.push((s, p));
             }
@@ -222,7 +243,10 @@ fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     }
     out.retain(|w| w.len() >= 2);
     if out.is_empty() {
-        return Err(Error::Format { path: shown, detail: "no two consecutive step_NNNNN.safetensors snapshots".into() });
+        return Err(Error::Format {
+            path: shown,
+            detail: "no two consecutive step_NNNNN.safetensors snapshots".into(),
+        });
     }
     Ok(out)
 }
@@ -236,7 +260,11 @@ fn mode_config(mode: &str) -> CompressConfig {
         "exp-on" => (CompressMode::On, Some(CacheMode::Exponent)),
         _ => (CompressMode::On, Some(CacheMode::FullValue)),
     };
-    CompressConfig { mode: m, cache_mode: cache, ..base }
+    CompressConfig {
+        mode: m,
+        cache_mode: cache,
+        ..base
+    }
 }
 
 fn run_rank(o: &Opts) -> Result<u64> {
@@ -256,12 +284,24 @@ fn run_rank(o: &Opts) -> Result<u64> {
             let t = match &o.tensor {
                 Some(want) => st.get(want).ok_or_else(|| Error::Format {
                     path: st.path.clone(),
-                    detail: format!("no tensor named {want:?} (have: {})", st.tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")),
+                    detail: format!(
+                        "no tensor named {want:?} (have: {})",
+                        st.tensors
+                            .iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
                 })?,
-                None => st.tensors.iter().find(|t| t.dtype == DType::BF16).or(st.tensors.first()).ok_or_else(|| Error::Format {
-                    path: st.path.clone(),
-                    detail: "holds no tensors".into(),
-                })?,
+                None => st
+                    .tensors
+                    .iter()
+                    .find(|t| t.dtype == DType::BF16)
+                    .or(st.tensors.first())
+                    .ok_or_else(|| Error::Format {
+                        path: st.path.clone(),
+                        detail: "holds no tensors".into(),
+                    })?,
             };
             dtype = t.dtype;
             name = t.name.clone();
@@ -269,11 +309,28 @@ fn run_rank(o: &Opts) -> Result<u64> {
         }
         let es = dtype.size();
         if print && !o.json && !header_done {
-            println!("# ciera perf --trace {}: {name} ({dtype}), {n} ranks, transport {:?}", o.dir.display(), comm.config().transport);
-            println!("#   iters {}, warmup {} (the first fills the caches), every bit checked", o.iters, o.warmup);
+            println!(
+                "# ciera perf --trace {}: {name} ({dtype}), {n} ranks, transport {:?}",
+                o.dir.display(),
+                comm.config().transport
+            );
+            println!(
+                "#   iters {}, warmup {} (the first fills the caches), every bit checked",
+                o.iters, o.warmup
+            );
             println!(
                 "# {:>9} {:>10} {:>10} {:>8} {:>7} {:>10} {:>11} {:>6} {:>7} {:>10} {:>6}",
-                "window", "size", "count", "type", "mode", "time(us)", "busbw(GB/s)", "wire", "speedup", "compressed", "#wrong"
+                "window",
+                "size",
+                "count",
+                "type",
+                "mode",
+                "time(us)",
+                "busbw(GB/s)",
+                "wire",
+                "speedup",
+                "compressed",
+                "#wrong"
             );
             header_done = true;
         }
@@ -298,7 +355,13 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 .map(|mode| {
                     let cz = Compressor::new(mode_config(mode));
                     let stats0 = cz.stats();
-                    Run { cz, recv: vec![0u8; size], timed: Vec::with_capacity(o.iters), wrong: 0, stats0 }
+                    Run {
+                        cz,
+                        recv: vec![0u8; size],
+                        timed: Vec::with_capacity(o.iters),
+                        wrong: 0,
+                        stats0,
+                    }
                 })
                 .collect();
             let mut shard = vec![0u8; count * es];
@@ -318,7 +381,14 @@ fn run_rank(o: &Opts) -> Result<u64> {
                     // flatter the modes without a closing exchange (raw) on a shaped link.
                     comm.barrier()?;
                     let t0 = Instant::now();
-                    run.cz.all_gather(&mut comm, Some(&shard), &mut run.recv, count, dtype, Some(1))?;
+                    run.cz.all_gather(
+                        &mut comm,
+                        Some(&shard),
+                        &mut run.recv,
+                        count,
+                        dtype,
+                        Some(1),
+                    )?;
                     if it >= o.warmup {
                         run.timed.push(t0.elapsed().as_secs_f64());
                     }
@@ -326,18 +396,31 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 }
             }
             for (mode, run) in o.modes.iter().zip(runs.iter_mut()) {
-                let Run { cz, timed, wrong, stats0, .. } = run;
+                let Run {
+                    cz,
+                    timed,
+                    wrong,
+                    stats0,
+                    ..
+                } = run;
                 let (wrong, stats0) = (*wrong, stats0.clone());
                 // A call takes as long as its slowest rank: the mean (or median) over calls of
                 // the per-call maximum (a rank that finished a call early would otherwise lower
                 // the mean of a mode whose ranks finish at different times, e.g. raw).
                 let slowest = slowest_over_calls(&mut comm, timed, o.median)?;
-                let wrongs: u64 = gather_f64(&mut comm, wrong as f64)?.iter().map(|&w| w as u64).sum();
+                let wrongs: u64 = gather_f64(&mut comm, wrong as f64)?
+                    .iter()
+                    .map(|&w| w as u64)
+                    .sum();
                 wrong_total += wrongs;
                 let s1 = cz.stats();
-                let (rb, wb) = (s1.raw_bytes - stats0.raw_bytes, s1.wire_bytes - stats0.wire_bytes);
+                let (rb, wb) = (
+                    s1.raw_bytes - stats0.raw_bytes,
+                    s1.wire_bytes - stats0.wire_bytes,
+                );
                 let wire_ratio = rb as f64 / wb.max(1) as f64;
-                let compressed = (s1.delta_calls + s1.fill_calls) - (stats0.delta_calls + stats0.fill_calls);
+                let compressed =
+                    (s1.delta_calls + s1.fill_calls) - (stats0.delta_calls + stats0.fill_calls);
                 if mode == "raw" {
                     raw_time = Some(slowest);
                 }
@@ -347,12 +430,15 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 let wname = format!("{}-{}", steps[0].0, steps[k - 1].0);
                 if print {
                     if o.json {
-                        println!("{}", serde_json::json!({
-                            "size": size, "count": count, "type": dtype.name(), "time_us": slowest * 1e6,
-                            "algbw": algbw, "busbw": busbw, "wrong": wrongs, "mode": mode, "step": last_step,
-                            "window": wname, "wire_ratio": wire_ratio, "speedup": speedup,
-                            "compressed_calls": compressed, "nranks": n, "tensor": name,
-                        }));
+                        println!(
+                            "{}",
+                            serde_json::json!({
+                                "size": size, "count": count, "type": dtype.name(), "time_us": slowest * 1e6,
+                                "algbw": algbw, "busbw": busbw, "wrong": wrongs, "mode": mode, "step": last_step,
+                                "window": wname, "wire_ratio": wire_ratio, "speedup": speedup,
+                                "compressed_calls": compressed, "nranks": n, "tensor": name,
+                            })
+                        );
                     } else {
                         println!(
                             "  {:>9} {:>10} {:>10} {:>8} {:>7} {:>10.1} {:>11.3} {:>6.2} {:>7} {:>10} {:>6}",
@@ -379,7 +465,10 @@ fn run_rank(o: &Opts) -> Result<u64> {
         }
     }
     if print && !o.json {
-        println!("# wrong elements: {wrong_total} {}", if wrong_total == 0 { "OK" } else { "FAILED" });
+        println!(
+            "# wrong elements: {wrong_total} {}",
+            if wrong_total == 0 { "OK" } else { "FAILED" }
+        );
     }
     Ok(wrong_total)
 }
@@ -409,7 +498,11 @@ fn count_wrong(recv: &[u8], vals: &[u8], es: usize) -> u64 {
         let run = (m - from).min(recv.len() - at);
         let (got, want) = (&recv[at..at + run], &vals[from..from + run]);
         if got != want {
-            wrong += got.chunks(es).zip(want.chunks(es)).filter(|(g, w)| g != w).count() as u64;
+            wrong += got
+                .chunks(es)
+                .zip(want.chunks(es))
+                .filter(|(g, w)| g != w)
+                .count() as u64;
         }
         at += run;
     }
@@ -421,14 +514,21 @@ fn count_wrong(recv: &[u8], vals: &[u8], es: usize) -> u64 {
 fn slowest_over_calls(comm: &mut Communicator, mine: &[f64], median: bool) -> Result<f64> {
     let n = comm.size();
     let k = mine.len();
-    let bytes: Vec<u8> = mine.iter().flat_map(|t| t.to_bits().to_le_bytes()).collect();
+    let bytes: Vec<u8> = mine
+        .iter()
+        .flat_map(|t| t.to_bits().to_le_bytes())
+        .collect();
     let mut all = vec![0u8; 8 * k * n];
     comm.all_gather(&bytes, &mut all, k, DType::U64)?;
     let t = |r: usize, i: usize| {
         let at = 8 * (r * k + i);
-        f64::from_bits(u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")))
+        f64::from_bits(u64::from_le_bytes(
+            all[at..at + 8].try_into().expect("8 bytes"),
+        ))
     };
-    let mut per_call_max: Vec<f64> = (0..k).map(|i| (0..n).map(|r| t(r, i)).fold(0.0, f64::max)).collect();
+    let mut per_call_max: Vec<f64> = (0..k)
+        .map(|i| (0..n).map(|r| t(r, i)).fold(0.0, f64::max))
+        .collect();
     if median {
         Ok(median_of(&mut per_call_max))
     } else {
@@ -454,7 +554,10 @@ fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
     let n = comm.size();
     let mut out = vec![0u8; 8 * n];
     comm.all_gather(&v.to_bits().to_le_bytes(), &mut out, 1, DType::U64)?;
-    Ok(out.chunks_exact(8).map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap()))).collect())
+    Ok(out
+        .chunks_exact(8)
+        .map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap())))
+        .collect())
 }
 
 #[cfg(test)]

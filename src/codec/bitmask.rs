@@ -98,12 +98,19 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
         }
     }
     if ones == 0 {
-        return MaskPlan { coding: MaskCoding::Zero, bytes: 1, ones };
+        return MaskPlan {
+            coding: MaskCoding::Zero,
+            bytes: 1,
+            ones,
+        };
     }
     let flat = 1 + m.div_ceil(8);
     let hier = 1 + words.len().div_ceil(8) + nz_words + nz_bytes;
-    let (mut coding, mut bytes) =
-        if hier <= flat { (MaskCoding::Hier, hier) } else { (MaskCoding::Flat, flat) };
+    let (mut coding, mut bytes) = if hier <= flat {
+        (MaskCoding::Hier, hier)
+    } else {
+        (MaskCoding::Flat, flat)
+    };
     // rANS cannot beat the entropy of independent bits by much; skip the histogram when even
     // that would not save `gain` bytes.
     let iid_bytes = (m as f64 * h2(ones as f64 / m as f64) / 8.0) as usize;
@@ -115,7 +122,11 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
             bytes = est;
         }
     }
-    MaskPlan { coding, bytes, ones }
+    MaskPlan {
+        coding,
+        bytes,
+        ones,
+    }
 }
 
 /// Append the mask in `coding` to `out`.
@@ -168,7 +179,10 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
             if payload.len() != nbytes {
                 return Err(Error::corrupt(
                     "mask",
-                    format!("flat mask of {m} bits needs {nbytes} bytes, has {}", payload.len()),
+                    format!(
+                        "flat mask of {m} bits needs {nbytes} bytes, has {}",
+                        payload.len()
+                    ),
                 ));
             }
             bytes_to_words(payload, words);
@@ -188,13 +202,19 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
     if m % 64 != 0 {
         if let Some(&last) = words.last() {
             if last >> (m % 64) != 0 {
-                return Err(Error::corrupt("mask", format!("bits set past the mask's {m} bits")));
+                return Err(Error::corrupt(
+                    "mask",
+                    format!("bits set past the mask's {m} bits"),
+                ));
             }
         }
     }
     let ones: usize = words.iter().map(|w| w.count_ones() as usize).sum();
     if method != 0 && ones == 0 {
-        return Err(Error::corrupt("mask", "non-zero coding of an all-zero mask"));
+        return Err(Error::corrupt(
+            "mask",
+            "non-zero coding of an all-zero mask",
+        ));
     }
     Ok(ones)
 }
@@ -212,7 +232,9 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
     let too_short = || Error::corrupt("mask", "hierarchical mask ends early");
     let l1 = payload.get(..l1_len).ok_or_else(too_short)?;
     let nz_words: usize = l1.iter().map(|b| b.count_ones() as usize).sum();
-    let l2 = payload.get(l1_len..l1_len + nz_words).ok_or_else(too_short)?;
+    let l2 = payload
+        .get(l1_len..l1_len + nz_words)
+        .ok_or_else(too_short)?;
     let mut l3_pos = l1_len + nz_words;
     let mut k = 0usize;
     for (g, w) in words.iter_mut().enumerate() {
@@ -222,14 +244,20 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
         let map = l2[k];
         k += 1;
         if map == 0 {
-            return Err(Error::corrupt("mask", format!("word {g} marked non-zero has no bytes")));
+            return Err(Error::corrupt(
+                "mask",
+                format!("word {g} marked non-zero has no bytes"),
+            ));
         }
         let mut bytes = [0u8; 8];
         for (j, b) in bytes.iter_mut().enumerate() {
             if map >> j & 1 == 1 {
                 let v = *payload.get(l3_pos).ok_or_else(too_short)?;
                 if v == 0 {
-                    return Err(Error::corrupt("mask", format!("byte {j} of word {g} is zero")));
+                    return Err(Error::corrupt(
+                        "mask",
+                        format!("byte {j} of word {g} is zero"),
+                    ));
                 }
                 *b = v;
                 l3_pos += 1;
@@ -239,12 +267,18 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
     }
     // L1 bits for words that do not exist (padding of the last byte) must be clear.
     if words.len() % 8 != 0 && l1_len > 0 && l1[l1_len - 1] >> (words.len() % 8) != 0 {
-        return Err(Error::corrupt("mask", "level-1 bits set past the last word"));
+        return Err(Error::corrupt(
+            "mask",
+            "level-1 bits set past the last word",
+        ));
     }
     if l3_pos != payload.len() {
         return Err(Error::corrupt(
             "mask",
-            format!("{} trailing bytes after the hierarchical mask", payload.len() - l3_pos),
+            format!(
+                "{} trailing bytes after the hierarchical mask",
+                payload.len() - l3_pos
+            ),
         ));
     }
     Ok(())
@@ -256,7 +290,10 @@ mod tests {
 
     fn check(words: &[u64], m: usize) {
         let zero = words.iter().all(|&w| w == 0);
-        for coding in [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans].into_iter().filter(|_| !zero) {
+        for coding in [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans]
+            .into_iter()
+            .filter(|_| !zero)
+        {
             let mut out = Vec::new();
             encode(words, m, coding, &mut out);
             let mut back = Vec::new();
@@ -306,11 +343,17 @@ mod tests {
         assert!(decode(&[], 8, &mut back).is_err());
         assert!(decode(&[0, 1], 8, &mut back).is_err());
         assert!(decode(&[1, 0x10], 4, &mut back).is_err(), "bit past m");
-        assert!(decode(&[1, 0x00], 4, &mut back).is_err(), "flat all-zero must be Zero");
+        assert!(
+            decode(&[1, 0x00], 4, &mut back).is_err(),
+            "flat all-zero must be Zero"
+        );
         assert!(decode(&[9], 4, &mut back).is_err());
         // Hier: L1 says word 0 non-zero, L2 names byte 0, L3 byte is zero.
         assert!(decode(&[2, 1, 1, 0], 64, &mut back).is_err());
-        assert!(decode(&[2, 1, 1, 5, 7], 64, &mut back).is_err(), "trailing byte");
+        assert!(
+            decode(&[2, 1, 1, 5, 7], 64, &mut back).is_err(),
+            "trailing byte"
+        );
         assert_eq!(decode(&[2, 1, 1, 5], 64, &mut back).unwrap(), 2);
         assert_eq!(back, vec![5]);
     }

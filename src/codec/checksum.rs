@@ -18,7 +18,12 @@ pub const P1: u64 = 0x9E37_79B1_85EB_CA87;
 pub const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
 pub const P3: u64 = 0x1656_67B1_9E37_79F9;
 pub const INIT: [u64; 4] = [P1, P2, P3, 0x27D4_EB2F_1656_67C5];
-pub const KEY: [u64; 4] = [0xbe4b_a423_396c_feb8, 0x1cad_21f7_2c81_017c, 0xdb97_9083_e96d_d4de, 0x1f67_b3b7_a4a4_4072];
+pub const KEY: [u64; 4] = [
+    0xbe4b_a423_396c_feb8,
+    0x1cad_21f7_2c81_017c,
+    0xdb97_9083_e96d_d4de,
+    0x1f67_b3b7_a4a4_4072,
+];
 
 fn fmix(mut x: u64) -> u64 {
     x ^= x >> 33;
@@ -37,7 +42,10 @@ pub struct StripeHash {
 
 impl Default for StripeHash {
     fn default() -> Self {
-        StripeHash { acc: INIT, stripes: 0 }
+        StripeHash {
+            acc: INIT,
+            stripes: 0,
+        }
     }
 }
 
@@ -58,7 +66,9 @@ impl StripeHash {
         let sk = self.stripes.wrapping_mul(P2);
         for l in 0..4 {
             let v = w[l] ^ KEY[l] ^ sk;
-            self.acc[l] = self.acc[l].wrapping_add((v & 0xffff_ffff).wrapping_mul(v >> 32)).wrapping_add(w[l ^ 1]);
+            self.acc[l] = self.acc[l]
+                .wrapping_add((v & 0xffff_ffff).wrapping_mul(v >> 32))
+                .wrapping_add(w[l ^ 1]);
         }
         self.stripes += 1;
     }

@@ -75,7 +75,10 @@ impl Frame<'_> {
     /// Compare a SH64 computed elsewhere (a fused decoder) with the header's.
     pub fn check_s0(&self, actual: u64) -> Result<()> {
         if actual != self.s0_hash {
-            return Err(Error::Checksum { expected: self.s0_hash, actual });
+            return Err(Error::Checksum {
+                expected: self.s0_hash,
+                actual,
+            });
         }
         Ok(())
     }
@@ -100,7 +103,13 @@ pub fn begin(out: &mut Vec<u8>) -> usize {
 /// Write the header of the frame that starts at `start` and whose sections follow it in `out`
 /// with lengths `sections`, and its checksums. `s0_hash` is SH64 of s0 if the encoder already
 /// computed it.
-pub fn finish(out: &mut [u8], start: usize, h: &Header, sections: [usize; 4], s0_hash: Option<u64>) {
+pub fn finish(
+    out: &mut [u8],
+    start: usize,
+    h: &Header,
+    sections: [usize; 4],
+    s0_hash: Option<u64>,
+) {
     let body = start + HEADER_LEN;
     let s0_hash = s0_hash.unwrap_or_else(|| checksum::sh64(&out[body..body + sections[0]]));
     let hdr = &mut out[start..start + HEADER_LEN];
@@ -118,7 +127,10 @@ pub fn finish(out: &mut [u8], start: usize, h: &Header, sections: [usize; 4], s0
     }
     hdr[48..56].copy_from_slice(&s0_hash.to_le_bytes());
     let payload_end = body + sections.iter().sum::<usize>();
-    let sum = header_checksum(&out[start..start + 56], &out[body + sections[0]..payload_end]);
+    let sum = header_checksum(
+        &out[start..start + 56],
+        &out[body + sections[0]..payload_end],
+    );
     out[start + 56..start + 64].copy_from_slice(&sum.to_le_bytes());
 }
 
@@ -145,11 +157,19 @@ pub fn peek_len(bytes: &[u8]) -> Result<usize> {
         });
     }
     if bytes[0..4] != MAGIC {
-        return Err(Error::corrupt("magic", format!("{:02x?} is not \"CIRF\"", &bytes[0..4])));
+        return Err(Error::corrupt(
+            "magic",
+            format!("{:02x?} is not \"CIRF\"", &bytes[0..4]),
+        ));
     }
     let mut total = HEADER_LEN;
     for i in 0..4 {
-        let s = u32::from_le_bytes([bytes[32 + 4 * i], bytes[33 + 4 * i], bytes[34 + 4 * i], bytes[35 + 4 * i]]);
+        let s = u32::from_le_bytes([
+            bytes[32 + 4 * i],
+            bytes[33 + 4 * i],
+            bytes[34 + 4 * i],
+            bytes[35 + 4 * i],
+        ]);
         total += s as usize;
     }
     Ok(total)
@@ -161,17 +181,27 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     if bytes[4] != FORMAT_VERSION {
         return Err(Error::corrupt(
             "format version",
-            format!("frame has version {}, this build reads {FORMAT_VERSION}", bytes[4]),
+            format!(
+                "frame has version {}, this build reads {FORMAT_VERSION}",
+                bytes[4]
+            ),
         ));
     }
     if len > bytes.len() {
-        return Err(Error::LengthMismatch { what: "frame bytes", expected: len, found: bytes.len() });
+        return Err(Error::LengthMismatch {
+            what: "frame bytes",
+            expected: len,
+            found: bytes.len(),
+        });
     }
     let s0_len = u32::from_le_bytes([bytes[32], bytes[33], bytes[34], bytes[35]]) as usize;
     let sum = header_checksum(&bytes[..56], &bytes[HEADER_LEN + s0_len..len]);
     let stored = u64_at(bytes, 56);
     if sum != stored {
-        return Err(Error::Checksum { expected: stored, actual: sum });
+        return Err(Error::Checksum {
+            expected: stored,
+            actual: sum,
+        });
     }
     let dtype = DType::from_code(bytes[5])
         .ok_or_else(|| Error::corrupt("dtype", format!("unknown element type {}", bytes[5])))?;
@@ -183,7 +213,10 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     };
     let flags = bytes[7];
     if flags & !FLAG_FILL != 0 || (flags & FLAG_FILL != 0 && mode != Mode::Raw) {
-        return Err(Error::corrupt("flags", format!("invalid flags {flags:#x} for mode {}", mode.name())));
+        return Err(Error::corrupt(
+            "flags",
+            format!("invalid flags {flags:#x} for mode {}", mode.name()),
+        ));
     }
     let count = usize::try_from(u64_at(bytes, 8))
         .map_err(|_| Error::corrupt("count", "element count does not fit this machine"))?;
@@ -193,9 +226,24 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     let mut sections: [&[u8]; 4] = [&[]; 4];
     let mut pos = HEADER_LEN;
     for (i, s) in sections.iter_mut().enumerate() {
-        let l = u32::from_le_bytes([bytes[32 + 4 * i], bytes[33 + 4 * i], bytes[34 + 4 * i], bytes[35 + 4 * i]]) as usize;
+        let l = u32::from_le_bytes([
+            bytes[32 + 4 * i],
+            bytes[33 + 4 * i],
+            bytes[34 + 4 * i],
+            bytes[35 + 4 * i],
+        ]) as usize;
         *s = &bytes[pos..pos + l];
         pos += l;
     }
-    Ok(Frame { dtype, mode, flags, count, offset, version, sections, len, s0_hash: u64_at(bytes, 48) })
+    Ok(Frame {
+        dtype,
+        mode,
+        flags,
+        count,
+        offset,
+        version,
+        sections,
+        len,
+        s0_hash: u64_at(bytes, 48),
+    })
 }

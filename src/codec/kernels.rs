@@ -77,7 +77,11 @@ fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> Error {
     if e > L::EXP_MAX {
         Error::corrupt(
             "exponent section",
-            format!("element {i}: exponent {e} exceeds the {} maximum {}", L::DTYPE, L::EXP_MAX),
+            format!(
+                "element {i}: exponent {e} exceeds the {} maximum {}",
+                L::DTYPE,
+                L::EXP_MAX
+            ),
         )
     } else {
         Error::corrupt(
@@ -157,7 +161,12 @@ pub fn decode_exp<L: Layout>(
 
 /// Masks of a value-delta against the previous values: `changed` (value differs) and
 /// `exp_changed` (exponent differs; a subset of `changed`).
-pub fn scan_full<L: Layout>(input: &[u8], prev: &[u8], changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) {
+pub fn scan_full<L: Layout>(
+    input: &[u8],
+    prev: &[u8],
+    changed: &mut Vec<u64>,
+    exp_changed: &mut Vec<u64>,
+) {
     let n = input.len() / L::BYTES;
     changed.clear();
     exp_changed.clear();
@@ -236,7 +245,10 @@ pub fn decode_hybrid<L: Layout>(
     vals.clear();
     vals.resize(k, 0);
     if !L::unpack(sm, vals) {
-        return Err(Error::corrupt("sign+mantissa section", "non-zero padding bits"));
+        return Err(Error::corrupt(
+            "sign+mantissa section",
+            "non-zero padding bits",
+        ));
     }
     // Patch the changed values into the cache in place, then copy the cache out once. The
     // exponent changes are few: walk them with a cursor instead of testing a bit per value.

@@ -31,7 +31,6 @@ use kernels::CacheRef;
 
 pub use frame::{Frame, Mode, HEADER_LEN};
 
-
 use crate::error::{Error, Result};
 use crate::DType;
 
@@ -135,7 +134,15 @@ impl CacheSlot {
 
     /// A cold slot at a given version (reproducible frames, e.g. golden tests).
     pub fn with_version(dtype: DType, mode: CacheMode, len: usize, version: u64) -> CacheSlot {
-        CacheSlot { dtype, mode, choice: FrameChoice::Auto, len, version, warm: false, state: Vec::new() }
+        CacheSlot {
+            dtype,
+            mode,
+            choice: FrameChoice::Auto,
+            len,
+            version,
+            warm: false,
+            state: Vec::new(),
+        }
     }
 
     /// Which delta frames a full-value slot sends (default `Auto`; exponent slots always `Exp`).
@@ -191,8 +198,14 @@ impl CacheSlot {
         assert!(chunk_elems > 0, "chunk_elems must be positive");
         self.ensure_state();
         let per = self.mode.bytes_per_element(self.dtype);
-        let (dtype, mode, choice, version, warm, len) =
-            (self.dtype, self.mode, self.choice, self.version, self.warm, self.len);
+        let (dtype, mode, choice, version, warm, len) = (
+            self.dtype,
+            self.mode,
+            self.choice,
+            self.version,
+            self.warm,
+            self.len,
+        );
         let mut out = Vec::with_capacity(len.div_ceil(chunk_elems));
         let mut rest: &mut [u8] = &mut self.state;
         let mut offset = 0;
@@ -200,7 +213,16 @@ impl CacheSlot {
             let n = chunk_elems.min(len - offset);
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(n * per);
             rest = tail;
-            out.push(SlotChunk { dtype, mode, choice, version, warm, offset, len: n, state: head });
+            out.push(SlotChunk {
+                dtype,
+                mode,
+                choice,
+                version,
+                warm,
+                offset,
+                len: n,
+                state: head,
+            });
             offset += n;
         }
         out
@@ -208,7 +230,11 @@ impl CacheSlot {
 
     /// The chunk of elements `elems` (within `0..len`), to code on its own.
     pub fn chunk(&mut self, elems: std::ops::Range<usize>) -> SlotChunk<'_> {
-        assert!(elems.start <= elems.end && elems.end <= self.len, "chunk {elems:?} of a {}-element slot", self.len);
+        assert!(
+            elems.start <= elems.end && elems.end <= self.len,
+            "chunk {elems:?} of a {}-element slot",
+            self.len
+        );
         self.ensure_state();
         let per = self.mode.bytes_per_element(self.dtype);
         SlotChunk {
@@ -306,33 +332,41 @@ impl SlotChunk<'_> {
             });
         }
         let start = out.len();
-        let (mode, fill, sections, exp_changes, value_changes, s0_hash) = if !self.dtype.is_compressible() {
-            raw_sections(input, out);
-            (Mode::Raw, false, [input.len(), 0, 0, 0], 0, None, None)
-        } else if !self.warm {
-            raw_sections(input, out);
-            self.fill(input);
-            (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
-        } else {
-            let d = match self.dtype {
-                DType::BF16 => encode_delta::<Bf16>(self, input, out),
-                DType::F16 => encode_delta::<F16>(self, input, out),
-                DType::F32 => encode_delta::<F32>(self, input, out),
-                _ => unreachable!("is_compressible covers exactly these"),
-            };
-            if out.len() - start > frame::HEADER_LEN + input.len() {
-                // A delta larger than the values (tiny chunks, or values that changed
-                // wholesale): send the values instead, as a FILL. The cache already holds
-                // `input`, which is what a FILL leaves on both sides, so a frame is never
-                // longer than the raw bytes plus the header.
-                out.truncate(start);
+        let (mode, fill, sections, exp_changes, value_changes, s0_hash) =
+            if !self.dtype.is_compressible() {
+                raw_sections(input, out);
+                (Mode::Raw, false, [input.len(), 0, 0, 0], 0, None, None)
+            } else if !self.warm {
                 raw_sections(input, out);
                 self.fill(input);
                 (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
             } else {
-                (d.mode, false, d.sections, d.exp_changes, d.value_changes, d.s0_hash)
-            }
-        };
+                let d = match self.dtype {
+                    DType::BF16 => encode_delta::<Bf16>(self, input, out),
+                    DType::F16 => encode_delta::<F16>(self, input, out),
+                    DType::F32 => encode_delta::<F32>(self, input, out),
+                    _ => unreachable!("is_compressible covers exactly these"),
+                };
+                if out.len() - start > frame::HEADER_LEN + input.len() {
+                    // A delta larger than the values (tiny chunks, or values that changed
+                    // wholesale): send the values instead, as a FILL. The cache already holds
+                    // `input`, which is what a FILL leaves on both sides, so a frame is never
+                    // longer than the raw bytes plus the header.
+                    out.truncate(start);
+                    raw_sections(input, out);
+                    self.fill(input);
+                    (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
+                } else {
+                    (
+                        d.mode,
+                        false,
+                        d.sections,
+                        d.exp_changes,
+                        d.value_changes,
+                        d.s0_hash,
+                    )
+                }
+            };
         let h = frame::Header {
             dtype: self.dtype,
             mode,
@@ -359,17 +393,32 @@ impl SlotChunk<'_> {
     /// Decode a parsed frame for this chunk into `out` (exactly `len` elements).
     pub fn decode(&mut self, f: &Frame<'_>, out: &mut [u8]) -> Result<FrameInfo> {
         if f.dtype != self.dtype {
-            return Err(Error::DTypeMismatch { expected: self.dtype, found: f.dtype });
+            return Err(Error::DTypeMismatch {
+                expected: self.dtype,
+                found: f.dtype,
+            });
         }
         if f.count != self.len {
-            return Err(Error::LengthMismatch { what: "frame element count", expected: self.len, found: f.count });
+            return Err(Error::LengthMismatch {
+                what: "frame element count",
+                expected: self.len,
+                found: f.count,
+            });
         }
         if f.offset != self.offset {
-            return Err(Error::LengthMismatch { what: "frame element offset", expected: self.offset, found: f.offset });
+            return Err(Error::LengthMismatch {
+                what: "frame element offset",
+                expected: self.offset,
+                found: f.offset,
+            });
         }
         let bytes = self.len * self.dtype.size();
         if out.len() != bytes {
-            return Err(Error::LengthMismatch { what: "decoder output bytes", expected: bytes, found: out.len() });
+            return Err(Error::LengthMismatch {
+                what: "decoder output bytes",
+                expected: bytes,
+                found: out.len(),
+            });
         }
         let mut info = FrameInfo::of(f, bytes);
         match f.mode {
@@ -377,12 +426,18 @@ impl SlotChunk<'_> {
                 if self.dtype.is_compressible() && !info.fill {
                     // Every encoder FILLs with raw frames of these types: a raw frame that
                     // leaves the cache alone would desynchronise it from the sender's.
-                    return Err(Error::corrupt("flags", format!("raw {} frame without FILL", self.dtype)));
+                    return Err(Error::corrupt(
+                        "flags",
+                        format!("raw {} frame without FILL", self.dtype),
+                    ));
                 }
                 if f.sections[0].len() != bytes || f.sections[1..].iter().any(|s| !s.is_empty()) {
                     return Err(Error::corrupt(
                         "raw frame",
-                        format!("sections {:?} for {bytes} value bytes", f.sections.map(|s| s.len())),
+                        format!(
+                            "sections {:?} for {bytes} value bytes",
+                            f.sections.map(|s| s.len())
+                        ),
                     ));
                 }
                 f.verify_s0()?;
@@ -393,7 +448,10 @@ impl SlotChunk<'_> {
             }
             Mode::Exp | Mode::Hybrid => {
                 if !self.dtype.is_compressible() {
-                    return Err(Error::corrupt("mode", format!("{} frame for {}", f.mode.name(), self.dtype)));
+                    return Err(Error::corrupt(
+                        "mode",
+                        format!("{} frame for {}", f.mode.name(), self.dtype),
+                    ));
                 }
                 if !self.warm {
                     return Err(Error::SlotState {
@@ -405,7 +463,10 @@ impl SlotChunk<'_> {
                     });
                 }
                 if f.version != self.version {
-                    return Err(Error::VersionMismatch { slot_version: self.version, frame_version: f.version });
+                    return Err(Error::VersionMismatch {
+                        slot_version: self.version,
+                        frame_version: f.version,
+                    });
                 }
                 let (e, v) = match self.dtype {
                     DType::BF16 => decode_delta::<Bf16>(self, f, out)?,
@@ -498,11 +559,28 @@ fn encode_delta<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut Vec<u8
     with_scratch(|s| encode_delta_with::<L>(c, input, out, s))
 }
 
-fn encode_delta_with<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut Vec<u8>, s: &mut Scratch) -> Delta {
+fn encode_delta_with<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    s: &mut Scratch,
+) -> Delta {
     let n = c.len;
     frame::begin(out);
-    let choice = if c.mode == CacheMode::Exponent { FrameChoice::Exp } else { c.choice };
-    let Scratch { masks, exps, changed, exp_changed, sm, exp_sub, vals } = s;
+    let choice = if c.mode == CacheMode::Exponent {
+        FrameChoice::Exp
+    } else {
+        c.choice
+    };
+    let Scratch {
+        masks,
+        exps,
+        changed,
+        exp_changed,
+        sm,
+        exp_sub,
+        vals,
+    } = s;
     exps.clear();
     if choice == FrameChoice::Exp {
         return write_exp::<L>(c, input, out, masks, exps);
@@ -519,7 +597,13 @@ fn encode_delta_with<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut V
         let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
         let pe = bitmask::plan(exp_changed, n, None);
         let exp_bytes = L::sm_len(n) + pe.bytes + ke;
-        let h = |x: usize, m: usize| if m == 0 { 0.0 } else { m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0 };
+        let h = |x: usize, m: usize| {
+            if m == 0 {
+                0.0
+            } else {
+                m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0
+            }
+        };
         let hybrid_est = L::sm_len(k) as f64 + h(k, n) + h(ke, k) + ke as f64 + 300.0;
         if hybrid_est * 1.25 >= exp_bytes as f64 {
             return write_exp::<L>(c, input, out, masks, exps);
@@ -580,7 +664,11 @@ fn write_exp<L: Layout>(
     }
 }
 
-fn decode_delta<L: Layout>(c: &mut SlotChunk<'_>, f: &Frame<'_>, out: &mut [u8]) -> Result<(usize, Option<usize>)> {
+fn decode_delta<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    f: &Frame<'_>,
+    out: &mut [u8],
+) -> Result<(usize, Option<usize>)> {
     with_scratch(|s| decode_delta_with::<L>(c, f, out, s))
 }
 
@@ -592,17 +680,30 @@ fn decode_delta_with<L: Layout>(
 ) -> Result<(usize, Option<usize>)> {
     let n = c.len;
     let [s0, s1, s2, s3] = f.sections;
-    let Scratch { masks, exp_sub: sub, vals, .. } = scratch;
+    let Scratch {
+        masks,
+        exp_sub: sub,
+        vals,
+        ..
+    } = scratch;
     match f.mode {
         Mode::Exp => {
             if s0.len() != L::sm_len(n) {
-                return Err(Error::LengthMismatch { what: "sign+mantissa section bytes", expected: L::sm_len(n), found: s0.len() });
+                return Err(Error::LengthMismatch {
+                    what: "sign+mantissa section bytes",
+                    expected: L::sm_len(n),
+                    found: s0.len(),
+                });
             }
             let ones = bitmask::decode(s1, n, masks)?;
             if s2.len() != ones || !s3.is_empty() {
                 return Err(Error::corrupt(
                     "exponent section",
-                    format!("{} exponents (+{} extra bytes) for {ones} marked changes", s2.len(), s3.len()),
+                    format!(
+                        "{} exponents (+{} extra bytes) for {ones} marked changes",
+                        s2.len(),
+                        s3.len()
+                    ),
                 ));
             }
             let mut cache = match c.mode {
@@ -629,10 +730,17 @@ fn decode_delta_with<L: Layout>(
             let k = bitmask::decode(s1, n, masks)?;
             let ke = bitmask::decode(s2, k, sub)?;
             if s0.len() != L::sm_len(k) {
-                return Err(Error::LengthMismatch { what: "sign+mantissa section bytes", expected: L::sm_len(k), found: s0.len() });
+                return Err(Error::LengthMismatch {
+                    what: "sign+mantissa section bytes",
+                    expected: L::sm_len(k),
+                    found: s0.len(),
+                });
             }
             if s3.len() != ke {
-                return Err(Error::corrupt("exponent section", format!("{} exponents for {ke} marked changes", s3.len())));
+                return Err(Error::corrupt(
+                    "exponent section",
+                    format!("{} exponents for {ke} marked changes", s3.len()),
+                ));
             }
             f.verify_s0()?;
             kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
@@ -646,13 +754,31 @@ fn decode_delta_with<L: Layout>(
 pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
     let f = frame::parse(frame_bytes)?;
     if f.mode != Mode::Raw {
-        return Err(Error::SlotState { detail: format!("{} frame needs a cache slot", f.mode.name()) });
+        return Err(Error::SlotState {
+            detail: format!("{} frame needs a cache slot", f.mode.name()),
+        });
     }
-    let bytes = f.count.checked_mul(f.dtype.size()).filter(|&b| b == f.sections[0].len()).ok_or_else(|| {
-        Error::corrupt("raw frame", format!("{} elements of {} in a {}-byte section", f.count, f.dtype, f.sections[0].len()))
-    })?;
+    let bytes = f
+        .count
+        .checked_mul(f.dtype.size())
+        .filter(|&b| b == f.sections[0].len())
+        .ok_or_else(|| {
+            Error::corrupt(
+                "raw frame",
+                format!(
+                    "{} elements of {} in a {}-byte section",
+                    f.count,
+                    f.dtype,
+                    f.sections[0].len()
+                ),
+            )
+        })?;
     if out.len() != bytes {
-        return Err(Error::LengthMismatch { what: "decoder output bytes", expected: bytes, found: out.len() });
+        return Err(Error::LengthMismatch {
+            what: "decoder output bytes",
+            expected: bytes,
+            found: out.len(),
+        });
     }
     if f.sections[1..].iter().any(|s| !s.is_empty()) {
         return Err(Error::corrupt("raw frame", "raw frames have one section"));
@@ -673,18 +799,27 @@ mod tests {
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             for mode in [CacheMode::Exponent, CacheMode::FullValue] {
                 for n in [1usize, 2, 3, 5, 8, 13, 64, 65] {
-                    let (mut tx, mut rx) = (CacheSlot::new(dtype, mode, n), CacheSlot::new(dtype, mode, n));
+                    let (mut tx, mut rx) = (
+                        CacheSlot::new(dtype, mode, n),
+                        CacheSlot::new(dtype, mode, n),
+                    );
                     let mut s = 12345u64;
                     for it in 0..12 {
                         let input: Vec<u8> = (0..n * dtype.size())
                             .map(|_| {
-                                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                                s = s
+                                    .wrapping_mul(6364136223846793005)
+                                    .wrapping_add(1442695040888963407);
                                 (s >> 56) as u8
                             })
                             .collect();
                         let mut f = Vec::new();
                         let info = tx.encode(&input, &mut f).unwrap();
-                        assert!(f.len() <= HEADER_LEN + input.len(), "{dtype} {mode:?} n={n} it={it}: {} bytes", f.len());
+                        assert!(
+                            f.len() <= HEADER_LEN + input.len(),
+                            "{dtype} {mode:?} n={n} it={it}: {} bytes",
+                            f.len()
+                        );
                         let mut out = vec![0u8; input.len()];
                         rx.decode(&f, &mut out).unwrap();
                         assert_eq!(out, input);

@@ -132,7 +132,10 @@ impl FreqTable {
             let mut prev: i32 = -1;
             for &s in syms {
                 if (s as i32) <= prev {
-                    return Err(Error::corrupt("rans table", "symbols not strictly increasing"));
+                    return Err(Error::corrupt(
+                        "rans table",
+                        "symbols not strictly increasing",
+                    ));
                 }
                 prev = s as i32;
                 present[s as usize] = true;
@@ -159,7 +162,10 @@ impl FreqTable {
             if present[s] {
                 let f = read_varint(input, pos)? as u64 + 1;
                 if f > PROB_SCALE as u64 {
-                    return Err(Error::corrupt("rans table", format!("frequency {f} > {PROB_SCALE}")));
+                    return Err(Error::corrupt(
+                        "rans table",
+                        format!("frequency {f} > {PROB_SCALE}"),
+                    ));
                 }
                 sum += f;
                 freq[s] = f as u32;
@@ -214,11 +220,23 @@ impl EncSym {
         if freq < 2 {
             // x / 1 = x: rcp = 2^32-1 with shift 0 gives x-1 for x >= 1, and the bias adds
             // the missing M-1 back: x + (cum + M - 1) + (x-1)(M-1) = x*M + cum.
-            EncSym { x_max, rcp_freq: u32::MAX, rcp_shift: 0, bias: cum + PROB_SCALE - 1, cmpl_freq }
+            EncSym {
+                x_max,
+                rcp_freq: u32::MAX,
+                rcp_shift: 0,
+                bias: cum + PROB_SCALE - 1,
+                cmpl_freq,
+            }
         } else {
             let shift = 32 - (freq - 1).leading_zeros(); // ceil(log2(freq))
             let rcp = (((1u64 << (shift + 31)) + freq as u64 - 1) / freq as u64) as u32;
-            EncSym { x_max, rcp_freq: rcp, rcp_shift: shift - 1, bias: cum, cmpl_freq }
+            EncSym {
+                x_max,
+                rcp_freq: rcp,
+                rcp_shift: shift - 1,
+                bias: cum,
+                cmpl_freq,
+            }
         }
     }
 }
@@ -228,7 +246,8 @@ impl EncSym {
 #[inline(always)]
 fn enc_step(x: u32, e: &EncSym) -> u32 {
     let q = (((x as u64 * e.rcp_freq as u64) >> 32) as u32) >> e.rcp_shift;
-    x.wrapping_add(e.bias).wrapping_add(q.wrapping_mul(e.cmpl_freq))
+    x.wrapping_add(e.bias)
+        .wrapping_add(q.wrapping_mul(e.cmpl_freq))
 }
 
 /// Encode `data` (non-empty) with `table`, appending to `out`.
@@ -273,7 +292,10 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
     ];
     for s in x {
         if s < RANS_L || (s as u64) >= (RANS_L as u64) << 8 {
-            return Err(Error::corrupt("rans stream", format!("initial state {s:#x} out of range")));
+            return Err(Error::corrupt(
+                "rans stream",
+                format!("initial state {s:#x} out of range"),
+            ));
         }
     }
     let bytes = &input[pos..];
@@ -311,7 +333,10 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
         ));
     }
     if x != [RANS_L; 2] {
-        return Err(Error::corrupt("rans stream", format!("final states {x:#x?} != {RANS_L:#x}")));
+        return Err(Error::corrupt(
+            "rans stream",
+            format!("final states {x:#x?} != {RANS_L:#x}"),
+        ));
     }
     Ok(())
 }
@@ -337,9 +362,15 @@ fn read_varint(input: &[u8], pos: &mut usize) -> Result<u32> {
 }
 
 fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
-    let end = pos.checked_add(n).filter(|&e| e <= input.len()).ok_or_else(|| {
-        Error::corrupt("rans block", format!("needs {n} bytes at offset {pos}, has {}", input.len()))
-    })?;
+    let end = pos
+        .checked_add(n)
+        .filter(|&e| e <= input.len())
+        .ok_or_else(|| {
+            Error::corrupt(
+                "rans block",
+                format!("needs {n} bytes at offset {pos}, has {}", input.len()),
+            )
+        })?;
     let s = &input[*pos..end];
     *pos = end;
     Ok(s)
@@ -369,7 +400,9 @@ mod tests {
             // After renormalisation the encoder's state is in [x_max / 256, x_max).
             let (lo, hi) = (e.x_max >> 8, e.x_max);
             for k in 0..200u32 {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let x = match k {
                     0 => lo,
                     1 => hi - 1,
@@ -386,9 +419,15 @@ mod tests {
         roundtrip(&[7]);
         roundtrip(&[0; 1000]);
         roundtrip(&(0..=255).collect::<Vec<u8>>());
-        let skew: Vec<u8> = (0..100_000u32).map(|i| if i % 17 == 0 { (i % 251) as u8 } else { 0 }).collect();
+        let skew: Vec<u8> = (0..100_000u32)
+            .map(|i| if i % 17 == 0 { (i % 251) as u8 } else { 0 })
+            .collect();
         let enc = roundtrip(&skew);
-        assert!(enc.len() < skew.len() / 4, "skewed data should compress: {}", enc.len());
+        assert!(
+            enc.len() < skew.len() / 4,
+            "skewed data should compress: {}",
+            enc.len()
+        );
     }
 
     #[test]
@@ -399,7 +438,9 @@ mod tests {
             .map(|_| {
                 let mut b = 0u8;
                 for i in 0..8 {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     if (s >> 33) % 10 == 0 {
                         b |= 1 << i;
                     }

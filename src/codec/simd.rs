@@ -18,7 +18,8 @@ fn enabled() -> bool {
         use std::sync::OnceLock;
         static ON: OnceLock<bool> = OnceLock::new();
         *ON.get_or_init(|| {
-            std::is_x86_feature_detected!("avx2") && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0")
+            std::is_x86_feature_detected!("avx2")
+                && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -37,13 +38,19 @@ pub fn encode_exp<L: Layout>(
     masks: &mut Vec<u64>,
     exps: &mut Vec<u8>,
 ) -> Option<u64> {
-    let CacheRef::Exp(ce) = cache else { return None };
+    let CacheRef::Exp(ce) = cache else {
+        return None;
+    };
     if L::DTYPE != DType::BF16 || !enabled() {
         return None;
     }
     let n = input.len() / 2;
     let mut hash = StripeHash::default();
-    assert!(ce.len() == n, "bf16 exp encode: cache {} for {n} values", ce.len());
+    assert!(
+        ce.len() == n,
+        "bf16 exp encode: cache {} for {n} values",
+        ce.len()
+    );
     let full = n / BLOCK * BLOCK;
     masks.clear();
     masks.reserve(n.div_ceil(BLOCK));
@@ -56,13 +63,26 @@ pub fn encode_exp<L: Layout>(
     // are initialised when `set_len` exposes them.
     unsafe {
         let dense = out.as_mut_ptr().add(d0);
-        avx2::encode_bf16(&input[..2 * full], &mut ce[..full], dense, masks, exps, &mut hash);
+        avx2::encode_bf16(
+            &input[..2 * full],
+            &mut ce[..full],
+            dense,
+            masks,
+            exps,
+            &mut hash,
+        );
         out.set_len(d0 + full);
     }
     if full < n {
         out.resize(d0 + n, 0);
         let mut tail = Vec::new();
-        kernels::encode_exp::<L>(&input[2 * full..], CacheRef::Exp(&mut ce[full..]), &mut out[d0 + full..], &mut tail, exps);
+        kernels::encode_exp::<L>(
+            &input[2 * full..],
+            CacheRef::Exp(&mut ce[full..]),
+            &mut out[d0 + full..],
+            &mut tail,
+            exps,
+        );
         masks.extend_from_slice(&tail);
     }
     Some(finish_hash(hash, &out[d0 + full..], n))
@@ -70,7 +90,12 @@ pub fn encode_exp<L: Layout>(
 
 /// Value-changed and exponent-changed masks against a full-value cache (`kernels::scan_full`),
 /// with AVX2 for every compressible type. Returns false where it does not apply.
-pub fn scan_full<L: Layout>(input: &[u8], prev: &[u8], changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) -> bool {
+pub fn scan_full<L: Layout>(
+    input: &[u8],
+    prev: &[u8],
+    changed: &mut Vec<u64>,
+    exp_changed: &mut Vec<u64>,
+) -> bool {
     if !enabled() {
         return false;
     }
@@ -87,9 +112,21 @@ pub fn scan_full<L: Layout>(input: &[u8], prev: &[u8], changed: &mut Vec<u64>, e
     // SAFETY: AVX2 checked by `enabled()`; both slices hold `full` values of L::BYTES bytes.
     unsafe {
         if L::BYTES == 2 {
-            avx2::scan16(&input[..bytes], &prev[..bytes], exp_mask as u16, changed, exp_changed)
+            avx2::scan16(
+                &input[..bytes],
+                &prev[..bytes],
+                exp_mask as u16,
+                changed,
+                exp_changed,
+            )
         } else {
-            avx2::scan32(&input[..bytes], &prev[..bytes], exp_mask, changed, exp_changed)
+            avx2::scan32(
+                &input[..bytes],
+                &prev[..bytes],
+                exp_mask,
+                changed,
+                exp_changed,
+            )
         }
     };
     if full < n {
@@ -133,7 +170,9 @@ pub fn decode_exp<L: Layout>(
     cache: &mut CacheRef<'_>,
     out: &mut [u8],
 ) -> Result<Option<u64>> {
-    let CacheRef::Exp(ce) = cache else { return Ok(None) };
+    let CacheRef::Exp(ce) = cache else {
+        return Ok(None);
+    };
     if L::DTYPE != DType::BF16 || !enabled() {
         return Ok(None);
     }
@@ -144,11 +183,26 @@ pub fn decode_exp<L: Layout>(
     let nb = full / BLOCK;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX2 checked by `enabled()`; all slices hold at least `full` values (asserted).
-    let used = unsafe { avx2::decode_bf16(&dense[..full], &masks[..nb], exps, &mut ce[..full], &mut out[..2 * full], &mut hash)? };
+    let used = unsafe {
+        avx2::decode_bf16(
+            &dense[..full],
+            &masks[..nb],
+            exps,
+            &mut ce[..full],
+            &mut out[..2 * full],
+            &mut hash,
+        )?
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let used = 0;
     if full < n {
-        kernels::decode_exp::<L>(&dense[full..], &masks[nb..], &exps[used..], CacheRef::Exp(&mut ce[full..]), &mut out[2 * full..])?;
+        kernels::decode_exp::<L>(
+            &dense[full..],
+            &masks[nb..],
+            &exps[used..],
+            CacheRef::Exp(&mut ce[full..]),
+            &mut out[2 * full..],
+        )?;
     }
     Ok(Some(finish_hash(hash, &dense[full..], n)))
 }
@@ -177,7 +231,12 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn load_acc(h: &StripeHash) -> __m256i {
-        _mm256_setr_epi64x(h.acc[0] as i64, h.acc[1] as i64, h.acc[2] as i64, h.acc[3] as i64)
+        _mm256_setr_epi64x(
+            h.acc[0] as i64,
+            h.acc[1] as i64,
+            h.acc[2] as i64,
+            h.acc[3] as i64,
+        )
     }
 
     #[inline]
@@ -212,7 +271,13 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2; `prev.len() == input.len()`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn scan16(input: &[u8], prev: &[u8], exp_mask: u16, changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) {
+    pub unsafe fn scan16(
+        input: &[u8],
+        prev: &[u8],
+        exp_mask: u16,
+        changed: &mut Vec<u64>,
+        exp_changed: &mut Vec<u64>,
+    ) {
         let em = _mm256_set1_epi16(exp_mask as i16);
         let zero = _mm256_setzero_si256();
         // 32 values (64 bytes) per step: two compares packed to one byte per value.
@@ -248,7 +313,13 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2; `prev.len() == input.len()`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn scan32(input: &[u8], prev: &[u8], exp_mask: u32, changed: &mut Vec<u64>, exp_changed: &mut Vec<u64>) {
+    pub unsafe fn scan32(
+        input: &[u8],
+        prev: &[u8],
+        exp_mask: u32,
+        changed: &mut Vec<u64>,
+        exp_changed: &mut Vec<u64>,
+    ) {
         let em = _mm256_set1_epi32(exp_mask as i32);
         let zero = _mm256_setzero_si256();
         for b in (0..input.len()).step_by(256) {
@@ -357,7 +428,9 @@ mod avx2 {
         let n = dense.len();
         let mut acc = load_acc(hash);
         let base = hash.stripes;
-        debug_assert!(n % 64 == 0 && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64);
+        debug_assert!(
+            n % 64 == 0 && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64
+        );
         let mut k = 0usize;
         for (bi, &mask) in masks.iter().enumerate() {
             let b = bi * 64;
@@ -370,7 +443,10 @@ mod avx2 {
                 if e == cache[b + j] {
                     return Err(Error::corrupt(
                         "exponent section",
-                        format!("element {}: exception repeats the cached exponent {e}", b + j),
+                        format!(
+                            "element {}: exception repeats the cached exponent {e}",
+                            b + j
+                        ),
                     ));
                 }
                 cache[b + j] = e;
@@ -390,8 +466,14 @@ mod avx2 {
                 let hi = _mm256_unpackhi_epi8(s, e);
                 // SAFETY: as above.
                 unsafe {
-                    _mm256_storeu_si256(out.as_mut_ptr().add(2 * v) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
-                    _mm256_storeu_si256(out.as_mut_ptr().add(2 * v + 32) as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x31));
+                    _mm256_storeu_si256(
+                        out.as_mut_ptr().add(2 * v) as *mut __m256i,
+                        _mm256_permute2x128_si256(lo, hi, 0x20),
+                    );
+                    _mm256_storeu_si256(
+                        out.as_mut_ptr().add(2 * v + 32) as *mut __m256i,
+                        _mm256_permute2x128_si256(lo, hi, 0x31),
+                    );
                 }
             }
         }
@@ -406,7 +488,9 @@ mod tests {
     use crate::codec::float::Bf16;
 
     fn lcg(s: &mut u64) -> u64 {
-        *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         *s >> 11
     }
 
@@ -423,8 +507,18 @@ mod tests {
         for n in [0usize, 1, 63, 64, 65, 200, 1000] {
             for bytes in [2usize, 4] {
                 let input: Vec<u8> = (0..bytes * n).map(|_| lcg(&mut s) as u8).collect();
-                let prev: Vec<u8> = input.iter().map(|&b| if lcg(&mut s) % 3 == 0 { lcg(&mut s) as u8 } else { b }).collect();
-                let (mut a1, mut e1, mut a2, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let prev: Vec<u8> = input
+                    .iter()
+                    .map(|&b| {
+                        if lcg(&mut s) % 3 == 0 {
+                            lcg(&mut s) as u8
+                        } else {
+                            b
+                        }
+                    })
+                    .collect();
+                let (mut a1, mut e1, mut a2, mut e2) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 if bytes == 2 {
                     kernels::scan_full::<Bf16>(&input, &prev, &mut a1, &mut e1);
                     assert!(scan_full::<Bf16>(&input, &prev, &mut a2, &mut e2));
@@ -449,20 +543,43 @@ mod tests {
         let mut s = 7;
         for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
             let input: Vec<u8> = (0..2 * n).map(|_| lcg(&mut s) as u8).collect();
-            let cache0: Vec<u8> = (0..n).map(|i| if lcg(&mut s) % 4 == 0 { lcg(&mut s) as u8 } else { input[2 * i + 1] }).collect();
+            let cache0: Vec<u8> = (0..n)
+                .map(|i| {
+                    if lcg(&mut s) % 4 == 0 {
+                        lcg(&mut s) as u8
+                    } else {
+                        input[2 * i + 1]
+                    }
+                })
+                .collect();
             let (mut c1, mut c2) = (cache0.clone(), cache0.clone());
             let (mut d1, mut d2) = (vec![0u8; n], vec![0xaa]);
             let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             kernels::encode_exp::<Bf16>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
-            let h = encode_exp::<Bf16>(&input, &mut CacheRef::Exp(&mut c2), &mut d2, &mut m2, &mut e2);
+            let h = encode_exp::<Bf16>(
+                &input,
+                &mut CacheRef::Exp(&mut c2),
+                &mut d2,
+                &mut m2,
+                &mut e2,
+            );
             assert_eq!(d2.remove(0), 0xaa, "appends after existing bytes");
-            assert_eq!(h, Some(crate::codec::checksum::sh64_plain(&d1)), "fused hash n={n}");
+            assert_eq!(
+                h,
+                Some(crate::codec::checksum::sh64_plain(&d1)),
+                "fused hash n={n}"
+            );
             assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
             let (mut r1, mut r2) = (cache0.clone(), cache0.clone());
             let (mut o1, mut o2) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
             kernels::decode_exp::<Bf16>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
-            let h = decode_exp::<Bf16>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
-            assert_eq!(h, Some(crate::codec::checksum::sh64_plain(&d1)), "fused decode hash n={n}");
+            let h =
+                decode_exp::<Bf16>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
+            assert_eq!(
+                h,
+                Some(crate::codec::checksum::sh64_plain(&d1)),
+                "fused decode hash n={n}"
+            );
             assert_eq!(o1, input, "plain decode n={n}");
             assert_eq!(o2, input, "avx2 decode n={n}");
             assert_eq!(r1, r2);

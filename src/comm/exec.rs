@@ -13,8 +13,8 @@ use ciera_transport::{Endpoint, Kind, TransportError};
 
 use super::payloads::Payloads;
 use super::wire::{
-    self, AbortReason, CallSig, MsgHeader, MAX_NOTICE, MAX_SEGMENT, MSG_HEADER_LEN,
-    REF_HEADER_LEN, SHORT_HEADER_LEN, TAG_ABORT, TAG_MESSAGE, TAG_REF, TAG_SEGMENT,
+    self, AbortReason, CallSig, MsgHeader, MAX_NOTICE, MAX_SEGMENT, MSG_HEADER_LEN, REF_HEADER_LEN,
+    SHORT_HEADER_LEN, TAG_ABORT, TAG_MESSAGE, TAG_REF, TAG_SEGMENT,
 };
 use crate::algo::{Progress, Unit, UnitState};
 use crate::error::{Error, Result};

@@ -99,14 +99,14 @@ impl CompressConfig {
     pub fn from_env() -> Result<CompressConfig> {
         let mut c = CompressConfig::default();
         if let Some(v) = env_var("CIERA_COMPRESS") {
-            c.mode = CompressMode::parse(&v)
-                .ok_or_else(|| Error::InvalidArgument(format!("CIERA_COMPRESS={v:?}: expected auto, on or off")))?;
+            c.mode = CompressMode::parse(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!("CIERA_COMPRESS={v:?}: expected auto, on or off"))
+            })?;
         }
         if let Some(v) = env_var("CIERA_CACHE_MB") {
-            let mb: usize = v
-                .trim()
-                .parse()
-                .map_err(|_| Error::InvalidArgument(format!("CIERA_CACHE_MB={v:?} is not a number of MiB")))?;
+            let mb: usize = v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("CIERA_CACHE_MB={v:?} is not a number of MiB"))
+            })?;
             c.cache_bytes = mb << 20;
         }
         if let Some(v) = env_var("CIERA_VERIFY") {
@@ -117,12 +117,18 @@ impl CompressConfig {
                 "auto" => None,
                 "exp" | "exponent" => Some(CacheMode::Exponent),
                 "full" | "value" | "full-value" => Some(CacheMode::FullValue),
-                _ => return Err(Error::InvalidArgument(format!("CIERA_CACHE_MODE={v:?}: expected auto, exp or full"))),
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "CIERA_CACHE_MODE={v:?}: expected auto, exp or full"
+                    )))
+                }
             };
         }
         if let Some(v) = env_var("CIERA_COMPRESS_MIN_BYTES") {
             c.min_shard_bytes = crate::cli::args::parse_size(&v).ok_or_else(|| {
-                Error::InvalidArgument(format!("CIERA_COMPRESS_MIN_BYTES={v:?} is not a size (e.g. 64K)"))
+                Error::InvalidArgument(format!(
+                    "CIERA_COMPRESS_MIN_BYTES={v:?} is not a size (e.g. 64K)"
+                ))
             })?;
         }
         Ok(c)
@@ -180,7 +186,11 @@ pub struct Stats {
 
 impl Stats {
     pub fn ratio(&self) -> f64 {
-        if self.wire_bytes == 0 { 1.0 } else { self.raw_bytes as f64 / self.wire_bytes as f64 }
+        if self.wire_bytes == 0 {
+            1.0
+        } else {
+            self.raw_bytes as f64 / self.wire_bytes as f64
+        }
     }
 }
 
@@ -253,7 +263,10 @@ impl Compressor {
 
     /// Per-slot statistics, in no particular order.
     pub fn slot_stats(&self) -> Vec<(SlotKey, CacheMode, SlotStats)> {
-        self.groups.iter().map(|(k, g)| (*k, g.mode, g.stats.clone())).collect()
+        self.groups
+            .iter()
+            .map(|(k, g)| (*k, g.mode, g.stats.clone()))
+            .collect()
     }
 
     /// Forget every cache (e.g. after the application changed all weights out of band).
@@ -266,12 +279,28 @@ impl Compressor {
     /// layer) or the recv address (in place), with count and type. Ranks that infer
     /// differently only lose ratio: a delta against the wrong slot fails its version check and
     /// is repaired (see the module docs), never decoded into wrong values.
-    pub fn key_for(send: Option<&[u8]>, recv: &[u8], count: usize, dtype: DType, key: Option<u64>) -> SlotKey {
+    pub fn key_for(
+        send: Option<&[u8]>,
+        recv: &[u8],
+        count: usize,
+        dtype: DType,
+        key: Option<u64>,
+    ) -> SlotKey {
         match key {
-            Some(id) => SlotKey { id, inferred: false, count, dtype },
+            Some(id) => SlotKey {
+                id,
+                inferred: false,
+                count,
+                dtype,
+            },
             None => {
                 let addr = send.map_or(recv.as_ptr() as usize ^ 1, |s| s.as_ptr() as usize);
-                SlotKey { id: addr as u64, inferred: true, count, dtype }
+                SlotKey {
+                    id: addr as u64,
+                    inferred: true,
+                    count,
+                    dtype,
+                }
             }
         }
     }
@@ -295,7 +324,8 @@ impl Compressor {
             && n > 1
             && count > 0
             && (self.config.mode == CompressMode::On
-                || (shard >= self.config.min_shard_bytes && comm.algo_for(count, dtype) == crate::algo::Algo::Ring));
+                || (shard >= self.config.min_shard_bytes
+                    && comm.algo_for(count, dtype) == crate::algo::Algo::Ring));
         let skey = Self::key_for(send, recv, count, dtype, key);
         if !eligible || self.oversized.contains_key(&skey) {
             return self.raw(comm, send, recv, count, dtype);
@@ -358,7 +388,9 @@ impl Compressor {
         let budget = self.config.cache_bytes;
         let mode = if let Some(m) = self.config.cache_mode.filter(|&m| per(m) <= budget) {
             m
-        } else if self.config.cache_mode != Some(CacheMode::Exponent) && per(CacheMode::FullValue) <= budget {
+        } else if self.config.cache_mode != Some(CacheMode::Exponent)
+            && per(CacheMode::FullValue) <= budget
+        {
             CacheMode::FullValue
         } else if per(CacheMode::Exponent) <= budget {
             CacheMode::Exponent
@@ -370,16 +402,34 @@ impl Compressor {
         let need = per(mode);
         let mut used: usize = self.groups.values().map(Group::memory).sum();
         while used + need > budget {
-            let Some((&victim, _)) = self.groups.iter().min_by_key(|(k, g)| (g.last_use, k.id)) else { break };
+            let Some((&victim, _)) = self.groups.iter().min_by_key(|(k, g)| (g.last_use, k.id))
+            else {
+                break;
+            };
             used -= self.groups[&victim].memory();
             self.groups.remove(&victim);
             self.stats.evictions += 1;
-            tracing::debug!(count = victim.count, "evicted a cache slot group (CIERA_CACHE_MB)");
+            tracing::debug!(
+                count = victim.count,
+                "evicted a cache slot group (CIERA_CACHE_MB)"
+            );
         }
-        let slots = (0..n).map(|_| CacheSlot::new(key.dtype, mode, key.count)).collect();
+        let slots = (0..n)
+            .map(|_| CacheSlot::new(key.dtype, mode, key.count))
+            .collect();
         self.groups.insert(
             key,
-            Group { slots, mode, state: GroupState::Cold, last_use: self.clock, raw_time: None, pending_raw: None, backoff: 256, slow_streak: 0, stats: SlotStats::default() },
+            Group {
+                slots,
+                mode,
+                state: GroupState::Cold,
+                last_use: self.clock,
+                raw_time: None,
+                pending_raw: None,
+                backoff: 256,
+                slow_streak: 0,
+                stats: SlotStats::default(),
+            },
         );
         true
     }
@@ -438,7 +488,9 @@ impl Compressor {
                     while start < count {
                         let end = (start + chunk_elems).min(count);
                         let mut out = Vec::with_capacity((end - start) * es + frame::HEADER_LEN);
-                        let r = own_slot.chunk(start..end).encode(&own[start * es..end * es], &mut out);
+                        let r = own_slot
+                            .chunk(start..end)
+                            .encode(&own[start * es..end * es], &mut out);
                         if tx.send(r.map(|info| (out, info))).is_err() {
                             break;
                         }
@@ -454,7 +506,13 @@ impl Compressor {
             (r, codec, enc)
         });
         let elapsed = t0.elapsed();
-        let GroupCodec { mut infos, failures, decode_ns, own_infos, .. } = codec;
+        let GroupCodec {
+            mut infos,
+            failures,
+            decode_ns,
+            own_infos,
+            ..
+        } = codec;
         let encode_ns = enc;
         infos[me] = own_infos;
         if let Err(e) = r {
@@ -466,7 +524,10 @@ impl Compressor {
             return Err(e);
         }
         // Commit every source's slot, or note why it cannot be.
-        let mut failed: Vec<Option<String>> = failures.into_iter().map(|f| f.map(|e| e.to_string())).collect();
+        let mut failed: Vec<Option<String>> = failures
+            .into_iter()
+            .map(|f| f.map(|e| e.to_string()))
+            .collect();
         for (src, slot) in g.slots.iter_mut().enumerate() {
             if failed[src].is_none() {
                 if let Err(e) = slot.commit(&infos[src]) {
@@ -483,10 +544,20 @@ impl Compressor {
         mine[3] = own_hash;
         mine[4] = g.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
         let mut all = vec![0u8; n * words * 8];
-        let collect_status = |mine: &Vec<u64>, all: &mut Vec<u8>, comm: &mut Communicator| -> Result<Vec<Vec<u64>>> {
+        let collect_status = |mine: &Vec<u64>,
+                              all: &mut Vec<u8>,
+                              comm: &mut Communicator|
+         -> Result<Vec<Vec<u64>>> {
             let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
             comm.all_gather(&bytes, all, words * 8, DType::U8)?;
-            Ok(all.chunks(words * 8).map(|r| r.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect()).collect())
+            Ok(all
+                .chunks(words * 8)
+                .map(|r| {
+                    r.chunks(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                        .collect()
+                })
+                .collect())
         };
         if verify {
             // Hashes must be known before this rank can report a mismatch, so verification
@@ -519,7 +590,10 @@ impl Compressor {
         }
         let mut bad: Vec<usize> = Vec::new();
         for src in 0..n {
-            if status.iter().any(|s| s[STATUS_FIXED_WORDS + src / 64] >> (src % 64) & 1 == 1) {
+            if status
+                .iter()
+                .any(|s| s[STATUS_FIXED_WORDS + src / 64] >> (src % 64) & 1 == 1)
+            {
                 bad.push(src);
             }
         }
@@ -534,7 +608,11 @@ impl Compressor {
         g.stats.framed_raw_bytes += raw;
         g.stats.framed_wire_bytes += wire;
         g.stats.frames += infos.iter().map(|v| v.len() as u64).sum::<u64>();
-        g.stats.hits += infos.iter().flatten().filter(|i| i.mode != Mode::Raw).count() as u64;
+        g.stats.hits += infos
+            .iter()
+            .flatten()
+            .filter(|i| i.mode != Mode::Raw)
+            .count() as u64;
         if filling {
             self.stats.fill_calls += 1;
             g.stats.fill_calls += 1;
@@ -560,7 +638,9 @@ impl Compressor {
         if !bad.is_empty() {
             for &src in &bad {
                 g.slots[src].poison();
-                let why = failed[src].clone().unwrap_or_else(|| "failed on another rank".into());
+                let why = failed[src]
+                    .clone()
+                    .unwrap_or_else(|| "failed on another rank".into());
                 tracing::error!(
                     source_rank = src,
                     slot = key.id,
@@ -599,7 +679,10 @@ impl Compressor {
                         "compression does not pay on this link for this tensor: raw for {} calls",
                         g.backoff
                     );
-                    g.state = GroupState::RawFor { until, backoff: (g.backoff * 2).min(1 << 16) };
+                    g.state = GroupState::RawFor {
+                        until,
+                        backoff: (g.backoff * 2).min(1 << 16),
+                    };
                 }
             }
         }
@@ -650,7 +733,11 @@ impl<'a> GroupCodec<'a> {
     }
 
     fn slot(&mut self, src: usize) -> &mut CacheSlot {
-        if src < self.me { &mut self.before[src] } else { &mut self.after[src - self.me - 1] }
+        if src < self.me {
+            &mut self.before[src]
+        } else {
+            &mut self.after[src - self.me - 1]
+        }
     }
 }
 
@@ -673,7 +760,9 @@ impl FrameCodec for GroupCodec<'_> {
             if let Some(f) = self.parked.remove(&chunk.elems.start) {
                 break f;
             }
-            let rx = self.own_frames.as_ref().ok_or_else(|| Error::SlotState { detail: "encoder finished".into() })?;
+            let rx = self.own_frames.as_ref().ok_or_else(|| Error::SlotState {
+                detail: "encoder finished".into(),
+            })?;
             let (frame, info) = rx.recv().map_err(|_| Error::SlotState {
                 detail: format!("encoder thread ended before chunk {}", chunk.chunk),
             })??;
@@ -683,7 +772,11 @@ impl FrameCodec for GroupCodec<'_> {
             self.parked.insert(info.offset, (frame, info));
         };
         if info.count != chunk.elems.len() {
-            return Err(Error::LengthMismatch { what: "encoded chunk elements", expected: chunk.elems.len(), found: info.count });
+            return Err(Error::LengthMismatch {
+                what: "encoded chunk elements",
+                expected: chunk.elems.len(),
+                found: info.count,
+            });
         }
         std::mem::swap(out, &mut frame);
         self.own_infos.push(info);
@@ -701,7 +794,11 @@ impl FrameCodec for GroupCodec<'_> {
         let t = Instant::now();
         let r = frame::parse(bytes).and_then(|f| {
             if f.offset != chunk.elems.start || f.count != chunk.elems.len() {
-                return Err(Error::LengthMismatch { what: "frame element range start", expected: chunk.elems.start, found: f.offset });
+                return Err(Error::LengthMismatch {
+                    what: "frame element range start",
+                    expected: chunk.elems.start,
+                    found: f.offset,
+                });
             }
             self.slot(src).chunk(chunk.elems.clone()).decode(&f, out)
         });

@@ -14,7 +14,10 @@ pub const MANIFEST_DIR: &str = env!("CARGO_MANIFEST_DIR");
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/<test binary>
-    exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary in target/<profile>/deps")
+        .to_path_buf()
 }
 
 /// Builds `packages`' libraries into this test's target folder and profile (a no-op when they
@@ -22,23 +25,44 @@ pub fn profile_dir() -> PathBuf {
 /// on the target folder while tests run.
 pub fn build_libs(packages: &[&str]) {
     static BUILT: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-    let mut built = BUILT.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|p| p.into_inner());
-    let todo: Vec<&str> = packages.iter().copied().filter(|p| !built.iter().any(|b| b == p)).collect();
+    let mut built = BUILT
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let todo: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !built.iter().any(|b| b == p))
+        .collect();
     if todo.is_empty() {
         return;
     }
     let dir = profile_dir();
     let profile = dir.file_name().unwrap().to_string_lossy().into_owned();
     let target = dir.parent().unwrap();
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string()));
-    cmd.args(["build", "--quiet", "--lib", "--manifest-path", &format!("{MANIFEST_DIR}/Cargo.toml")]);
-    cmd.args(["--profile", if profile == "debug" { "dev" } else { &profile }]);
+    let mut cmd =
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| env!("CARGO").to_string()));
+    cmd.args([
+        "build",
+        "--quiet",
+        "--lib",
+        "--manifest-path",
+        &format!("{MANIFEST_DIR}/Cargo.toml"),
+    ]);
+    cmd.args([
+        "--profile",
+        if profile == "debug" { "dev" } else { &profile },
+    ]);
     for p in &todo {
         cmd.args(["-p", p]);
     }
     cmd.env("CARGO_TARGET_DIR", target);
     let out = cmd.output().expect("running cargo build");
-    assert!(out.status.success(), "cargo build of {todo:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cargo build of {todo:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     built.extend(todo.iter().map(|s| s.to_string()));
 }
 
@@ -51,7 +75,9 @@ pub fn lib_path(name: &str) -> PathBuf {
 
 /// A fresh scratch folder under the target folder (kept after the test for inspection).
 pub fn scratch(name: &str) -> PathBuf {
-    let d = profile_dir().join("capi-tests").join(format!("{name}-{}", std::process::id()));
+    let d = profile_dir()
+        .join("capi-tests")
+        .join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -69,9 +95,20 @@ pub fn cc(out: &Path, srcs: &[PathBuf], args: &[String]) {
 
 pub fn cc_with(compiler: &str, out: &Path, srcs: &[PathBuf], args: &[String]) {
     let mut cmd = Command::new(compiler);
-    cmd.args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-o"]).arg(out);
+    cmd.args([
+        "-O1",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wno-unused-parameter",
+        "-o",
+    ])
+    .arg(out);
     cmd.args(srcs).args(args);
-    let o = cmd.output().unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
     assert!(
         o.status.success(),
         "{compiler} failed for {}:\n{}{}",
@@ -93,9 +130,14 @@ pub fn have(program: &str) -> bool {
 /// Runs `cmd` in its own process group; past `limit` the whole group is killed and the test
 /// fails with what it printed so far.
 pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
-    cmd.process_group(0).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let desc = format!("{cmd:?}");
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {desc}: {e}"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {desc}: {e}"));
     let pid = child.id() as i32;
     // Drain the pipes on threads so a chatty child cannot block on a full pipe.
     let mut so = child.stdout.take().unwrap();
@@ -126,7 +168,11 @@ pub fn run_limited(mut cmd: Command, limit: Duration) -> Output {
     let stdout = t_out.join().unwrap();
     let stderr = t_err.join().unwrap();
     match status {
-        Some(status) => Output { status, stdout, stderr },
+        Some(status) => Output {
+            status,
+            stdout,
+            stderr,
+        },
         None => panic!(
             "{desc} ran past {limit:?}; killed.\nstdout:\n{}\nstderr:\n{}",
             String::from_utf8_lossy(&stdout),
@@ -147,13 +193,25 @@ pub fn assert_success(what: &str, o: &Output) {
 }
 
 pub fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 /// `nm -D --defined-only` of a library: the names of its exported symbols, sorted.
 pub fn exported_symbols(lib: &Path) -> Vec<String> {
-    let o = Command::new("nm").args(["-D", "--defined-only", "--format=posix"]).arg(lib).output().expect("running nm");
-    assert!(o.status.success(), "nm {}: {}", lib.display(), String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("nm")
+        .args(["-D", "--defined-only", "--format=posix"])
+        .arg(lib)
+        .output()
+        .expect("running nm");
+    assert!(
+        o.status.success(),
+        "nm {}: {}",
+        lib.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
     let mut names: Vec<String> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next())

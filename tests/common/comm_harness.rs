@@ -52,8 +52,17 @@ pub fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(ciera_bin());
     // No CPU binding: tests run several jobs at once, and bound ranks of different jobs
     // would pile onto the same CPUs.
-    c.args(["launch", "-n", &n.to_string(), "--grace", "20", "--bind", "none", "--"])
-        .args(self_args());
+    c.args([
+        "launch",
+        "-n",
+        &n.to_string(),
+        "--grace",
+        "20",
+        "--bind",
+        "none",
+        "--",
+    ])
+    .args(self_args());
     c.env("CIERA_TEST_ROLE", role);
     for (k, v) in env {
         c.env(k, v);

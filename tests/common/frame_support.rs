@@ -10,7 +10,9 @@ use ciera::DType;
 
 /// The four section lengths of the frame header (bytes 32..48).
 pub fn section_lens(f: &[u8]) -> [usize; 4] {
-    std::array::from_fn(|i| u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize)
+    std::array::from_fn(|i| {
+        u32::from_le_bytes(f[32 + 4 * i..36 + 4 * i].try_into().unwrap()) as usize
+    })
 }
 
 pub fn set_section_lens(f: &mut [u8], s: [usize; 4]) {
@@ -41,7 +43,15 @@ pub fn reseal(f: &mut [u8]) {
 /// A slot at `version`, holding `values` as its previous iteration (when `warm`): the state a
 /// peer would be in after decoding `values` at `version - 1`. Built through the public API
 /// alone: a raw FILL frame whose version field is rewritten.
-pub fn slot_at(dtype: DType, mode: CacheMode, choice: FrameChoice, len: usize, version: u64, warm: bool, values: &[u8]) -> CacheSlot {
+pub fn slot_at(
+    dtype: DType,
+    mode: CacheMode,
+    choice: FrameChoice,
+    len: usize,
+    version: u64,
+    warm: bool,
+    values: &[u8],
+) -> CacheSlot {
     let mut src = CacheSlot::new(dtype, mode, len);
     let mut f = Vec::new();
     src.encode(values, &mut f).expect("raw encode");
@@ -104,14 +114,22 @@ pub fn mask_is_canonical(section: &[u8], m: usize, words: &[u64]) -> Result<(), 
     let mut again = Vec::new();
     if coding == MaskCoding::Rans {
         let hist = rans_table(&section[1..]).ok_or("unparsable rANS table")?;
-        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).take(m.div_ceil(8)).collect();
+        let bytes: Vec<u8> = words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .take(m.div_ceil(8))
+            .collect();
         again.push(3);
         rans::encode(&bytes, &rans::FreqTable::from_histogram(&hist), &mut again);
     } else {
         bitmask::encode(words, m, coding, &mut again);
     }
     if again != section {
-        return Err(format!("{coding:?} mask accepted in a non-canonical form ({} bytes, canonical {})", section.len(), again.len()));
+        return Err(format!(
+            "{coding:?} mask accepted in a non-canonical form ({} bytes, canonical {})",
+            section.len(),
+            again.len()
+        ));
     }
     Ok(())
 }

@@ -143,7 +143,9 @@ pub(crate) fn probe_peer(seg: &ShmMapping, side: usize, peer_pid: u32, enabled: 
         return false;
     }
     let addr = seg.atomic_u64(probe_off(1 - side)).load(Ordering::Acquire);
-    let want = seg.atomic_u64(probe_off(1 - side) + 8).load(Ordering::Relaxed);
+    let want = seg
+        .atomic_u64(probe_off(1 - side) + 8)
+        .load(Ordering::Relaxed);
     if addr == 0 {
         return false;
     }
@@ -151,7 +153,8 @@ pub(crate) fn probe_peer(seg: &ShmMapping, side: usize, peer_pid: u32, enabled: 
     let ok = matches!(process_vm_read(peer_pid, addr, &mut got), Ok(8))
         && u64::from_le_bytes(got) == want;
     if ok {
-        seg.atomic_u32(reads_ok_off(side)).store(1, Ordering::Release);
+        seg.atomic_u32(reads_ok_off(side))
+            .store(1, Ordering::Release);
     }
     ok
 }
@@ -245,7 +248,9 @@ impl ShmLink {
         let send_head = seg.atomic_u64(head_off(side)).load(Ordering::Acquire);
         let recv_tail = seg.atomic_u64(tail_off(1 - side)).load(Ordering::Acquire);
         let offered = seg.atomic_u64(claimed_off(side)).load(Ordering::Acquire);
-        let claimed = seg.atomic_u64(claimed_off(1 - side)).load(Ordering::Acquire);
+        let claimed = seg
+            .atomic_u64(claimed_off(1 - side))
+            .load(Ordering::Acquire);
         Ok(ShmLink {
             seg,
             side,
@@ -719,8 +724,13 @@ mod tests {
         a.offer(16);
         a.withdraw_offers();
         assert!(!a.can_offer());
-        let err = b.try_read_peer(src.as_ptr() as u64, &mut [0u8; 16]).unwrap_err();
-        assert!(err.is_peer_closed() && err.to_string().contains("withdrew"), "{err}");
+        let err = b
+            .try_read_peer(src.as_ptr() as u64, &mut [0u8; 16])
+            .unwrap_err();
+        assert!(
+            err.is_peer_closed() && err.to_string().contains("withdrew"),
+            "{err}"
+        );
 
         // An address that is not mapped in the peer is a protocol/io error, not a crash.
         let (_c, mut d, _keep2) = pair(4096);

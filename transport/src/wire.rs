@@ -49,7 +49,11 @@ fn retry_or_fail(stream: &TcpStream, op: &'static str, what: &str, e: io::Error)
         _ if is_disconnect(&e) => Err(TransportError::PeerClosed {
             detail: format!("{what}: {}: {e}", peer_of(stream)),
         }),
-        _ => Err(TransportError::io(op, format!("{what} ({})", peer_of(stream)), e)),
+        _ => Err(TransportError::io(
+            op,
+            format!("{what} ({})", peer_of(stream)),
+            e,
+        )),
     }
 }
 

@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use ciera::capi::cuda::{self, MemoryKind};
 use ciera::capi::{gather_buffers, Failure, LiveComm};
-use ciera::compress::CompressConfig;
 use ciera::comm::{Config, UniqueId};
+use ciera::compress::CompressConfig;
 use ciera::DType;
 
 /// One line to stderr in a single write, so lines from ranks sharing a terminal or a pipe do
@@ -59,13 +59,29 @@ const MPI_ERR_OTHER: c_int = 16;
 const MPI_ERR_INTERN: c_int = 17;
 const MPI_IN_PLACE: *const c_void = 1 as *const c_void;
 
-type AllgatherFn = unsafe extern "C" fn(*const c_void, c_int, MpiDatatype, *mut c_void, c_int, MpiDatatype, MpiComm) -> c_int;
+type AllgatherFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    MpiDatatype,
+    *mut c_void,
+    c_int,
+    MpiDatatype,
+    MpiComm,
+) -> c_int;
 type BcastFn = unsafe extern "C" fn(*mut c_void, c_int, MpiDatatype, c_int, MpiComm) -> c_int;
 type CommIntFn = unsafe extern "C" fn(MpiComm, *mut c_int) -> c_int;
 type TypeSizeFn = unsafe extern "C" fn(MpiDatatype, *mut c_int) -> c_int;
-type CopyAttrFn = unsafe extern "C" fn(MpiComm, c_int, *mut c_void, *mut c_void, *mut c_void, *mut c_int) -> c_int;
+type CopyAttrFn = unsafe extern "C" fn(
+    MpiComm,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *mut c_int,
+) -> c_int;
 type DeleteAttrFn = unsafe extern "C" fn(MpiComm, c_int, *mut c_void, *mut c_void) -> c_int;
-type CreateKeyvalFn = unsafe extern "C" fn(CopyAttrFn, DeleteAttrFn, *mut c_int, *mut c_void) -> c_int;
+type CreateKeyvalFn =
+    unsafe extern "C" fn(CopyAttrFn, DeleteAttrFn, *mut c_int, *mut c_void) -> c_int;
 type GetAttrFn = unsafe extern "C" fn(MpiComm, c_int, *mut c_void, *mut c_int) -> c_int;
 type SetAttrFn = unsafe extern "C" fn(MpiComm, c_int, *mut c_void) -> c_int;
 type CallErrhandlerFn = unsafe extern "C" fn(MpiComm, c_int) -> c_int;
@@ -130,7 +146,10 @@ fn function(name: &CStr) -> Result<*mut c_void, String> {
     let h = libmpi_handle();
     let p = if h.is_null() { h } else { lookup(h, name) };
     if p.is_null() {
-        Err(format!("{} not found (is this Open MPI?)", name.to_string_lossy()))
+        Err(format!(
+            "{} not found (is this Open MPI?)",
+            name.to_string_lossy()
+        ))
     } else {
         Ok(p)
     }
@@ -143,7 +162,9 @@ fn object(name: &CStr) -> Option<*mut c_void> {
         return Some(p);
     }
     let h = libmpi_handle();
-    (!h.is_null()).then(|| lookup(h, name)).filter(|p| !p.is_null())
+    (!h.is_null())
+        .then(|| lookup(h, name))
+        .filter(|p| !p.is_null())
 }
 
 fn sixteen_bit() -> Result<Option<DType>, String> {
@@ -151,7 +172,9 @@ fn sixteen_bit() -> Result<Option<DType>, String> {
         Err(_) | Ok("") | Ok("raw") => Ok(None),
         Ok("bf16") | Ok("bfloat16") => Ok(Some(DType::BF16)),
         Ok("fp16") | Ok("f16") | Ok("half") => Ok(Some(DType::F16)),
-        Ok(other) => Err(format!("CIERA_MPI_16BIT={other:?}: expected bf16, fp16 or raw")),
+        Ok(other) => Err(format!(
+            "CIERA_MPI_16BIT={other:?}: expected bf16, fp16 or raw"
+        )),
     }
 }
 
@@ -288,7 +311,14 @@ static PASSED_UNSERVABLE: AtomicU64 = AtomicU64::new(0);
 ///
 /// # Safety
 /// Called by MPI, with `flag` NULL or writable.
-unsafe extern "C" fn no_copy(_: MpiComm, _: c_int, _: *mut c_void, _: *mut c_void, _: *mut c_void, flag: *mut c_int) -> c_int {
+unsafe extern "C" fn no_copy(
+    _: MpiComm,
+    _: c_int,
+    _: *mut c_void,
+    _: *mut c_void,
+    _: *mut c_void,
+    flag: *mut c_int,
+) -> c_int {
     // A duplicated communicator gets no twin of its own until its first served call.
     if !flag.is_null() {
         // SAFETY: MPI passes a writable flag.
@@ -310,7 +340,10 @@ unsafe extern "C" fn free_twin(_: MpiComm, _: c_int, value: *mut c_void, _: *mut
         // calls the delete callback once per attribute.
         let cell = unsafe { Arc::from_raw(value as *const TwinCell) };
         cell.report();
-        TWINS.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| !Arc::ptr_eq(c, &cell));
+        TWINS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|c| !Arc::ptr_eq(c, &cell));
     }));
     MPI_SUCCESS
 }
@@ -349,7 +382,8 @@ fn keyval(m: &Mpi) -> Result<c_int, String> {
     // MPI_COMM_SELF handle is MPI's own.
     unsafe {
         if (m.create_keyval)(no_copy, free_twin, &mut kv, std::ptr::null_mut()) != MPI_SUCCESS
-            || (m.create_keyval)(no_copy, at_finalize, &mut fin, std::ptr::null_mut()) != MPI_SUCCESS
+            || (m.create_keyval)(no_copy, at_finalize, &mut fin, std::ptr::null_mut())
+                != MPI_SUCCESS
             || (m.set_attr)(m.comm_self, fin, std::ptr::null_mut()) != MPI_SUCCESS
         {
             return Err("PMPI_Comm_create_keyval/set_attr failed".into());
@@ -373,22 +407,39 @@ fn bootstrap(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Twin {
         match UniqueId::new() {
             Ok(u) => id.copy_from_slice(u.as_bytes()),
             // Zeros are not an id: the others see it and stay with MPI.
-            Err(e) => log_once("uid", || format!("rank 0 could not make a CIERA unique id: {e}")),
+            Err(e) => log_once("uid", || {
+                format!("rank 0 could not make a CIERA unique id: {e}")
+            }),
         }
     }
     // SAFETY: a 128-byte buffer described as 128 MPI_BYTEs, on the application's communicator.
-    if unsafe { (m.bcast)(id.as_mut_ptr() as *mut c_void, n as c_int, m.byte, 0, comm) } != MPI_SUCCESS {
+    if unsafe { (m.bcast)(id.as_mut_ptr() as *mut c_void, n as c_int, m.byte, 0, comm) }
+        != MPI_SUCCESS
+    {
         return Twin::PassThrough("PMPI_Bcast of the unique id failed".into());
     }
-    let joined = UniqueId::from_bytes(&id).map_err(|e| e.to_string()).and_then(|id| {
-        let config = Config::from_env().map_err(|e| e.to_string())?;
-        let compress = CompressConfig::from_env().map_err(|e| e.to_string())?;
-        LiveComm::init_rank(&id, size as usize, rank as usize, config, compress).map_err(|f| f.message)
-    });
+    let joined = UniqueId::from_bytes(&id)
+        .map_err(|e| e.to_string())
+        .and_then(|id| {
+            let config = Config::from_env().map_err(|e| e.to_string())?;
+            let compress = CompressConfig::from_env().map_err(|e| e.to_string())?;
+            LiveComm::init_rank(&id, size as usize, rank as usize, config, compress)
+                .map_err(|f| f.message)
+        });
     let ok = [joined.is_ok() as u8];
     let mut all = vec![0u8; size as usize];
     // SAFETY: one byte from each rank into `size` bytes.
-    let rc = unsafe { (m.allgather)(ok.as_ptr() as *const c_void, 1, m.byte, all.as_mut_ptr() as *mut c_void, 1, m.byte, comm) };
+    let rc = unsafe {
+        (m.allgather)(
+            ok.as_ptr() as *const c_void,
+            1,
+            m.byte,
+            all.as_mut_ptr() as *mut c_void,
+            1,
+            m.byte,
+            comm,
+        )
+    };
     if rc != MPI_SUCCESS {
         return Twin::PassThrough("PMPI_Allgather of the join flags failed".into());
     }
@@ -406,7 +457,15 @@ fn twin(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<TwinCell
     let mut value: *mut c_void = std::ptr::null_mut();
     let mut flag: c_int = 0;
     // SAFETY: MPI writes the attribute (a pointer) into `value` and the found flag into `flag`.
-    if unsafe { (m.get_attr)(comm, kv, &mut value as *mut *mut c_void as *mut c_void, &mut flag) } != MPI_SUCCESS {
+    if unsafe {
+        (m.get_attr)(
+            comm,
+            kv,
+            &mut value as *mut *mut c_void as *mut c_void,
+            &mut flag,
+        )
+    } != MPI_SUCCESS
+    {
         return Err("PMPI_Comm_get_attr failed".into());
     }
     if flag != 0 && !value.is_null() {
@@ -419,7 +478,9 @@ fn twin(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<TwinCell
     }
     let t = bootstrap(m, comm, rank, size);
     if let Twin::PassThrough(why) = &t {
-        log_once("bootstrap", || format!("CIERA did not start for a communicator ({why}); its allgathers go to MPI"));
+        log_once("bootstrap", || {
+            format!("CIERA did not start for a communicator ({why}); its allgathers go to MPI")
+        });
     }
     let cell = Arc::new(TwinCell {
         twin: t,
@@ -429,7 +490,10 @@ fn twin(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<TwinCell
         passed_through: AtomicU64::new(0),
         reported: AtomicBool::new(false),
     });
-    TWINS.lock().unwrap_or_else(|p| p.into_inner()).push(cell.clone());
+    TWINS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(cell.clone());
     let raw = Arc::into_raw(cell.clone()) as *mut c_void;
     // SAFETY: stores the pointer as the attribute value; the delete callback reclaims it.
     if unsafe { (m.set_attr)(comm, kv, raw) } != MPI_SUCCESS {
@@ -452,7 +516,17 @@ struct Call {
 
 fn pmpi(m: &Mpi, c: &Call) -> c_int {
     // SAFETY: the application's own arguments, to the function it meant to call.
-    unsafe { (m.allgather)(c.send, c.send_count, c.send_type, c.recv, c.recv_count, c.recv_type, c.comm) }
+    unsafe {
+        (m.allgather)(
+            c.send,
+            c.send_count,
+            c.send_type,
+            c.recv,
+            c.recv_count,
+            c.recv_type,
+            c.comm,
+        )
+    }
 }
 
 fn all_gather(c: Call) -> c_int {
@@ -486,15 +560,25 @@ fn all_gather(c: Call) -> c_int {
         Some(0) => {}
         _ => return unservable("intercomm"),
     }
-    let (Some(rank), Some(size)) = (comm_int(m.comm_rank, c.comm), comm_int(m.comm_size, c.comm)) else {
+    let (Some(rank), Some(size)) = (comm_int(m.comm_rank, c.comm), comm_int(m.comm_size, c.comm))
+    else {
         return unservable("comm");
     };
     if size < 2 {
         return unservable("size");
     }
-    for p in [if in_place { c.recv as *const c_void } else { c.send }, c.recv as *const c_void] {
+    for p in [
+        if in_place {
+            c.recv as *const c_void
+        } else {
+            c.send
+        },
+        c.recv as *const c_void,
+    ] {
         if cuda::classify(p) != MemoryKind::Host {
-            log_once("device", || "device or managed buffers go to MPI (CUDA-aware MPI handles them)".into());
+            log_once("device", || {
+                "device or managed buffers go to MPI (CUDA-aware MPI handles them)".into()
+            });
             return unservable("device");
         }
     }
@@ -514,16 +598,25 @@ fn all_gather(c: Call) -> c_int {
     };
     let count = c.recv_count as usize * elem.per_mpi;
     let block = count * elem.dtype.size();
-    let send = if in_place { (c.recv as usize + rank as usize * block) as *const c_void } else { c.send };
+    let send = if in_place {
+        (c.recv as usize + rank as usize * block) as *const c_void
+    } else {
+        c.send
+    };
     // SAFETY: MPI's contract for MPI_Allgather's buffers: recvbuf holds size*recvcount elements
     // and sendbuf sendcount (= recvcount) elements of a contiguous type; host memory (checked).
-    let served = unsafe { gather_buffers(send, c.recv, count, elem.dtype, live.rank(), live.size()) }
-        .and_then(|bufs| live.all_gather(bufs, count, elem.dtype, None));
+    let served =
+        unsafe { gather_buffers(send, c.recv, count, elem.dtype, live.rank(), live.size()) }
+            .and_then(|bufs| live.all_gather(bufs, count, elem.dtype, None));
     match served {
         Ok(()) => MPI_SUCCESS,
         Err(Failure { code, message }) => {
             say!("ciera-mpi: rank {rank}: MPI_Allgather: {message}");
-            let err = if code == ciera::error::ResultCode::InvalidArgument { MPI_ERR_ARG } else { MPI_ERR_OTHER };
+            let err = if code == ciera::error::ResultCode::InvalidArgument {
+                MPI_ERR_ARG
+            } else {
+                MPI_ERR_OTHER
+            };
             // The communicator's error handler decides (the default aborts the job).
             // SAFETY: the application's communicator and an MPI error class.
             unsafe { (m.call_errhandler)(c.comm, err) };
@@ -544,7 +637,15 @@ pub unsafe extern "C" fn MPI_Allgather(
     recvtype: MpiDatatype,
     comm: MpiComm,
 ) -> c_int {
-    let call = Call { send: sendbuf, send_count: sendcount, send_type: sendtype, recv: recvbuf, recv_count: recvcount, recv_type: recvtype, comm };
+    let call = Call {
+        send: sendbuf,
+        send_count: sendcount,
+        send_type: sendtype,
+        recv: recvbuf,
+        recv_count: recvcount,
+        recv_type: recvtype,
+        comm,
+    };
     match catch_unwind(AssertUnwindSafe(|| all_gather(call))) {
         Ok(rc) => rc,
         Err(_) => {

@@ -39,8 +39,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use ciera::capi::cuda::{self, MemoryKind, PinnedHost};
 use ciera::capi::{gather_buffers, Failure, LiveComm};
-use ciera::compress::CompressConfig;
 use ciera::comm::{Config, UniqueId};
+use ciera::compress::CompressConfig;
 use ciera::error::ResultCode;
 use ciera::DType;
 
@@ -54,8 +54,17 @@ macro_rules! say {
 }
 
 type NcclComm = *mut c_void;
-type AllGatherFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, *mut c_void) -> c_int;
-type BroadcastFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, NcclComm, *mut c_void) -> c_int;
+type AllGatherFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, NcclComm, *mut c_void) -> c_int;
+type BroadcastFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    NcclComm,
+    *mut c_void,
+) -> c_int;
 type CommIntFn = unsafe extern "C" fn(NcclComm, *mut c_int) -> c_int;
 
 const NCCL_SUCCESS: c_int = 0;
@@ -86,11 +95,16 @@ fn real() -> &'static Real {
         // that the type it is cast to spells out.
         unsafe {
             Real {
-                all_gather: f(c"ncclAllGather").map(|p| std::mem::transmute::<*mut c_void, AllGatherFn>(p)),
-                p_all_gather: f(c"pncclAllGather").map(|p| std::mem::transmute::<*mut c_void, AllGatherFn>(p)),
-                broadcast: f(c"ncclBroadcast").map(|p| std::mem::transmute::<*mut c_void, BroadcastFn>(p)),
-                comm_count: f(c"ncclCommCount").map(|p| std::mem::transmute::<*mut c_void, CommIntFn>(p)),
-                user_rank: f(c"ncclCommUserRank").map(|p| std::mem::transmute::<*mut c_void, CommIntFn>(p)),
+                all_gather: f(c"ncclAllGather")
+                    .map(|p| std::mem::transmute::<*mut c_void, AllGatherFn>(p)),
+                p_all_gather: f(c"pncclAllGather")
+                    .map(|p| std::mem::transmute::<*mut c_void, AllGatherFn>(p)),
+                broadcast: f(c"ncclBroadcast")
+                    .map(|p| std::mem::transmute::<*mut c_void, BroadcastFn>(p)),
+                comm_count: f(c"ncclCommCount")
+                    .map(|p| std::mem::transmute::<*mut c_void, CommIntFn>(p)),
+                user_rank: f(c"ncclCommUserRank")
+                    .map(|p| std::mem::transmute::<*mut c_void, CommIntFn>(p)),
             }
         }
     })
@@ -122,7 +136,10 @@ struct CommSlot {
 /// communicator does not hold up calls on another.
 fn slots() -> MutexGuard<'static, HashMap<usize, Arc<Mutex<CommSlot>>>> {
     static SLOTS: OnceLock<Mutex<HashMap<usize, Arc<Mutex<CommSlot>>>>> = OnceLock::new();
-    SLOTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+    SLOTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 static PASSED_UNSERVABLE: AtomicU64 = AtomicU64::new(0);
@@ -150,7 +167,9 @@ impl ExchangeBuf {
         if cuda::driver_loaded() {
             PinnedHost::new(len)
                 .map(ExchangeBuf::Pinned)
-                .ok_or_else(|| "cuMemAllocHost failed (no CUDA context on this thread?)".to_string())
+                .ok_or_else(|| {
+                    "cuMemAllocHost failed (no CUDA context on this thread?)".to_string()
+                })
         } else {
             Ok(ExchangeBuf::Plain(vec![0; len]))
         }
@@ -182,7 +201,9 @@ fn bootstrap(comm: NcclComm, rank: c_int, size: c_int, stream: *mut c_void) -> T
         match UniqueId::new() {
             Ok(id) => buf.bytes()[..id_bytes].copy_from_slice(id.as_bytes()),
             // Zeros are not an id: the others see the failure and stay with NCCL too.
-            Err(e) => log_once("uid", || format!("rank 0 could not make a CIERA unique id: {e}")),
+            Err(e) => log_once("uid", || {
+                format!("rank 0 could not make a CIERA unique id: {e}")
+            }),
         }
     }
     let p = buf.bytes().as_mut_ptr();
@@ -190,7 +211,15 @@ fn bootstrap(comm: NcclComm, rank: c_int, size: c_int, stream: *mut c_void) -> T
     // application's communicator and stream, as the application's own calls do.
     let rc = unsafe {
         match r.broadcast {
-            Some(bcast) => bcast(p as *const c_void, p as *mut c_void, id_bytes, NCCL_UINT8, 0, comm, stream),
+            Some(bcast) => bcast(
+                p as *const c_void,
+                p as *mut c_void,
+                id_bytes,
+                NCCL_UINT8,
+                0,
+                comm,
+                stream,
+            ),
             None => return Twin::PassThrough("the real NCCL has no ncclBroadcast".into()),
         }
     };
@@ -199,28 +228,45 @@ fn bootstrap(comm: NcclComm, rank: c_int, size: c_int, stream: *mut c_void) -> T
     }
     // SAFETY: the application's stream, as it handed it to NCCL.
     if let Err(rc) = unsafe { cuda::synchronize(stream) } {
-        return Twin::PassThrough(format!("cuStreamSynchronize after the bootstrap broadcast returned {rc}"));
+        return Twin::PassThrough(format!(
+            "cuStreamSynchronize after the bootstrap broadcast returned {rc}"
+        ));
     }
     let mut id = [0u8; 128];
     id.copy_from_slice(&buf.bytes()[..id_bytes]);
-    let joined = UniqueId::from_bytes(&id).map_err(|e| e.to_string()).and_then(|id| {
-        let config = Config::from_env().map_err(|e| e.to_string())?;
-        let compress = CompressConfig::from_env().map_err(|e| e.to_string())?;
-        LiveComm::init_rank(&id, nranks, me, config, compress).map_err(|f| f.message)
-    });
+    let joined = UniqueId::from_bytes(&id)
+        .map_err(|e| e.to_string())
+        .and_then(|id| {
+            let config = Config::from_env().map_err(|e| e.to_string())?;
+            let compress = CompressConfig::from_env().map_err(|e| e.to_string())?;
+            LiveComm::init_rank(&id, nranks, me, config, compress).map_err(|f| f.message)
+        });
     // Agree: every rank says whether it joined; CIERA serves only if all did.
     let agree = id_bytes;
     buf.bytes()[agree + me] = joined.is_ok() as u8;
     // SAFETY: in place (send = recv + rank*1), `nranks` bytes inside the buffer.
-    let rc = unsafe { all_gather(p.add(agree + me) as *const c_void, p.add(agree) as *mut c_void, 1, NCCL_UINT8, comm, stream) };
+    let rc = unsafe {
+        all_gather(
+            p.add(agree + me) as *const c_void,
+            p.add(agree) as *mut c_void,
+            1,
+            NCCL_UINT8,
+            comm,
+            stream,
+        )
+    };
     if rc != NCCL_SUCCESS {
         return Twin::PassThrough(format!("bootstrap ncclAllGather returned {rc}"));
     }
     // SAFETY: the application's stream, as it handed it to NCCL.
     if let Err(rc) = unsafe { cuda::synchronize(stream) } {
-        return Twin::PassThrough(format!("cuStreamSynchronize after the bootstrap allgather returned {rc}"));
+        return Twin::PassThrough(format!(
+            "cuStreamSynchronize after the bootstrap allgather returned {rc}"
+        ));
     }
-    let failed: Vec<usize> = (0..nranks).filter(|&i| buf.bytes()[agree + i] != 1).collect();
+    let failed: Vec<usize> = (0..nranks)
+        .filter(|&i| buf.bytes()[agree + i] != 1)
+        .collect();
     match joined {
         Ok(live) if failed.is_empty() => Twin::Serving(live),
         Ok(_) => Twin::PassThrough(format!("ranks {failed:?} could not start CIERA")),
@@ -228,12 +274,24 @@ fn bootstrap(comm: NcclComm, rank: c_int, size: c_int, stream: *mut c_void) -> T
     }
 }
 
-fn pass_through(real_fn: Option<AllGatherFn>, args: (*const c_void, *mut c_void, usize, c_int, NcclComm, *mut c_void)) -> c_int {
+fn pass_through(
+    real_fn: Option<AllGatherFn>,
+    args: (
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        NcclComm,
+        *mut c_void,
+    ),
+) -> c_int {
     match real_fn.or(real().all_gather) {
         // SAFETY: the application's own arguments, to the function it meant to call.
         Some(f) => unsafe { f(args.0, args.1, args.2, args.3, args.4, args.5) },
         None => {
-            log_once("noreal", || "no real ncclAllGather after libciera_nccl.so in the lookup order".into());
+            log_once("noreal", || {
+                "no real ncclAllGather after libciera_nccl.so in the lookup order".into()
+            });
             ResultCode::InternalError as c_int
         }
     }
@@ -294,12 +352,17 @@ fn all_gather_entry(
     }
     stats_at_exit();
     let early_pass = |reason: &'static str, msg: String| {
-        log_once(reason, || format!("{msg}; passing ncclAllGather to the real NCCL"));
+        log_once(reason, || {
+            format!("{msg}; passing ncclAllGather to the real NCCL")
+        });
         PASSED_UNSERVABLE.fetch_add(1, Ordering::Relaxed);
         pass_through(real_fn, args)
     };
     let Some(dtype) = u8::try_from(datatype).ok().and_then(DType::from_code) else {
-        return early_pass("dtype", format!("datatype {datatype} is not one CIERA knows"));
+        return early_pass(
+            "dtype",
+            format!("datatype {datatype} is not one CIERA knows"),
+        );
     };
     if comm.is_null() {
         return early_pass("nullcomm", "comm is NULL".into());
@@ -307,29 +370,54 @@ fn all_gather_entry(
     for p in [send, recv as *const c_void] {
         match cuda::classify(p) {
             MemoryKind::Host => {}
-            MemoryKind::Device => {
-                return early_pass("device", format!("buffer {p:p} is CUDA device or managed memory (this build serves host memory)"))
+            MemoryKind::Device => return early_pass(
+                "device",
+                format!(
+                    "buffer {p:p} is CUDA device or managed memory (this build serves host memory)"
+                ),
+            ),
+            MemoryKind::Unknown => {
+                return early_pass(
+                    "unknown",
+                    format!("the CUDA driver could not classify buffer {p:p}"),
+                )
             }
-            MemoryKind::Unknown => return early_pass("unknown", format!("the CUDA driver could not classify buffer {p:p}")),
         }
     }
-    let (rank, size) = match (comm_int(real().user_rank, comm, "ncclCommUserRank"), comm_int(real().comm_count, comm, "ncclCommCount")) {
+    let (rank, size) = match (
+        comm_int(real().user_rank, comm, "ncclCommUserRank"),
+        comm_int(real().comm_count, comm, "ncclCommCount"),
+    ) {
         (Ok(r), Ok(s)) => (r, s),
         (Err(e), _) | (_, Err(e)) => return early_pass("commquery", e),
     };
     let slot = slots()
         .entry(comm as usize)
-        .or_insert_with(|| Arc::new(Mutex::new(CommSlot { nccl_rank: rank, nccl_size: size, twin: None, passed_through: 0 })))
+        .or_insert_with(|| {
+            Arc::new(Mutex::new(CommSlot {
+                nccl_rank: rank,
+                nccl_size: size,
+                twin: None,
+                passed_through: 0,
+            }))
+        })
         .clone();
     let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
     if s.twin.is_some() && (s.nccl_rank != rank || s.nccl_size != size) {
         // Another communicator at a freed one's address: start over.
-        *s = CommSlot { nccl_rank: rank, nccl_size: size, twin: None, passed_through: 0 };
+        *s = CommSlot {
+            nccl_rank: rank,
+            nccl_size: size,
+            twin: None,
+            passed_through: 0,
+        };
     }
     if s.twin.is_none() {
         let twin = bootstrap(comm, rank, size, stream);
         if let Twin::PassThrough(why) = &twin {
-            log_once("bootstrap", || format!("CIERA did not start for a communicator ({why}); its allgathers go to NCCL"));
+            log_once("bootstrap", || {
+                format!("CIERA did not start for a communicator ({why}); its allgathers go to NCCL")
+            });
         }
         s.twin = Some(twin);
     }
@@ -380,7 +468,17 @@ pub unsafe extern "C" fn ncclAllGather(
     comm: NcclComm,
     stream: *mut c_void,
 ) -> c_int {
-    guarded("ncclAllGather", || all_gather_entry(real().all_gather, sendbuff, recvbuff, sendcount, datatype, comm, stream))
+    guarded("ncclAllGather", || {
+        all_gather_entry(
+            real().all_gather,
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            comm,
+            stream,
+        )
+    })
 }
 
 /// # Safety
@@ -395,6 +493,14 @@ pub unsafe extern "C" fn pncclAllGather(
     stream: *mut c_void,
 ) -> c_int {
     guarded("pncclAllGather", || {
-        all_gather_entry(real().p_all_gather, sendbuff, recvbuff, sendcount, datatype, comm, stream)
+        all_gather_entry(
+            real().p_all_gather,
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            comm,
+            stream,
+        )
     })
 }
