@@ -31,6 +31,8 @@ use wire::{CallSig, Op};
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+/// Default for [`Config::stream_min_bytes`].
+pub const DEFAULT_STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// How a communicator behaves. `Config::default()` is what `from_env` gives with nothing set.
 #[derive(Clone, Debug)]
@@ -48,6 +50,10 @@ pub struct Config {
     /// How long an idle rank spins, then yields, before sleeping in the transport. None: chosen
     /// from the number of ranks on this host versus its CPUs. `CIERA_SPIN_US`/`CIERA_YIELD_US`.
     pub idle: Option<IdlePolicy>,
+    /// Calls whose output is at least this big copy into it with non-temporal stores (own
+    /// shard, and out of the shm rings): see `ciera_transport::copy`.
+    /// `CIERA_STREAM_MIN_BYTES` (K/M/G suffixes; 0 = always).
+    pub stream_min_bytes: usize,
 }
 
 impl Default for Config {
@@ -58,6 +64,7 @@ impl Default for Config {
             algo: AlgoChoice::Auto,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             idle: None,
+            stream_min_bytes: DEFAULT_STREAM_MIN_BYTES,
         }
     }
 }
@@ -84,6 +91,13 @@ impl Config {
             c.algo = AlgoChoice::parse(&v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "CIERA_ALGO={v:?}: expected auto, ring, rd or bruck"
+                ))
+            })?;
+        }
+        if let Some(v) = env::real_env("CIERA_STREAM_MIN_BYTES") {
+            c.stream_min_bytes = crate::cli::args::parse_size(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "CIERA_STREAM_MIN_BYTES={v:?} is not a size (e.g. 8M)"
                 ))
             })?;
         }
@@ -441,7 +455,8 @@ impl Communicator {
         let Some(layout) = self.begin_all_gather(send, recv, count, dtype)? else {
             return Ok(());
         };
-        let payloads = RawPayloads::new(layout, send, recv);
+        let streaming = self.streaming(recv.len());
+        let payloads = RawPayloads::new(layout, send, recv).with_streaming(streaming);
         self.execute(Op::AllGather, layout, dtype, payloads)
     }
 
@@ -461,7 +476,9 @@ impl Communicator {
             return Ok(());
         };
         let mut frames = std::mem::take(&mut self.frames);
-        let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames);
+        let streaming = self.streaming(recv.len());
+        let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames)
+            .with_streaming(streaming);
         let r = self.execute(Op::AllGather, layout, dtype, payloads);
         self.frames = frames;
         r
@@ -559,6 +576,11 @@ impl Communicator {
         Ok(())
     }
 
+    /// Whether a call with `recv_bytes` of output copies into it with non-temporal stores.
+    fn streaming(&self, recv_bytes: usize) -> bool {
+        recv_bytes >= self.config.stream_min_bytes
+    }
+
     fn execute<P: Payloads>(
         &mut self,
         op: Op,
@@ -567,6 +589,7 @@ impl Communicator {
         payloads: P,
     ) -> Result<()> {
         let total = layout.block_bytes() * self.nranks;
+        let streaming = self.streaming(total);
         let algo = if op == Op::Barrier {
             self.config
                 .algo
@@ -603,6 +626,7 @@ impl Communicator {
                 detail: "communicator has no links (closed after an error)".into(),
             });
         };
+        ep.set_streaming(streaming);
         let exec = Exec {
             ep,
             rx: &mut self.rx,

@@ -12,6 +12,8 @@
 
 use std::ops::Range;
 
+use ciera_transport::copy::copy_streaming;
+
 use crate::algo::Unit;
 use crate::error::{Error, Result};
 use crate::DType;
@@ -122,6 +124,8 @@ const OWN_COPY_SLICE: usize = 256 * 1024;
 #[derive(Clone, Copy, Debug)]
 struct OwnCopy {
     done: usize,
+    /// Non-temporal stores (`ciera_transport::copy`): the output is bigger than the caches.
+    streaming: bool,
 }
 
 impl OwnCopy {
@@ -136,7 +140,15 @@ impl OwnCopy {
             (self.done + OWN_COPY_SLICE).min(send.len())
         };
         let base = layout.rank * layout.block_bytes();
-        recv[base + self.done..base + end].copy_from_slice(&send[self.done..end]);
+        let (dst, src) = (
+            &mut recv[base + self.done..base + end],
+            &send[self.done..end],
+        );
+        if self.streaming {
+            copy_streaming(dst, src);
+        } else {
+            dst.copy_from_slice(src);
+        }
         self.done = end;
         true
     }
@@ -158,8 +170,27 @@ impl<'a> RawPayloads<'a> {
             layout,
             send,
             recv,
-            own_copy: OwnCopy { done: 0 },
+            own_copy: OwnCopy {
+                done: 0,
+                streaming: false,
+            },
         }
+    }
+}
+
+impl FramedPayloads<'_> {
+    /// Copy the own shard (out of place) with non-temporal stores.
+    pub fn with_streaming(mut self, on: bool) -> Self {
+        self.own_copy.streaming = on;
+        self
+    }
+}
+
+impl RawPayloads<'_> {
+    /// Copy the own shard with non-temporal stores (for outputs bigger than the caches).
+    pub fn with_streaming(mut self, on: bool) -> Self {
+        self.own_copy.streaming = on;
+        self
     }
 }
 
@@ -294,7 +325,10 @@ impl<'a> FramedPayloads<'a> {
             recv,
             codec,
             frames,
-            own_copy: OwnCopy { done: 0 },
+            own_copy: OwnCopy {
+                done: 0,
+                streaming: false,
+            },
         }
     }
 

@@ -187,15 +187,29 @@ pub fn check_bytes(got: &[u8], want: &[u8], ctx: &str) {
     }
 }
 
-/// The configurations a matrix rank runs: every algorithm, and chunk sizes that cut blocks
-/// into many chunks (pipelining, odd last chunks).
-pub fn matrix_configs() -> Vec<(AlgoChoice, usize)> {
+/// The configurations a matrix rank runs: every algorithm, chunk sizes that cut blocks into
+/// many chunks (pipelining, odd last chunks), and the smallest output that copies with
+/// non-temporal stores (0: every call streams, at every length and alignment; else the
+/// default: only the 1M+3 counts do).
+pub fn matrix_configs() -> Vec<Config> {
+    let base = Config::from_env().unwrap();
+    let cfg = |algo, chunk_bytes, stream_min_bytes| Config {
+        algo,
+        chunk_bytes,
+        stream_min_bytes,
+        ..base.clone()
+    };
+    let default_stream = ciera::comm::DEFAULT_STREAM_MIN_BYTES;
     vec![
-        (AlgoChoice::Auto, 1 << 20),
-        (AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4),
-        (AlgoChoice::Fixed(Algo::Bruck), 256 * 1024),
-        (AlgoChoice::Fixed(Algo::RecursiveDoubling), 1000),
-        (AlgoChoice::Fixed(Algo::Direct), 200 * 1024 + 2),
+        cfg(AlgoChoice::Auto, 1 << 20, default_stream),
+        cfg(AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4, 0),
+        cfg(AlgoChoice::Fixed(Algo::Bruck), 256 * 1024, default_stream),
+        cfg(AlgoChoice::Fixed(Algo::RecursiveDoubling), 1000, 0),
+        cfg(
+            AlgoChoice::Fixed(Algo::Direct),
+            200 * 1024 + 2,
+            default_stream,
+        ),
     ]
 }
 
@@ -203,12 +217,11 @@ pub fn matrix_configs() -> Vec<(AlgoChoice, usize)> {
 pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
     let mut call = 0u64;
     let mut single_copy = 0u64;
-    for (algo, chunk) in matrix_configs() {
+    for config in matrix_configs() {
+        let (algo, chunk) = (config.algo, config.chunk_bytes);
         let config = Config {
-            algo,
-            chunk_bytes: chunk,
             timeout: Duration::from_secs(120),
-            ..Config::from_env().unwrap()
+            ..config
         };
         let mut comm = comm_for(config).expect("communicator");
         let (rank, n) = (comm.rank(), comm.size());
@@ -306,12 +319,8 @@ impl FrameCodec for ToyCodec {
 /// Role "framed": allgather through the toy codec (the compression hook), exact bytes.
 pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
     let mut call = 0u64;
-    for (algo, chunk) in matrix_configs() {
-        let config = Config {
-            algo,
-            chunk_bytes: chunk,
-            ..Config::from_env().unwrap()
-        };
+    for config in matrix_configs() {
+        let (algo, chunk) = (config.algo, config.chunk_bytes);
         let mut comm = comm_for(config).expect("communicator");
         let (rank, n) = (comm.rank(), comm.size());
         let mut codec = ToyCodec {

@@ -74,6 +74,14 @@ impl Link {
         }
     }
 
+    /// Whether [`Link::try_recv`] copies with non-temporal stores (shm only: see
+    /// [`crate::copy`]); for calls whose output is much bigger than the caches.
+    pub fn set_streaming(&mut self, on: bool) {
+        if let LinkInner::Shm(l) = &mut self.inner {
+            l.set_streaming(on);
+        }
+    }
+
     /// Whether the peer can copy large payloads straight out of this process's memory (shm
     /// single copy; see `shm.rs`): then [`Link::offer`] may replace sending the bytes.
     #[inline]
@@ -383,6 +391,14 @@ impl Endpoint {
         self.my_rank = Some(my_rank);
         self.bell_seen = self.bell.sample();
         Ok(())
+    }
+
+    /// Whether every shm link copies out of its receive ring with non-temporal stores (see
+    /// [`crate::copy`]); set per call, for calls whose output is much bigger than the caches.
+    pub fn set_streaming(&mut self, on: bool) {
+        for link in self.links.iter_mut().flatten() {
+            link.set_streaming(on);
+        }
     }
 
     fn check_peer(&self, peer: usize) -> usize {

@@ -44,6 +44,7 @@
 
 pub mod auth;
 mod config;
+pub mod copy;
 mod doorbell;
 mod endpoint;
 mod error;

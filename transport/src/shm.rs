@@ -71,6 +71,7 @@ use std::sync::atomic::Ordering;
 use std::sync::atomic::AtomicU64;
 
 use crate::config::check_ring_bytes;
+use crate::copy::copy_streaming_raw;
 use crate::doorbell::Doorbell;
 use crate::sys::{fill_random, pid_alive, process_vm_read, ShmMapping};
 use crate::{Result, TransportError};
@@ -229,6 +230,8 @@ pub(crate) struct ShmLink {
     claimed: u64,
     /// We withdrew our offers once (a failed call): never offer again on this link.
     withdrawn: bool,
+    /// Copy out of the receive ring with non-temporal stores (see `copy.rs`).
+    streaming: bool,
 }
 
 impl ShmLink {
@@ -266,6 +269,7 @@ impl ShmLink {
             offered,
             claimed,
             withdrawn: false,
+            streaming: false,
         })
     }
 
@@ -439,8 +443,13 @@ impl ShmLink {
         // until our Release store of tail below. Both copies stay inside the ring (as in
         // try_send) and `buf` has at least n bytes and does not alias the mapping.
         unsafe {
-            std::ptr::copy_nonoverlapping(base.add(offset), buf.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(base, buf.as_mut_ptr().add(first), n - first);
+            if self.streaming {
+                copy_streaming_raw(buf.as_mut_ptr(), base.add(offset), first);
+                copy_streaming_raw(buf.as_mut_ptr().add(first), base, n - first);
+            } else {
+                std::ptr::copy_nonoverlapping(base.add(offset), buf.as_mut_ptr(), first);
+                std::ptr::copy_nonoverlapping(base, buf.as_mut_ptr().add(first), n - first);
+            }
         }
         self.recv_tail += n as u64;
         self.seg
@@ -452,6 +461,11 @@ impl ShmLink {
 }
 
 impl ShmLink {
+    /// Whether `try_recv` copies with non-temporal stores from now on.
+    pub fn set_streaming(&mut self, on: bool) {
+        self.streaming = on;
+    }
+
     /// Whether the peer proved it can copy out of this process's memory (and we have not
     /// withdrawn offers on this link).
     pub fn can_offer(&self) -> bool {
