@@ -199,8 +199,8 @@ fn run(
                 deadline,
                 &format!("auth handshake with {peer}: sending proof"),
             )?;
-            read_verdict(stream, deadline, &peer)?;
-            let their_proof = read_proof(stream, deadline, &peer)?;
+            read_verdict(stream, deadline, peer)?;
+            let their_proof = read_proof(stream, deadline, peer)?;
             let ok = mac(Role::Acceptor).verify_slice(&their_proof).is_ok();
             let final_verdict = [if ok { ACCEPTED } else { REFUSED }];
             write_all_by(
@@ -218,7 +218,7 @@ fn run(
             }
         }
         Role::Acceptor => {
-            let their_proof = read_proof(stream, deadline, &peer)?;
+            let their_proof = read_proof(stream, deadline, peer)?;
             if mac(Role::Connector).verify_slice(&their_proof).is_err() {
                 // Best effort: tell the peer why it is being dropped.
                 let _ = write_all_by(
