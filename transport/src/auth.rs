@@ -242,7 +242,7 @@ fn run(
                 deadline,
                 &format!("auth handshake with {peer}: sending proof"),
             )?;
-            read_verdict(stream, deadline, &peer)?;
+            read_verdict(stream, deadline, peer)?;
         }
     }
     Ok(())
