@@ -19,7 +19,7 @@ fn enabled() -> bool {
         static ON: OnceLock<bool> = OnceLock::new();
         *ON.get_or_init(|| {
             std::is_x86_feature_detected!("avx2")
-                && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0")
+                && std::env::var_os("CIERA_NO_SIMD").map_or(true, |v| v == "0")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
