@@ -40,13 +40,21 @@ fn launch_all_ok(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) ->
     err
 }
 
-/// Bytes each rank reported offering by reference (single-copy shm).
+/// Bytes each rank reported offering by reference (single-copy shm), indexed by rank.
 fn single_copy_bytes(stderr: &str) -> Vec<u64> {
-    stderr
+    let mut by_rank: Vec<(usize, u64)> = stderr
         .lines()
         .filter_map(|l| l.strip_prefix("SINGLE_COPY_BYTES "))
-        .map(|v| v.trim().parse().unwrap())
-        .collect()
+        .map(|v| {
+            let (rank, bytes) = v.trim().split_once(' ').expect("rank and bytes");
+            (rank.parse().unwrap(), bytes.parse().unwrap())
+        })
+        .collect();
+    by_rank.sort_unstable();
+    for (i, &(rank, _)) in by_rank.iter().enumerate() {
+        assert_eq!(rank, i, "one report per rank: {by_rank:?}");
+    }
+    by_rank.into_iter().map(|(_, b)| b).collect()
 }
 
 /// Runs the matrix for each rank count; returns each run's per-rank single-copy bytes.
@@ -65,27 +73,58 @@ fn run_matrix_with(
     single
 }
 
-#[test]
-fn matrix_over_shm() {
-    // Single copy on (CIERA_SHM_SINGLE_COPY=1): big payloads go by reference on every rank
-    // that sends any.
-    let single = run_matrix_with("shm", 1..=5, &[("CIERA_SHM_SINGLE_COPY", "1")]);
+/// Every rank of every multi-rank run offered some bytes by reference.
+fn assert_all_offered(single: &[Vec<u64>], first_n: usize, what: &str) {
     for (i, per_rank) in single.iter().enumerate() {
-        let n = i + 1;
-        assert_eq!(per_rank.len(), n, "{n} ranks: {per_rank:?}");
+        let n = first_n + i;
+        assert_eq!(per_rank.len(), n, "{what}, {n} ranks: {per_rank:?}");
         if n > 1 {
             assert!(
                 per_rank.iter().all(|&b| b > 0),
-                "{n} ranks: every rank should offer by reference: {per_rank:?}"
+                "{what}, {n} ranks: every rank should offer by reference: {per_rank:?}"
             );
         }
     }
 }
 
 #[test]
+fn matrix_over_shm() {
+    // The default (CIERA_SHM_SINGLE_COPY unset = auto): each size class tries the rings and
+    // references in turn before it measures, so the two large calls of every configuration
+    // (out of place, then in place) go one way each, and every rank offers by reference.
+    let single = run_matrix_with("shm", 1..=5, &[("CIERA_SHM_SINGLE_COPY", "")]);
+    assert_all_offered(&single, 1, "auto");
+}
+
+#[test]
+fn matrix_over_shm_single_copy() {
+    // CIERA_SHM_SINGLE_COPY=1: every big raw segment goes by reference.
+    let single = run_matrix_with("shm", 2..=4, &[("CIERA_SHM_SINGLE_COPY", "1")]);
+    assert_all_offered(&single, 2, "single copy on");
+}
+
+#[test]
+fn matrix_over_shm_mixed_ways() {
+    // Even ranks send by reference, odd ranks through the rings: every link carries both.
+    let single = run_matrix_with(
+        "shm",
+        2..=3,
+        &[
+            ("CIERA_SHM_SINGLE_COPY", "auto"),
+            ("CIERA_TEST_REFS", "mixed"),
+        ],
+    );
+    for per_rank in &single {
+        for (rank, &b) in per_rank.iter().enumerate() {
+            assert_eq!(b > 0, rank % 2 == 0, "rank {rank}: {per_rank:?}");
+        }
+    }
+}
+
+#[test]
 fn matrix_over_shm_through_the_rings() {
-    // The default (CIERA_SHM_SINGLE_COPY unset = 0): every byte goes through the rings.
-    let single = run_matrix_with("shm", 2..=3, &[("CIERA_SHM_SINGLE_COPY", "")]);
+    // CIERA_SHM_SINGLE_COPY=0: every byte goes through the rings.
+    let single = run_matrix_with("shm", 2..=3, &[("CIERA_SHM_SINGLE_COPY", "0")]);
     assert!(single.iter().flatten().all(|&b| b == 0), "{single:?}");
 }
 

@@ -45,7 +45,7 @@ const MIN_FORWARD: usize = 64 * 1024;
 /// Segments at least this big go by reference over a shm link that can (single copy: the
 /// receiver copies them out of this process; see ciera-transport's shm.rs). Below it the
 /// system call and the claim round trip cost more than the second copy saves.
-const REF_MIN: usize = 64 * 1024;
+pub(crate) const REF_MIN: usize = 64 * 1024;
 /// Most bytes a receiver copies by reference in one go, so it forwards and polls its other
 /// lanes in between.
 const REF_PIECE: usize = 256 * 1024;
@@ -213,6 +213,9 @@ pub struct Exec<'c, P: Payloads> {
     pub nranks: usize,
     pub timeout: Duration,
     pub idle: IdlePolicy,
+    /// Offer large raw segments to shm peers that can read this process by reference
+    /// (single copy) instead of writing them into the rings.
+    pub refs: bool,
     pub abort: &'c AtomicBool,
 }
 
@@ -447,7 +450,7 @@ impl<P: Payloads> Exec<'_, P> {
                 }
                 let seg = can.min(MAX_SEGMENT);
                 m.ctl_off = 0;
-                cut_segment(self.ep, &self.payloads, peer, m, 0, seg);
+                cut_segment(self.ep, &self.payloads, self.refs, peer, m, 0, seg);
                 continue;
             }
             // Start the lane's next unit, if it is here (or arriving).
@@ -519,7 +522,15 @@ impl<P: Payloads> Exec<'_, P> {
             let avail = available(self.progress, self.rx, unit, len);
             if len > 0 && (avail == len || avail >= MIN_FORWARD) {
                 let seg = avail.min(MAX_SEGMENT);
-                cut_segment(self.ep, &self.payloads, peer, &mut m, MSG_HEADER_LEN, seg);
+                cut_segment(
+                    self.ep,
+                    &self.payloads,
+                    self.refs,
+                    peer,
+                    &mut m,
+                    MSG_HEADER_LEN,
+                    seg,
+                );
             }
             lane.cur = Some(m);
             moved = true;
@@ -945,19 +956,21 @@ fn skim_for_notice(
 }
 
 /// Put the header of `m`'s next segment (`seg` bytes from `m.sent`) into `m.ctl` at `at`.
-/// Over a link whose peer can copy out of this process, and for memory that stays put until
-/// the call returns, a big segment goes by reference: only its address travels, the bytes
+/// When this call offers by reference (`refs`), over a link whose peer can copy out of this
+/// process, and for memory that stays put until the call returns, a big segment goes by
+/// reference: only its address travels, the bytes
 /// count as sent at once and the link counts them as offered until the peer claims them.
 fn cut_segment<P: Payloads>(
     ep: &mut Endpoint,
     payloads: &P,
+    refs: bool,
     peer: usize,
     m: &mut SendMsg,
     at: usize,
     seg: usize,
 ) {
     let link = ep.link(peer);
-    if seg >= REF_MIN && payloads.stable_bytes() && link.can_offer() {
+    if refs && seg >= REF_MIN && payloads.stable_bytes() && link.can_offer() {
         let addr = payloads.bytes(m.unit)[m.sent..].as_ptr() as u64;
         link.offer(seg);
         m.ctl[at..at + REF_HEADER_LEN].copy_from_slice(&wire::ref_header(seg, addr));

@@ -12,13 +12,14 @@ pub mod env;
 pub mod exec;
 pub mod id;
 pub mod payloads;
+pub mod single_copy;
 pub mod wire;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ciera_transport::{Endpoint, TransportChoice, Waker};
+use ciera_transport::{Endpoint, SingleCopy, TransportChoice, Waker};
 
 use crate::algo::{self, Algo, AlgoChoice, Progress, Schedule};
 use crate::error::{Error, Result};
@@ -27,6 +28,7 @@ use exec::{Exec, IdlePolicy, LinkRx, SendLane};
 pub use id::UniqueId;
 pub use payloads::{ChunkRef, FrameCodec};
 use payloads::{FramedPayloads, Layout, Payloads, RawPayloads};
+use single_copy::RefChooser;
 use wire::{CallSig, Op};
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -54,6 +56,10 @@ pub struct Config {
     /// shard, and out of the shm rings): see `ciera_transport::copy`.
     /// `CIERA_STREAM_MIN_BYTES` (K/M/G suffixes; 0 = always).
     pub stream_min_bytes: usize,
+    /// Large raw segments to shm peers: through the rings, by reference, or measured per call
+    /// size (`CIERA_SHM_SINGLE_COPY=0|1|auto`; see [`single_copy`]). `0` in the environment
+    /// also keeps the transport from setting single copy up at all.
+    pub single_copy: SingleCopy,
 }
 
 impl Default for Config {
@@ -65,6 +71,7 @@ impl Default for Config {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             idle: None,
             stream_min_bytes: DEFAULT_STREAM_MIN_BYTES,
+            single_copy: SingleCopy::Auto,
         }
     }
 }
@@ -94,6 +101,8 @@ impl Config {
                 ))
             })?;
         }
+        c.single_copy =
+            SingleCopy::from_env().map_err(|e| Error::InvalidArgument(e.to_string()))?;
         if let Some(v) = env::real_env("CIERA_STREAM_MIN_BYTES") {
             c.stream_min_bytes = crate::cli::args::parse_size(&v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
@@ -225,6 +234,8 @@ pub struct Communicator {
     /// Below this many gathered bytes `Auto` picks RD/Bruck: lower when every link is shm.
     /// Every rank derives it the same way (all shm on one host; some TCP link on several).
     small_call_bytes: usize,
+    /// Whether each call's large raw segments go to shm peers by reference.
+    refs: RefChooser,
 }
 
 impl Communicator {
@@ -366,6 +377,7 @@ impl Communicator {
         Communicator {
             rank,
             nranks,
+            refs: RefChooser::new(config.single_copy),
             config,
             ep,
             rx: (0..nranks).map(|_| LinkRx::new()).collect(),
@@ -627,6 +639,13 @@ impl Communicator {
             });
         };
         ep.set_streaming(streaming);
+        // Only calls whose segments may go either way say anything about the two ways.
+        let measured = self.config.single_copy == SingleCopy::Auto
+            && payloads.stable_bytes()
+            && layout.block_bytes() >= exec::REF_MIN
+            && ep.can_offer_any();
+        let started = Instant::now();
+        let refs = self.refs.pick(total, started);
         let exec = Exec {
             ep,
             rx: &mut self.rx,
@@ -638,10 +657,17 @@ impl Communicator {
             nranks: self.nranks,
             timeout: self.config.timeout,
             idle: self.idle,
+            refs,
             abort: &self.abort.flag,
         };
         match exec.run() {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if measured {
+                    let now = Instant::now();
+                    self.refs.record(total, refs, now - started, now);
+                }
+                Ok(())
+            }
             Err(f) => {
                 self.broken = Some(f.error.to_string());
                 if !f.notified_all {

@@ -14,6 +14,7 @@ use std::time::Duration;
 use ciera::algo::{Algo, AlgoChoice};
 use ciera::comm::{ChunkRef, Communicator, Config, FrameCodec, UniqueId};
 use ciera::{DType, Error, Result};
+use ciera_transport::SingleCopy;
 
 pub const COUNTS: [usize; 5] = [0, 1, 7, 1000, 1_000_003];
 
@@ -191,8 +192,19 @@ pub fn check_bytes(got: &[u8], want: &[u8], ctx: &str) {
 /// many chunks (pipelining, odd last chunks), and the smallest output that copies with
 /// non-temporal stores (0: every call streams, at every length and alignment; else the
 /// default: only the 1M+3 counts do).
+///
+/// `CIERA_TEST_REFS=mixed`: even ranks offer every big raw segment by reference, odd ranks
+/// never do (each link then carries references one way and ring bytes the other).
 pub fn matrix_configs() -> Vec<Config> {
-    let base = Config::from_env().unwrap();
+    let mut base = Config::from_env().unwrap();
+    if std::env::var("CIERA_TEST_REFS").as_deref() == Ok("mixed") {
+        let rank: usize = std::env::var("CIERA_RANK").unwrap().parse().unwrap();
+        base.single_copy = if rank % 2 == 0 {
+            SingleCopy::On
+        } else {
+            SingleCopy::Off
+        };
+    }
     let cfg = |algo, chunk_bytes, stream_min_bytes| Config {
         algo,
         chunk_bytes,
@@ -261,7 +273,8 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
         comm.barrier().expect("barrier");
         single_copy += comm.single_copy_bytes();
     }
-    report_raw(&format!("SINGLE_COPY_BYTES {single_copy}"));
+    let rank = std::env::var("CIERA_RANK").unwrap_or_default();
+    report_raw(&format!("SINGLE_COPY_BYTES {rank} {single_copy}"));
     report("ok");
 }
 

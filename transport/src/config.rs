@@ -40,9 +40,7 @@ pub const ENV_SHM_RING_BYTES: &str = "CIERA_SHM_RING_BYTES";
 /// SO_SNDBUF/SO_RCVBUF for TCP links; `0` leaves the kernel's autotuning alone. Unset: each
 /// direction can reach at least 4 MiB (autotuning where its ceiling allows that, else 4 MiB).
 pub const ENV_TCP_BUF_BYTES: &str = "CIERA_TCP_BUF_BYTES";
-/// `1` turns on the single-copy shm path (a receiver copies large payloads straight out of the
-/// sender's memory with process_vm_readv) where the peers can; `0` (default) copies through the
-/// rings (see `shm_single_copy` for the measurements behind the default).
+/// `0`, `1` or `auto` (default): see [`SingleCopy`].
 pub const ENV_SHM_SINGLE_COPY: &str = "CIERA_SHM_SINGLE_COPY";
 /// Interface whose IPv4 address `interface_ip` returns.
 pub const ENV_SOCKET_IFNAME: &str = "CIERA_SOCKET_IFNAME";
@@ -123,20 +121,35 @@ pub(crate) fn shm_ring_bytes() -> Result<usize> {
     Ok(bytes)
 }
 
-/// `CIERA_SHM_SINGLE_COPY`: whether same-host ranks copy large payloads out of each other's
-/// memory. Off unless `1`: on a quiet machine two copies through a small ring, whose second copy
-/// reads from cache, beat one copy by the kernel, which must pin every page (2 ranks on the
-/// 2-core VM, best of 8: 4 MiB 314 vs 467 µs, 8 MiB 1332 vs 1688 µs, 32 MiB 8.2 vs 9.0 ms); it
-/// halves the CPU work, which wins when another job holds the CPUs (same VM with a second job
-/// running: 1.1-2.3x faster), and loses when ranks share CPUs (4 ranks on 2 CPUs: 0.8x).
-pub(crate) fn shm_single_copy() -> Result<bool> {
-    let value = std::env::var(ENV_SHM_SINGLE_COPY).unwrap_or_default();
-    match value.trim().to_ascii_lowercase().as_str() {
-        "" | "0" | "off" | "no" | "false" => Ok(false),
-        "1" | "on" | "yes" | "true" => Ok(true),
-        _ => Err(TransportError::Config {
-            detail: format!("{ENV_SHM_SINGLE_COPY}={value:?} is not 0 or 1"),
-        }),
+/// `CIERA_SHM_SINGLE_COPY`: whether same-host ranks may copy large payloads straight out of
+/// each other's memory (process_vm_readv) instead of through the rings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SingleCopy {
+    /// `0`: every byte goes through the rings; the transport does not probe.
+    Off,
+    /// `1`: every large raw segment goes by reference where the peer proved it can read us.
+    On,
+    /// `auto` (default): the transport probes, and the communicator picks rings or references
+    /// per call size by measuring both (see `ciera::comm::single_copy`). Neither wins
+    /// everywhere: on the 2-core dev VM the rings are 1.3-1.5x faster while the two vCPUs share
+    /// a cache, and 2x slower while the hypervisor puts them on cores that do not (a cache
+    /// line written by one rank then costs the other a ~500 ns round trip), which changes from
+    /// one second to the next.
+    Auto,
+}
+
+impl SingleCopy {
+    /// From `CIERA_SHM_SINGLE_COPY` (unset: auto).
+    pub fn from_env() -> Result<SingleCopy> {
+        let value = std::env::var(ENV_SHM_SINGLE_COPY).unwrap_or_default();
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(SingleCopy::Auto),
+            "0" | "off" | "no" | "false" => Ok(SingleCopy::Off),
+            "1" | "on" | "yes" | "true" => Ok(SingleCopy::On),
+            _ => Err(TransportError::Config {
+                detail: format!("{ENV_SHM_SINGLE_COPY}={value:?} is not 0, 1 or auto"),
+            }),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::config::{shm_ring_bytes, shm_single_copy, tcp_buffer_bytes, DEFAULT_SHM_RING_BYTES};
+use crate::config::{shm_ring_bytes, tcp_buffer_bytes, SingleCopy, DEFAULT_SHM_RING_BYTES};
 use crate::doorbell::Doorbell;
 use crate::peer::shm_domain;
 use crate::setup::{self, SetupContext};
@@ -361,7 +361,7 @@ impl Endpoint {
             DEFAULT_SHM_RING_BYTES
         };
         let tcp_buffers = tcp_buffer_bytes()?;
-        let single_copy = needs_shm && shm_single_copy()?;
+        let single_copy = needs_shm && SingleCopy::from_env()? != SingleCopy::Off;
         if needs_shm {
             // A fresh page per attempt: a failed earlier attempt already unlinked its name.
             let name = format!("/ciera-{}-{}-bell", self.info.pid, random_hex(8));
@@ -399,6 +399,11 @@ impl Endpoint {
         for link in self.links.iter_mut().flatten() {
             link.set_streaming(on);
         }
+    }
+
+    /// Whether some link can offer memory by reference ([`Link::can_offer`]).
+    pub fn can_offer_any(&self) -> bool {
+        self.links.iter().flatten().any(Link::can_offer)
     }
 
     fn check_peer(&self, peer: usize) -> usize {

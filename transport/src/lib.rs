@@ -16,8 +16,8 @@
 //!   every connection.
 //!
 //! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
-//! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1: process_vm_readv single
-//! copy of large payloads; off by default),
+//! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1|auto: process_vm_readv single
+//! copy of large payloads; auto by default: the transport probes, the caller chooses per call),
 //! `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning), `CIERA_SOCKET_IFNAME`.
 //!
 //! Typical use (the communicator's bootstrap moves the `PeerInfo`s around):
@@ -57,7 +57,7 @@ mod tcp;
 mod wire;
 
 pub use config::{
-    Kind, TransportChoice, ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY, ENV_SOCKET_IFNAME,
+    Kind, SingleCopy, TransportChoice, ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY, ENV_SOCKET_IFNAME,
     ENV_TCP_BUF_BYTES, ENV_TRANSPORT,
 };
 pub use endpoint::{Endpoint, Link, Waker};

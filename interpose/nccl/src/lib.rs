@@ -370,12 +370,14 @@ fn all_gather_entry(
     for p in [send, recv as *const c_void] {
         match cuda::classify(p) {
             MemoryKind::Host => {}
-            MemoryKind::Device => return early_pass(
-                "device",
-                format!(
+            MemoryKind::Device => {
+                return early_pass(
+                    "device",
+                    format!(
                     "buffer {p:p} is CUDA device or managed memory (this build serves host memory)"
                 ),
-            ),
+                )
+            }
             MemoryKind::Unknown => {
                 return early_pass(
                     "unknown",
