@@ -47,8 +47,9 @@ const MIN_FORWARD: usize = 64 * 1024;
 /// system call and the claim round trip cost more than the second copy saves.
 pub(crate) const REF_MIN: usize = 64 * 1024;
 /// Most bytes a receiver copies by reference in one go, so it forwards and polls its other
-/// lanes in between.
-const REF_PIECE: usize = 256 * 1024;
+/// lanes in between. 1 MiB rather than 256 KiB: fewer system calls and claim updates (2 ranks,
+/// 1-4 MiB, single copy on: 5-15% faster in same-run alternation).
+const REF_PIECE: usize = 1024 * 1024;
 
 /// While spinning, yield the CPU once per this long (see `Exec::drive`).
 const SPIN_YIELD_EVERY: Duration = Duration::from_micros(20);
