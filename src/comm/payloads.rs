@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use ciera_transport::copy::copy_streaming;
+use ciera_transport::copy::{copy_fast, copy_streaming};
 
 use crate::algo::Unit;
 use crate::error::{Error, Result};
@@ -147,7 +147,7 @@ impl OwnCopy {
         if self.streaming {
             copy_streaming(dst, src);
         } else {
-            dst.copy_from_slice(src);
+            copy_fast(dst, src);
         }
         self.done = end;
         true

@@ -71,7 +71,7 @@ use std::sync::atomic::Ordering;
 use std::sync::atomic::AtomicU64;
 
 use crate::config::check_ring_bytes;
-use crate::copy::copy_streaming_raw;
+use crate::copy::{copy_fast_raw, copy_streaming_raw};
 use crate::doorbell::Doorbell;
 use crate::sys::{fill_random, pid_alive, process_vm_read, ShmMapping};
 use crate::{Result, TransportError};
@@ -392,8 +392,8 @@ impl ShmLink {
         // head below. `offset + first <= R` and `n - first <= R`, so both copies stay inside
         // ring `ring`'s data; `data` is a separate buffer of at least n bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(offset), first);
-            std::ptr::copy_nonoverlapping(data.as_ptr().add(first), base, n - first);
+            copy_fast_raw(base.add(offset), data.as_ptr(), first);
+            copy_fast_raw(base, data.as_ptr().add(first), n - first);
         }
         self.send_head += n as u64;
         self.seg
@@ -447,8 +447,8 @@ impl ShmLink {
                 copy_streaming_raw(buf.as_mut_ptr(), base.add(offset), first);
                 copy_streaming_raw(buf.as_mut_ptr().add(first), base, n - first);
             } else {
-                std::ptr::copy_nonoverlapping(base.add(offset), buf.as_mut_ptr(), first);
-                std::ptr::copy_nonoverlapping(base, buf.as_mut_ptr().add(first), n - first);
+                copy_fast_raw(buf.as_mut_ptr(), base.add(offset), first);
+                copy_fast_raw(buf.as_mut_ptr().add(first), base, n - first);
             }
         }
         self.recv_tail += n as u64;
