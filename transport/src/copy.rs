@@ -216,19 +216,16 @@ mod tests {
             for s_off in [0, 1, 15, 63] {
                 for d_off in [0, 3, 16, 33] {
                     let mut dst = vec![0xA5u8; len + d_off + 64];
-                    copy_streaming(&mut dst[d_off..d_off + len], &src[s_off..s_off + len]);
-                    assert_eq!(
-                        &dst[d_off..d_off + len],
-                        &src[s_off..s_off + len],
-                        "len {len} src+{s_off} dst+{d_off}"
-                    );
+                    copy(&mut dst[d_off..d_off + len], &src[s_off..s_off + len]);
+                    let ctx = format!("{name}: len {len} src+{s_off} dst+{d_off}");
+                    assert_eq!(&dst[d_off..d_off + len], &src[s_off..s_off + len], "{ctx}");
                     assert!(
                         dst[..d_off].iter().all(|&b| b == 0xA5),
-                        "bytes before the range"
+                        "{ctx}: bytes before"
                     );
                     assert!(
                         dst[d_off + len..].iter().all(|&b| b == 0xA5),
-                        "bytes after the range"
+                        "{ctx}: bytes after"
                     );
                 }
             }
