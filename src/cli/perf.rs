@@ -235,8 +235,9 @@ fn run_rank(o: &Opts) -> Result<u64> {
     if print && !o.json {
         let c = comm.config();
         println!(
-            "# ciera perf: all_gather, {n} ranks, transport {:?}, algo {}, chunk {} B, {}",
+            "# ciera perf: all_gather, {n} ranks, transport {:?}, single copy {}, algo {}, chunk {} B, {}",
             c.transport,
+            format!("{:?}", c.single_copy).to_lowercase(),
             c.algo,
             c.chunk_bytes,
             if o.in_place {
@@ -351,6 +352,10 @@ fn run_rank(o: &Opts) -> Result<u64> {
             } else {
                 0.0
             }
+        );
+        println!(
+            "# Sent by reference    : {} bytes (this rank; single copy over shm)",
+            comm.single_copy_bytes()
         );
         println!("#");
     }
