@@ -122,45 +122,52 @@ mod x86 {
     /// # Safety
     /// As `copy_fast_raw`.
     pub(super) unsafe fn copy_sse2(dst: *mut u8, src: *const u8, n: usize) {
-        let (mut d, mut s, lines, done) = split(dst, src, n);
-        for _ in 0..lines {
-            let a = _mm_loadu_si128(s as *const __m128i);
-            let b = _mm_loadu_si128(s.add(16) as *const __m128i);
-            let c = _mm_loadu_si128(s.add(32) as *const __m128i);
-            let e = _mm_loadu_si128(s.add(48) as *const __m128i);
-            _mm_store_si128(d as *mut __m128i, a);
-            _mm_store_si128(d.add(16) as *mut __m128i, b);
-            _mm_store_si128(d.add(32) as *mut __m128i, c);
-            _mm_store_si128(d.add(48) as *mut __m128i, e);
-            d = d.add(LINE);
-            s = s.add(LINE);
-        }
-        std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n - done);
+        copy_lines_sse2::<false>(dst, src, n);
     }
 
     /// Plain copy up to the first 64-byte-aligned destination address, whole lines with
     /// non-temporal stores (unaligned loads), plain copy of the tail, then SFENCE.
     ///
     /// # Safety
-    /// As `copy_streaming_raw`, with `n >= LINE`.
+    /// As `copy_streaming_raw`.
     pub(super) unsafe fn stream(dst: *mut u8, src: *const u8, n: usize) {
+        copy_lines_sse2::<true>(dst, src, n);
+        // Non-temporal stores are weakly ordered: make them visible before any later store
+        // (the ring's tail, the caller's completion) that tells someone the bytes are there.
+        _mm_sfence();
+    }
+
+    /// One aligned 16-byte store, non-temporal if `STREAM`.
+    #[inline(always)]
+    unsafe fn put<const STREAM: bool>(at: *mut u8, v: __m128i) {
+        if STREAM {
+            _mm_stream_si128(at as *mut __m128i, v);
+        } else {
+            _mm_store_si128(at as *mut __m128i, v);
+        }
+    }
+
+    /// Whole destination-aligned lines in 16-byte vectors, with non-temporal (`STREAM`) or
+    /// plain aligned stores; the unaligned head and tail plainly.
+    ///
+    /// # Safety
+    /// As `copy_fast_raw`.
+    #[inline(always)]
+    unsafe fn copy_lines_sse2<const STREAM: bool>(dst: *mut u8, src: *const u8, n: usize) {
         let (mut d, mut s, lines, done) = split(dst, src, n);
         for _ in 0..lines {
             let a = _mm_loadu_si128(s as *const __m128i);
             let b = _mm_loadu_si128(s.add(16) as *const __m128i);
             let c = _mm_loadu_si128(s.add(32) as *const __m128i);
             let e = _mm_loadu_si128(s.add(48) as *const __m128i);
-            _mm_stream_si128(d as *mut __m128i, a);
-            _mm_stream_si128(d.add(16) as *mut __m128i, b);
-            _mm_stream_si128(d.add(32) as *mut __m128i, c);
-            _mm_stream_si128(d.add(48) as *mut __m128i, e);
+            put::<STREAM>(d, a);
+            put::<STREAM>(d.add(16), b);
+            put::<STREAM>(d.add(32), c);
+            put::<STREAM>(d.add(48), e);
             d = d.add(LINE);
             s = s.add(LINE);
         }
         std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n - done);
-        // Non-temporal stores are weakly ordered: make them visible before any later store
-        // (the ring's tail, the caller's completion) that tells someone the bytes are there.
-        _mm_sfence();
     }
 }
 
