@@ -102,3 +102,34 @@ fn perf_trace_replays_the_bundled_slice_exactly_and_compresses() {
         }
     }
 }
+
+/// The text report names the single-copy mode and says how many bytes rank 0 sent by
+/// reference: all large payloads with `CIERA_SHM_SINGLE_COPY=1`, none with `0`.
+#[test]
+fn perf_reports_the_single_copy_mode_and_bytes_by_reference() {
+    for (mode, name) in [("1", "on"), ("0", "off")] {
+        let out = ciera()
+            .args([
+                "perf", "-n", "2", "-b", "4M", "-e", "4M", "-c", "1", "-i", "3", "-w", "1",
+            ])
+            .env("CIERA_TRANSPORT", "shm")
+            .env("CIERA_SHM_SINGLE_COPY", mode)
+            .output()
+            .expect("run ciera perf");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{mode}: {stdout}");
+        assert!(
+            stdout.contains(&format!("single copy {name},")),
+            "{mode}: {stdout}"
+        );
+        let by_ref: u64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("# Sent by reference    : "))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{mode}: no 'Sent by reference' line in {stdout}"));
+        // Rank 0 sends its 2 MiB shard in each of 6 calls: 1 warm-up, 3 timed, 2 checked.
+        let expected = if mode == "1" { 6 * 2 * 1024 * 1024 } else { 0 };
+        assert_eq!(by_ref, expected, "{mode}: {stdout}");
+    }
+}
