@@ -141,7 +141,12 @@ pub enum SingleCopy {
 impl SingleCopy {
     /// From `CIERA_SHM_SINGLE_COPY` (unset: auto).
     pub fn from_env() -> Result<SingleCopy> {
-        let value = std::env::var(ENV_SHM_SINGLE_COPY).unwrap_or_default();
+        SingleCopy::parse(&std::env::var(ENV_SHM_SINGLE_COPY).unwrap_or_default())
+    }
+
+    /// A `CIERA_SHM_SINGLE_COPY` value: `auto` or empty, `0`/`off`/`no`/`false`,
+    /// `1`/`on`/`yes`/`true` (any case, surrounding blanks ignored).
+    pub fn parse(value: &str) -> Result<SingleCopy> {
         match value.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(SingleCopy::Auto),
             "0" | "off" | "no" | "false" => Ok(SingleCopy::Off),
@@ -207,6 +212,25 @@ pub(crate) fn tcp_buffer_bytes() -> Result<TcpBuffers> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn single_copy_parses_known_values_and_names_bad_ones() {
+        for (v, want) in [
+            ("", SingleCopy::Auto),
+            (" Auto ", SingleCopy::Auto),
+            ("0", SingleCopy::Off),
+            ("off", SingleCopy::Off),
+            ("1", SingleCopy::On),
+            ("TRUE", SingleCopy::On),
+        ] {
+            assert_eq!(SingleCopy::parse(v).unwrap(), want, "{v:?}");
+        }
+        let err = SingleCopy::parse("2").unwrap_err().to_string();
+        assert!(
+            err.contains("CIERA_SHM_SINGLE_COPY=\"2\" is not 0, 1 or auto"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn choice_parses_known_values_and_names_bad_ones() {
