@@ -17,7 +17,7 @@
 //!   CIERA_PORT, or MASTER_PORT+1 (MASTER_PORT itself is torch's store).
 //! - No CIERA_ROOT and no CIERA_SECRET (or no MASTER_ADDR), all ranks on one host (the
 //!   launcher's local size equals the world size): rank 0 makes a UniqueId and publishes it in a
-//!   0600 file, /dev/shm/ciera-<job>-<parent pid>.id (or under $TMPDIR), named from the
+//!   0600 file, `/dev/shm/ciera-<job>-<parent pid>.id` (or under $TMPDIR), named from the
 //!   launcher's job id and the launcher's pid; the other ranks wait for that file, check it
 //!   belongs to their user and is private, and join. Rank 0 deletes it once all have joined.
 //! - Otherwise (several hosts and no root address or no secret): an error saying what to set.

@@ -58,7 +58,7 @@ const SPIN_YIELD_EVERY: Duration = Duration::from_micros(20);
 #[derive(Clone, Copy, Debug)]
 pub struct IdlePolicy {
     pub spin: Duration,
-    /// Offer the CPU every [`SPIN_YIELD_EVERY`] while spinning (when this rank is not bound
+    /// Offer the CPU every `SPIN_YIELD_EVERY` (20 µs) while spinning (when this rank is not bound
     /// to a CPU of its own, a peer may share it).
     pub yield_while_spinning: bool,
     pub yield_for: Duration,

@@ -2,7 +2,7 @@
 //!
 //! - [`id`]: `UniqueId` (root address + job secret).
 //! - [`bootstrap`]: the authenticated TCP rendezvous that exchanges transport addresses.
-//! - [`env`]: `Communicator::from_env` — rank/size/root from mpirun, srun, torchrun, `ciera launch`.
+//! - [`env`](mod@env): `Communicator::from_env` — rank/size/root from mpirun, srun, torchrun, `ciera launch`.
 //! - [`wire`]: message headers, segments, abort notices.
 //! - [`payloads`]: where bytes live (raw user buffers, or codec frames: the [`FrameCodec`] hook).
 //! - [`exec`]: the polling loop that moves a [`crate::algo::Progress`] forward over the links.
@@ -268,7 +268,7 @@ impl Communicator {
         Communicator::bootstrap(&mut source, nranks, rank, config, Instant::now())
     }
 
-    /// Rank, size and rendezvous from the launcher's environment; see [`env`] for what is
+    /// Rank, size and rendezvous from the launcher's environment; see [`env`](mod@env) for what is
     /// read and what happens when the secret or root address is absent.
     pub fn from_env(config: Config) -> Result<Communicator> {
         let launch = env::LaunchEnv::detect(&env::real_env)?;

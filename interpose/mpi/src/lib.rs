@@ -9,7 +9,7 @@
 //! builds without MPI installed.
 //!
 //! Served: sendtype == recvtype (or MPI_IN_PLACE), sendcount == recvcount, a predefined
-//! contiguous type from the table in [`type_table`], an intracommunicator of at least 2 ranks,
+//! contiguous type from the table in `type_table`, an intracommunicator of at least 2 ranks,
 //! host memory. The element type the codec is told: MPI_FLOAT → fp32, MPI_DOUBLE and the
 //! integer types → raw (exact) bytes, 16-bit types (MPI_UINT16_T, MPI_INT16_T, MPI_SHORT,
 //! MPI_UNSIGNED_SHORT) → `CIERA_MPI_16BIT=bf16|fp16|raw` (default raw), since MPI has no bf16.
