@@ -211,7 +211,7 @@ pub fn matrix_configs() -> Vec<Config> {
         stream_min_bytes,
         ..base.clone()
     };
-    let default_stream = ciera::comm::DEFAULT_STREAM_MIN_BYTES;
+    let default_stream = ciera::comm::default_stream_min_bytes();
     vec![
         cfg(AlgoChoice::Auto, 1 << 20, default_stream),
         cfg(AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4, 0),
