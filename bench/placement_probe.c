@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     if (sched_setaffinity(0, sizeof cs, &cs) != 0)
         perror("sched_setaffinity (continuing unbound)");
     /* Page-aligned, so that no memcpy here runs into glibc's slow `rep movsb` case on AMD
-     * (destination 1-16 bytes past the source modulo 4096; see transport/src/copy.rs). */
+     * (destination 1-31 bytes past the source modulo 4096; see transport/src/copy.rs). */
     char *send = aligned_alloc(4096, SHARD), *recv = aligned_alloc(4096, 2 * SHARD);
     memset(send, me + 1, SHARD);
     memset(recv, 0, 2 * SHARD);
