@@ -209,16 +209,19 @@ fn idle_policy(local_ranks: usize) -> IdlePolicy {
     }
 }
 
-/// Whether this host runs more of the job's ranks than it has CPUs online. Not
-/// `available_parallelism`: that counts the CPUs this process may use, which is 1 for every
-/// rank a launcher bound to a CPU of its own.
+/// Whether this host runs more of the job's ranks than the CPUs they may use. For a rank that
+/// is free to move, `available_parallelism` (its CPU set, and the container's CPU quota); for a
+/// rank bound to one CPU (a launcher gave each rank a CPU of its own) that says 1, so the CPUs
+/// online count instead (until 2026-12-02 every bound 2-rank job counted as oversubscribed and
+/// never spun). A job whose ranks all share one CPU by hand is the case this misjudges.
 pub fn oversubscribed(local_ranks: usize) -> bool {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    let cpus = if online > 0 {
-        online as usize
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = if bound_to_one_cpu() {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        usize::try_from(online).unwrap_or(0).max(available)
     } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        available
     };
     local_ranks > cpus
 }
