@@ -171,7 +171,7 @@ impl Config {
         };
         let (spin, yld) = (us("CIERA_SPIN_US")?, us("CIERA_YIELD_US")?);
         if spin.is_some() || yld.is_some() {
-            let auto = idle_policy(1);
+            let auto = idle_policy(false);
             c.idle = Some(IdlePolicy {
                 spin: spin.unwrap_or(auto.spin),
                 yield_while_spinning: auto.yield_while_spinning,
@@ -191,8 +191,8 @@ impl Config {
 /// A rank bound to one CPU (`ciera launch`, mpirun) spins without yielding: yielding there only
 /// hands the CPU to other jobs. An unbound one yields every 20 us while spinning, in case the
 /// scheduler stacked it on the CPU of the peer it waits for.
-fn idle_policy(local_ranks: usize) -> IdlePolicy {
-    if !oversubscribed(local_ranks) {
+fn idle_policy(oversubscribed: bool) -> IdlePolicy {
+    if !oversubscribed {
         IdlePolicy {
             spin: Duration::from_micros(500),
             yield_while_spinning: !bound_to_one_cpu(),
@@ -417,7 +417,8 @@ impl Communicator {
         local_ranks: usize,
         waker: Option<Waker>,
     ) -> Communicator {
-        let idle = config.idle.unwrap_or_else(|| idle_policy(local_ranks));
+        let oversubscribed = oversubscribed(local_ranks);
+        let idle = config.idle.unwrap_or_else(|| idle_policy(oversubscribed));
         let all_shm = match &mut ep {
             Some(ep) => (0..nranks)
                 .filter(|&p| p != rank)
@@ -431,7 +432,7 @@ impl Communicator {
             // scheduled before its sender's call can end, and references measured 0.8x of the
             // rings (4 ranks on the 2-core VM; same-run alternation, 1-64 MiB).
             refs: RefChooser::new(match config.single_copy {
-                SingleCopy::Auto if oversubscribed(local_ranks) => SingleCopy::Off,
+                SingleCopy::Auto if oversubscribed => SingleCopy::Off,
                 policy => policy,
             }),
             config,
@@ -523,8 +524,7 @@ impl Communicator {
         let Some(layout) = self.begin_all_gather(send, recv, count, dtype)? else {
             return Ok(());
         };
-        let streaming = self.streaming(recv.len());
-        let payloads = RawPayloads::new(layout, send, recv).with_streaming(streaming);
+        let payloads = RawPayloads::new(layout, send, recv);
         self.execute(Op::AllGather, layout, dtype, payloads)
     }
 
@@ -544,9 +544,7 @@ impl Communicator {
             return Ok(());
         };
         let mut frames = std::mem::take(&mut self.frames);
-        let streaming = self.streaming(recv.len());
-        let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames)
-            .with_streaming(streaming);
+        let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames);
         let r = self.execute(Op::AllGather, layout, dtype, payloads);
         self.frames = frames;
         r
@@ -644,20 +642,16 @@ impl Communicator {
         Ok(())
     }
 
-    /// Whether a call with `recv_bytes` of output copies into it with non-temporal stores.
-    fn streaming(&self, recv_bytes: usize) -> bool {
-        recv_bytes >= self.config.stream_min_bytes
-    }
-
     fn execute<P: Payloads>(
         &mut self,
         op: Op,
         layout: Layout,
         dtype: DType,
-        payloads: P,
+        mut payloads: P,
     ) -> Result<()> {
         let total = layout.block_bytes() * self.nranks;
-        let streaming = self.streaming(total);
+        let streaming = total >= self.config.stream_min_bytes;
+        payloads.set_streaming(streaming);
         let algo = if op == Op::Barrier {
             self.config
                 .algo
@@ -695,11 +689,10 @@ impl Communicator {
             });
         };
         ep.set_streaming(streaming);
-        // Only calls whose segments may go either way say anything about the two ways.
-        let measured = self.config.single_copy == SingleCopy::Auto
-            && payloads.stable_bytes()
-            && layout.block_bytes() >= exec::REF_MIN
-            && ep.can_offer_any();
+        // Only calls whose segments may go either way say anything about the two ways (the
+        // chooser ignores records unless its policy is auto).
+        let measured =
+            payloads.stable_bytes() && layout.block_bytes() >= exec::REF_MIN && ep.can_offer_any();
         let started = Instant::now();
         let refs = self.refs.pick(total, started);
         let exec = Exec {

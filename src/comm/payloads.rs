@@ -108,6 +108,9 @@ pub trait Payloads {
     }
     /// Finish all local work; called once, after the last unit moved.
     fn finish(&mut self) {}
+    /// Copy into the output with non-temporal stores (`ciera_transport::copy`): the call's
+    /// output is bigger than the caches. Set before the call runs.
+    fn set_streaming(&mut self, _on: bool) {}
     /// Whether `bytes(unit)` stays at one address, unchanged, until the call returns, so a
     /// same-host peer may copy it straight out of this process (single-copy shm path).
     fn stable_bytes(&self) -> bool {
@@ -121,7 +124,7 @@ const OWN_COPY_SLICE: usize = 256 * 1024;
 
 /// The copy of this rank's shard from `send` into its place in `recv`, done piecewise while
 /// the executor waits for peers instead of before the first byte goes out.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct OwnCopy {
     done: usize,
     /// Non-temporal stores (`ciera_transport::copy`): the output is bigger than the caches.
@@ -170,27 +173,8 @@ impl<'a> RawPayloads<'a> {
             layout,
             send,
             recv,
-            own_copy: OwnCopy {
-                done: 0,
-                streaming: false,
-            },
+            own_copy: OwnCopy::default(),
         }
-    }
-}
-
-impl FramedPayloads<'_> {
-    /// Copy the own shard (out of place) with non-temporal stores.
-    pub fn with_streaming(mut self, on: bool) -> Self {
-        self.own_copy.streaming = on;
-        self
-    }
-}
-
-impl RawPayloads<'_> {
-    /// Copy the own shard with non-temporal stores (for outputs bigger than the caches).
-    pub fn with_streaming(mut self, on: bool) -> Self {
-        self.own_copy.streaming = on;
-        self
     }
 }
 
@@ -254,6 +238,10 @@ impl Payloads for RawPayloads<'_> {
 
     fn finish(&mut self) {
         self.own_copy.step(&self.layout, self.send, self.recv, true);
+    }
+
+    fn set_streaming(&mut self, on: bool) {
+        self.own_copy.streaming = on;
     }
 }
 
@@ -325,10 +313,7 @@ impl<'a> FramedPayloads<'a> {
             recv,
             codec,
             frames,
-            own_copy: OwnCopy {
-                done: 0,
-                streaming: false,
-            },
+            own_copy: OwnCopy::default(),
         }
     }
 
@@ -418,6 +403,10 @@ impl Payloads for FramedPayloads<'_> {
 
     fn finish(&mut self) {
         self.own_copy.step(&self.layout, self.send, self.recv, true);
+    }
+
+    fn set_streaming(&mut self, on: bool) {
+        self.own_copy.streaming = on;
     }
 }
 

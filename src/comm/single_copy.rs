@@ -8,8 +8,9 @@
 //! written by one rank costs the other a ~500 ns round trip and the rings take 230-300 µs,
 //! references still 115-160 µs. So `CIERA_SHM_SINGLE_COPY=auto` (the default) measures: each
 //! size class (power of two of the bytes gathered) tries both ways twice, then uses the one
-//! whose recent calls were faster, and tries the other again once it has not for
-//! [`REPROBE`], so a change of placement is noticed within a fraction of a second.
+//! whose recent calls were faster, tries the other again at doubling gaps while it is within
+//! 1.5x of it, and in any case once it has not for [`REPROBE`], so a change of placement
+//! is noticed within a fraction of a second.
 //!
 //! Each rank decides for what it sends; a receiver handles references and ring bytes alike
 //! (the segment tag says which), so ranks need not agree and nothing is exchanged. Ranks do
