@@ -19,18 +19,11 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
-fn json_rows(out: &[u8]) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(out)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect()
-}
-
-#[test]
-fn bundled_slice_is_exact_and_near_bounds() {
+/// `ciera analyze DIR --json`, which must succeed: one JSON object per output line.
+fn analyze_json(dir: &Path) -> Vec<serde_json::Value> {
     let out = ciera()
         .arg("analyze")
-        .arg(slice())
+        .arg(dir)
         .arg("--json")
         .output()
         .unwrap();
@@ -39,7 +32,15 @@ fn bundled_slice_is_exact_and_near_bounds() {
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows = json_rows(&out.stdout);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn bundled_slice_is_exact_and_near_bounds() {
+    let rows = analyze_json(&slice());
     // 4 windows x 2 consecutive pairs x 4 tensors x 3 modes.
     assert_eq!(rows.len(), 4 * 2 * 4 * 3);
     for r in &rows {
@@ -171,18 +172,7 @@ fn full_trace_meets_bounds() {
         eprintln!("skipping: {} not present", dir.display());
         return;
     }
-    let out = ciera()
-        .arg("analyze")
-        .arg(&dir)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows = json_rows(&out.stdout);
+    let rows = analyze_json(&dir);
     assert!(rows.len() >= 3 * 4 * 21, "{} rows", rows.len());
     for r in &rows {
         assert_eq!(r["exact"], true, "{r}");
