@@ -1,7 +1,7 @@
 /* MPI_Allgather timings with `ciera perf`'s conventions, so bench/mpi_compare.sh can put the two
  * side by side: the same sizes, iterations, columns and bus-bandwidth formula.
  *
- *   mpirun -np 4 ./mpi_allgather -b 8 -e 64M -f 2 -i 20 -w 5 -d uint8 [-c 1] [--json]
+ *   mpirun -np 4 ./mpi_allgather -b 8 -e 64M -f 2 -i 20 -w 5 -d uint8 [-c 1] [-R 1] [--json]
  *
  * size = total gathered bytes (nranks * count * typesize, rounded down to a multiple of that);
  * count = elements each rank contributes (nccl-tests' all_gather_perf prints the same);
@@ -9,6 +9,8 @@
  * busbw = algbw * (nranks - 1) / nranks (as nccl-tests' all_gather_perf).
  * -c 1 fills every rank's buffer with a pattern of (rank, index, iteration) after timing,
  * gathers it twice more and counts the elements that differ (#wrong, summed over ranks).
+ * -R 1 takes the buffers from MPI_Alloc_mem instead of malloc (the counterpart of
+ * `ciera perf -R 1`: each library's own memory).
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -67,7 +69,7 @@ static void fill(unsigned char *buf, size_t count, size_t ts, int rank, int iter
 int main(int argc, char **argv) {
     size_t minbytes = 32u << 20, maxbytes = 32u << 20;
     double factor = 2.0;
-    int iters = 20, warmup = 5, check = 0, json = 0;
+    int iters = 20, warmup = 5, check = 0, json = 0, alloc_mem = 0;
     const struct dtype_name *dt = &DTYPES[7];
 
     MPI_Init(&argc, &argv);
@@ -86,6 +88,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-i") || !strcmp(a, "-n") || !strcmp(a, "--iters")) iters = atoi(v);
         else if (!strcmp(a, "-w")) warmup = atoi(v);
         else if (!strcmp(a, "-c")) check = atoi(v);
+        else if (!strcmp(a, "-R")) alloc_mem = atoi(v);
         else if (!strcmp(a, "-d")) {
             dt = NULL;
             for (size_t k = 0; k < sizeof DTYPES / sizeof DTYPES[0]; k++)
@@ -99,14 +102,22 @@ int main(int argc, char **argv) {
 
     size_t ts = dt->size;
     size_t max_count = maxbytes / ts / (size_t)nranks;
-    unsigned char *sendbuf = malloc(max_count * ts + 1);
-    unsigned char *recvbuf = malloc(max_count * ts * (size_t)nranks + 1);
+    unsigned char *sendbuf = NULL, *recvbuf = NULL;
+    if (alloc_mem) {
+        if (MPI_Alloc_mem((MPI_Aint)(max_count * ts + 1), MPI_INFO_NULL, &sendbuf) != MPI_SUCCESS ||
+            MPI_Alloc_mem((MPI_Aint)(max_count * ts * (size_t)nranks + 1), MPI_INFO_NULL, &recvbuf) != MPI_SUCCESS)
+            sendbuf = recvbuf = NULL;
+    } else {
+        sendbuf = malloc(max_count * ts + 1);
+        recvbuf = malloc(max_count * ts * (size_t)nranks + 1);
+    }
     if (!sendbuf || !recvbuf) { fprintf(stderr, "mpi_allgather: out of memory\n"); MPI_Abort(MPI_COMM_WORLD, 1); }
     memset(sendbuf, 1, max_count * ts + 1);
     memset(recvbuf, 0, max_count * ts * (size_t)nranks + 1);
 
     if (rank == 0 && !json) {
-        printf("# mpi_allgather: MPI_Allgather, %d ranks, iters %d, warmup %d, check %d\n#\n", nranks, iters, warmup, check);
+        printf("# mpi_allgather: MPI_Allgather, %d ranks, iters %d, warmup %d, check %d, buffers %s\n#\n", nranks, iters, warmup,
+               check, alloc_mem ? "MPI_Alloc_mem" : "malloc");
         printf("# %10s %12s %8s %10s %12s %12s %8s\n", "size", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
     double busbw_sum = 0;
@@ -164,8 +175,13 @@ int main(int argc, char **argv) {
         printf("# Out of bounds values : %lld %s\n", check ? wrong_total : 0, wrong_total ? "FAILED" : "OK");
         printf("# Avg bus bandwidth    : %.4f\n#\n", nsizes ? busbw_sum / nsizes : 0);
     }
-    free(sendbuf);
-    free(recvbuf);
+    if (alloc_mem) {
+        MPI_Free_mem(sendbuf);
+        MPI_Free_mem(recvbuf);
+    } else {
+        free(sendbuf);
+        free(recvbuf);
+    }
     MPI_Finalize();
     return wrong_total ? 1 : 0;
 }

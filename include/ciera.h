@@ -184,6 +184,13 @@ cieraResult_t cieraCommUserRank(const cieraComm_t comm, int* rank);
 /* Fill *stats, initialized with CIERA_STATS_INITIALIZER. */
 cieraResult_t cieraCommGetStats(cieraComm_t comm, cieraStats_t* stats);
 
+/* Host memory that ranks on this host read straight out of each other (no kernel copy):
+ * allocate collective buffers with it for the fastest shared-memory path; any other host
+ * memory works too. Zeroed; size 0 gives a unique pointer to no bytes. Free with cieraMemFree
+ * (NULL: no-op; a pointer not from cieraMemAlloc: cieraInvalidArgument). */
+cieraResult_t cieraMemAlloc(void** ptr, size_t size);
+cieraResult_t cieraMemFree(void* ptr);
+
 /* A static string for a result code. */
 const char* cieraGetErrorString(cieraResult_t result);
 /* The message of the last call on this thread that failed ("" if none), naming the call, the

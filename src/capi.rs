@@ -1033,6 +1033,59 @@ pub unsafe extern "C" fn cieraCommGetStats(comm: *mut c_void, stats: *mut CStats
     })
 }
 
+/// Shared buffers handed out by `cieraMemAlloc`, by address, until `cieraMemFree`.
+fn shared_buffers() -> MutexGuard<'static, HashMap<usize, crate::SharedBuffer>> {
+    static BUFFERS: OnceLock<Mutex<HashMap<usize, crate::SharedBuffer>>> = OnceLock::new();
+    BUFFERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Allocates `size` zeroed bytes of host memory that same-host peers copy straight out of
+/// when it is a collective's send or receive buffer (`ciera::SharedBuffer`). Free it with
+/// `cieraMemFree`. `size` 0 gives a valid, unique pointer to no bytes.
+///
+/// # Safety
+/// `ptr` is NULL (an error) or points to a writable `void*`.
+#[no_mangle]
+pub unsafe extern "C" fn cieraMemAlloc(ptr: *mut *mut c_void, size: usize) -> c_int {
+    entry("cieraMemAlloc", || {
+        if ptr.is_null() {
+            return Err(Failure::invalid_argument("ptr is NULL"));
+        }
+        let buf = Communicator::alloc_shared(size).map_err(|e| Failure {
+            code: ResultCode::SystemError,
+            message: e.to_string(),
+        })?;
+        let p = buf.as_ptr() as *mut c_void;
+        shared_buffers().insert(p as usize, buf);
+        // SAFETY: non-null, and the caller passes a writable pointer.
+        unsafe { ptr.write(p) };
+        Ok(())
+    })
+}
+
+/// Frees memory from `cieraMemAlloc`. NULL: no-op. Any other pointer (including one freed
+/// already) is `cieraInvalidArgument` and frees nothing.
+#[no_mangle]
+pub extern "C" fn cieraMemFree(ptr: *mut c_void) -> c_int {
+    entry("cieraMemFree", || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        match shared_buffers().remove(&(ptr as usize)) {
+            Some(buf) => {
+                drop(buf);
+                Ok(())
+            }
+            None => Err(Failure::invalid_argument(format!(
+                "ptr {ptr:p} was not returned by cieraMemAlloc (or was freed already)"
+            ))),
+        }
+    })
+}
+
 /// A static string for `result`.
 #[no_mangle]
 pub extern "C" fn cieraGetErrorString(result: c_int) -> *const c_char {

@@ -18,5 +18,6 @@ pub mod error;
 pub mod logging;
 pub mod safetensors;
 
+pub use ciera_transport::SharedBuffer;
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -161,6 +161,8 @@ fn libciera_exports_exactly_the_c_api() {
         "cieraGetLastError",
         "cieraGetUniqueId",
         "cieraGetVersion",
+        "cieraMemAlloc",
+        "cieraMemFree",
     ];
     want.sort();
     assert_eq!(syms, want);
@@ -238,7 +240,14 @@ fn c_program_gathers_exact_bytes_and_reports_bad_calls() {
             &[exe.clone(), "id".into(), id_file, "60".into()],
             &[("CIERA_COMPRESS", "off"), ("CIERA_APP_EXPECT_DELTAS", "1")],
         );
-        for (mode, out) in [("env", &out_env), ("id", &out_id)] {
+        // Buffers from cieraMemAlloc, raw gathers (compression off): peers copy straight
+        // out of each other's buffers; the app checks every element as before.
+        let (out_shared, _) = launch(
+            n,
+            &[exe.clone(), "env".into(), "60".into()],
+            &[("CIERA_COMPRESS", "off"), ("CIERA_APP_SHARED", "1")],
+        );
+        for (mode, out) in [("env", &out_env), ("id", &out_id), ("shared", &out_shared)] {
             for r in 0..n {
                 let line = out
                     .lines()

@@ -67,12 +67,13 @@ fn rank_main() {
     }
 }
 
-fn kill_one_of_four(transport: &str, single_copy: &str) {
+fn kill_one_of_four(transport: &str, single_copy: &str, shared_buffers: bool) {
     let id = UniqueId::new().unwrap();
     let env = [
         ("CIERA_TRANSPORT", transport),
         ("CIERA_TIMEOUT", "60"),
         ("CIERA_SHM_SINGLE_COPY", single_copy),
+        ("CIERA_TEST_SHARED", if shared_buffers { "1" } else { "0" }),
     ];
     let mut children: Vec<_> = (0..4)
         .map(|r| spawn_rank(&id, 4, r, "loop", &env))
@@ -132,19 +133,27 @@ fn kill_one_of_four(transport: &str, single_copy: &str) {
 
 #[test]
 fn sigkill_of_one_rank_fails_the_others_naming_it_shm() {
-    kill_one_of_four("shm", "0");
+    kill_one_of_four("shm", "0", false);
 }
 
 #[test]
 fn sigkill_of_one_rank_fails_the_others_naming_it_shm_single_copy() {
     // Peers copy out of each other's memory: the dead rank's offers must fail its readers
     // (process gone), and its own pending claims must not hang anyone.
-    kill_one_of_four("shm", "1");
+    kill_one_of_four("shm", "1", false);
+}
+
+#[test]
+fn sigkill_of_one_rank_fails_the_others_naming_it_shm_shared_buffers() {
+    // Peers copy out of their mappings of each other's shared buffers (auto mode): a mapping
+    // outlives the dead rank, so what it offered may still be copied (it cannot change any
+    // more), but everything after fails, naming it, and nobody waits for its claims.
+    kill_one_of_four("shm", "auto", true);
 }
 
 #[test]
 fn sigkill_of_one_rank_fails_the_others_naming_it_tcp() {
-    kill_one_of_four("tcp", "0");
+    kill_one_of_four("tcp", "0", false);
 }
 
 #[test]

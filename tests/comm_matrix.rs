@@ -42,9 +42,14 @@ fn launch_all_ok(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) ->
 
 /// Bytes each rank reported offering by reference (single-copy shm), indexed by rank.
 fn single_copy_bytes(stderr: &str) -> Vec<u64> {
+    reported_bytes(stderr, "SINGLE_COPY_BYTES ")
+}
+
+/// Each rank's "`prefix`RANK BYTES" report, indexed by rank.
+fn reported_bytes(stderr: &str, prefix: &str) -> Vec<u64> {
     let mut by_rank: Vec<(usize, u64)> = stderr
         .lines()
-        .filter_map(|l| l.strip_prefix("SINGLE_COPY_BYTES "))
+        .filter_map(|l| l.strip_prefix(prefix))
         .map(|v| {
             let (rank, bytes) = v.trim().split_once(' ').expect("rank and bytes");
             (rank.parse().unwrap(), bytes.parse().unwrap())
@@ -129,6 +134,38 @@ fn matrix_over_shm_mixed_ways() {
         for (rank, &b) in per_rank.iter().enumerate() {
             assert_eq!(b > 0, rank % 2 == 0, "rank {rank}: {per_rank:?}");
         }
+    }
+}
+
+#[test]
+fn matrix_over_shm_shared_buffers() {
+    // Every buffer a fresh SharedBuffer: in the default auto mode, every big raw segment goes
+    // by reference and is copied out of the receiver's mapping of the sender's buffer, also
+    // where the ranks outnumber the CPUs (auto alone would keep to the rings there).
+    for n in 2..=4 {
+        let err = launch_all_ok(
+            n,
+            "matrix",
+            "shm",
+            &[
+                ("CIERA_TRANSPORT", "shm"),
+                ("CIERA_SHM_SINGLE_COPY", ""),
+                ("CIERA_TEST_SHARED", "1"),
+            ],
+        );
+        let offered = single_copy_bytes(&err);
+        let read = reported_bytes(&err, "SHARED_READ_BYTES ");
+        assert!(
+            offered.iter().all(|&b| b > 0) && read.iter().all(|&b| b > 0),
+            "{n} ranks: offered {offered:?}, read from shared buffers {read:?}"
+        );
+        // Every byte offered was read by some peer through a mapping (none fell back to
+        // process_vm_readv).
+        assert_eq!(
+            offered.iter().sum::<u64>(),
+            read.iter().sum::<u64>(),
+            "{n} ranks"
+        );
     }
 }
 

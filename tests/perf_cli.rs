@@ -103,33 +103,62 @@ fn perf_trace_replays_the_bundled_slice_exactly_and_compresses() {
     }
 }
 
-/// The text report names the single-copy mode and says how many bytes rank 0 sent by
-/// reference: all large payloads with `CIERA_SHM_SINGLE_COPY=1`, none with `0`.
+/// The text report names the single-copy mode and the buffers, and says how many bytes rank 0
+/// sent by reference and how many it copied out of its peer's shared buffers: all large
+/// payloads by reference with `CIERA_SHM_SINGLE_COPY=1`, none with `0` (not even from shared
+/// buffers); with shared buffers (`-R 1`) every payload goes by reference and is read through
+/// a mapping whatever the mode's chooser would do, unless single copy is off.
 #[test]
-fn perf_reports_the_single_copy_mode_and_bytes_by_reference() {
-    for (mode, name) in [("1", "on"), ("0", "off")] {
+fn perf_reports_single_copy_and_shared_buffer_bytes() {
+    // Rank 0 sends its 2 MiB shard, and reads rank 1's, in each of 6 calls: 1 warm-up,
+    // 3 timed, 2 checked.
+    const ALL: u64 = 6 * 2 * 1024 * 1024;
+    for (mode, name, registered, by_ref_want, shared_want) in [
+        ("1", "on", "0", ALL, 0),
+        ("0", "off", "0", 0, 0),
+        ("1", "on", "1", ALL, ALL),
+        ("auto", "auto", "1", ALL, ALL),
+        ("0", "off", "1", 0, 0),
+    ] {
+        let what = format!("CIERA_SHM_SINGLE_COPY={mode} -R {registered}");
         let out = ciera()
             .args([
-                "perf", "-n", "2", "-b", "4M", "-e", "4M", "-c", "1", "-i", "3", "-w", "1",
+                "perf", "-n", "2", "-b", "4M", "-e", "4M", "-c", "1", "-i", "3", "-w", "1", "-R",
+                registered,
             ])
             .env("CIERA_TRANSPORT", "shm")
             .env("CIERA_SHM_SINGLE_COPY", mode)
             .output()
             .expect("run ciera perf");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{mode}: {stdout}");
+        assert!(out.status.success(), "{what}: {stdout}");
+        let buffers = if registered == "1" { "shared" } else { "heap" };
         assert!(
-            stdout.contains(&format!("single copy {name},")),
-            "{mode}: {stdout}"
+            stdout.contains(&format!("single copy {name},"))
+                && stdout.contains(&format!(", {buffers} buffers")),
+            "{what}: {stdout}"
         );
-        let by_ref: u64 = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("# Sent by reference    : "))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{mode}: no 'Sent by reference' line in {stdout}"));
-        // Rank 0 sends its 2 MiB shard in each of 6 calls: 1 warm-up, 3 timed, 2 checked.
-        let expected = if mode == "1" { 6 * 2 * 1024 * 1024 } else { 0 };
-        assert_eq!(by_ref, expected, "{mode}: {stdout}");
+        assert!(
+            stdout.contains("Out of bounds values : 0 OK"),
+            "{what}: {stdout}"
+        );
+        let footer = |prefix: &str| -> u64 {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{what}: no '{prefix}' line in {stdout}"))
+        };
+        assert_eq!(
+            footer("# Sent by reference    : "),
+            by_ref_want,
+            "{what}: {stdout}"
+        );
+        assert_eq!(
+            footer("# Read from shared     : "),
+            shared_want,
+            "{what}: {stdout}"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! Launched without a launcher and with `-n N`, it re-executes itself under `ciera launch`;
 //! under mpirun / srun / torchrun / `ciera launch` it runs as one rank. Rank 0 prints.
 
+use std::ops::DerefMut;
 use std::time::Instant;
 
 use super::args::Args;
@@ -30,6 +31,9 @@ Allgather timings, nccl-tests all_gather_perf style.
   -d, --datatype T     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16
                        (default float)
       --in-place       gather in place (this rank's shard already in the output buffer)
+  -R, --registered 0|1 allocate the send and receive buffers as shared buffers
+                       (ciera::SharedBuffer, like nccl-tests -R with ncclMemAlloc): same-host
+                       peers then copy straight out of them, no kernel copy (default 0)
       --json           one JSON object per size: size count type time_us algbw busbw wrong
   -h, --help
 
@@ -51,6 +55,7 @@ struct Opts {
     check: bool,
     dtype: DType,
     in_place: bool,
+    registered: bool,
     json: bool,
 }
 
@@ -66,6 +71,7 @@ impl Default for Opts {
             check: true,
             dtype: DType::F32,
             in_place: false,
+            registered: false,
             json: false,
         }
     }
@@ -137,7 +143,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
     let mut o = Opts::default();
     let mut pass = Vec::new();
     let mut a = Args::new(args);
-    while let Some(flag) = a.next_flag("nNbefiwcd") {
+    while let Some(flag) = a.next_flag("nNbefiwcdR") {
         match flag.as_str() {
             "-h" | "--help" => return Ok(None),
             "-n" | "-N" | "--nranks" => {
@@ -164,6 +170,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
                 o.dtype = DType::parse(&v).ok_or_else(|| format!("{flag}: unknown type {v:?}"))?;
             }
             "--in-place" => o.in_place = true,
+            "-R" | "--registered" => o.registered = a.value_parsed::<u32>(&flag)? != 0,
             "--json" => o.json = true,
             f => return Err(format!("unknown option {f}")),
         }
@@ -177,6 +184,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
             "-i" | "--iters" => pass.push(o.iters.to_string()),
             "-w" | "--warmup_iters" | "--warmup" => pass.push(o.warmup.to_string()),
             "-c" | "--check" => pass.push(u32::from(o.check).to_string()),
+            "-R" | "--registered" => pass.push(u32::from(o.registered).to_string()),
             "-d" | "--datatype" => pass.push(o.dtype.name().to_string()),
             _ => {}
         }
@@ -228,14 +236,14 @@ fn run_rank(o: &Opts) -> Result<u64> {
     let (rank, n) = (comm.rank(), comm.size());
     let ts = o.dtype.size();
     let max_count = o.max_bytes / ts / n;
-    let mut send = vec![0u8; max_count * ts];
-    let mut recv = vec![0u8; max_count * ts * n];
+    let mut send = alloc(max_count * ts, o.registered)?;
+    let mut recv = alloc(max_count * ts * n, o.registered)?;
     fill(&mut send, ts, rank, 1_000_000);
     let print = rank == 0;
     if print && !o.json {
         let c = comm.config();
         println!(
-            "# ciera perf: all_gather, {n} ranks, transport {:?}, single copy {}, algo {}, chunk {} B, {}",
+            "# ciera perf: all_gather, {n} ranks, transport {:?}, single copy {}, algo {}, chunk {} B, {}, {} buffers",
             c.transport,
             format!("{:?}", c.single_copy).to_lowercase(),
             c.algo,
@@ -244,7 +252,8 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 "in place"
             } else {
                 "out of place"
-            }
+            },
+            if o.registered { "shared" } else { "heap" }
         );
         println!(
             "#   iters {}, warmup {}, check {}, type {}",
@@ -357,6 +366,10 @@ fn run_rank(o: &Opts) -> Result<u64> {
             "# Sent by reference    : {} bytes (this rank; single copy over shm)",
             comm.single_copy_bytes()
         );
+        println!(
+            "# Read from shared     : {} bytes (this rank; copied out of peers' shared buffers)",
+            comm.shared_read_bytes()
+        );
         println!("#");
     }
     if wrong_total > 0 && rank == 0 {
@@ -365,6 +378,15 @@ fn run_rank(o: &Opts) -> Result<u64> {
         )));
     }
     Ok(wrong_total)
+}
+
+/// A zeroed buffer of `len` bytes: on the heap, or a shared buffer (`-R 1`).
+fn alloc(len: usize, shared: bool) -> Result<Box<dyn DerefMut<Target = [u8]>>> {
+    Ok(if shared {
+        Box::new(Communicator::alloc_shared(len)?)
+    } else {
+        Box::new(vec![0u8; len])
+    })
 }
 
 /// Every rank's value, by rank (a tiny allgather).

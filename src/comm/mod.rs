@@ -474,6 +474,29 @@ impl Communicator {
         self.ep.as_ref().map_or(0, |ep| ep.offered_bytes())
     }
 
+    /// A zeroed [`SharedBuffer`] of `len` bytes: memory same-host peers copy out of without
+    /// a system call when it is a collective's send (or in-place) buffer. An allocation
+    /// failure is [`Error::Io`] naming the size.
+    ///
+    /// [`SharedBuffer`]: crate::SharedBuffer
+    pub fn alloc_shared(len: usize) -> Result<crate::SharedBuffer> {
+        crate::SharedBuffer::new(len).map_err(|e| Error::Io {
+            what: format!("allocating a shared buffer of {len} bytes"),
+            source: match e {
+                ciera_transport::TransportError::Io { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            },
+        })
+    }
+
+    /// Payload bytes this rank copied out of same-host peers' [`SharedBuffer`]s through its
+    /// own mappings of them (single copy with no system call).
+    ///
+    /// [`SharedBuffer`]: crate::SharedBuffer
+    pub fn shared_read_bytes(&self) -> u64 {
+        self.ep.as_ref().map_or(0, |ep| ep.mapped_bytes())
+    }
+
     pub fn abort_handle(&self) -> AbortHandle {
         AbortHandle {
             shared: self.abort.clone(),
@@ -690,9 +713,12 @@ impl Communicator {
         };
         ep.set_streaming(streaming);
         // Only calls whose segments may go either way say anything about the two ways (the
-        // chooser ignores records unless its policy is auto).
-        let measured =
-            payloads.stable_bytes() && layout.block_bytes() >= exec::REF_MIN && ep.can_offer_any();
+        // chooser ignores records unless its policy is auto); segments in shared buffers
+        // always go by reference (see `exec::cut_segment`).
+        let measured = payloads.stable_bytes()
+            && layout.block_bytes() >= exec::REF_MIN
+            && ep.can_offer_any()
+            && !payloads.uses_shared_buffers();
         let started = Instant::now();
         let refs = self.refs.pick(total, started);
         let exec = Exec {

@@ -13,6 +13,7 @@
 use std::ops::Range;
 
 use ciera_transport::copy::{copy_fast, copy_streaming};
+use ciera_transport::shared_region_of;
 
 use crate::algo::Unit;
 use crate::error::{Error, Result};
@@ -116,6 +117,11 @@ pub trait Payloads {
     fn stable_bytes(&self) -> bool {
         false
     }
+    /// Whether some of the bytes this call sends lie in a shared buffer
+    /// ([`crate::SharedBuffer`]): those go by reference whatever the chooser says.
+    fn uses_shared_buffers(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes of the own-shard copy done per idle turn: small enough not to delay the next poll
@@ -182,6 +188,10 @@ impl Payloads for RawPayloads<'_> {
     fn stable_bytes(&self) -> bool {
         // User buffers: the caller may not touch them until the call returns.
         true
+    }
+    fn uses_shared_buffers(&self) -> bool {
+        let shared = |b: &[u8]| shared_region_of(b.as_ptr() as u64, b.len()).is_some();
+        self.send.is_some_and(shared) || shared(self.recv)
     }
     fn format(&self) -> u8 {
         0

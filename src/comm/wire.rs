@@ -10,7 +10,7 @@
 //!     2   1 dtype (ncclDataType_t number)
 //!     3   1 algorithm (algo::Algo code)
 //!     4   1 payload format: 0 raw bytes; other values name a frame codec
-//!     5   1 wire version (1)
+//!     5   1 wire version (2)
 //!     6   2 reserved, zero
 //!     8   8 call sequence number (every collective on a communicator counts one)
 //!    16   8 count: elements per rank
@@ -21,10 +21,12 @@
 //! then the payload, as segments until `payload length` bytes have gone:
 //!   segment header, 8 bytes: tag 'S', 3 reserved, u32 segment length; then that many bytes;
 //!   or, over a shm link whose peer proved it can read the sender's memory, a reference
-//!   segment, 16 bytes: tag 'R', 3 reserved, u32 segment length, u64 address of those bytes
-//!   in the sender's process; no bytes follow: the receiver copies them out of the sender
-//!   with process_vm_readv (single copy; see ciera-transport's shm.rs), and the sender keeps
-//!   them unchanged until the receiver has claimed them.
+//!   segment, 40 bytes: tag 'R', 3 reserved, u32 segment length, u64 address of those bytes
+//!   in the sender's process, then the shared buffer holding them if any (u64 buffer id,
+//!   0 for none; u64 address of the buffer in the sender; u32 the sender's descriptor for
+//!   it; 4 reserved); no bytes follow: the receiver copies them out of the sender (from its
+//!   mapping of that shared buffer, else with process_vm_readv; see ciera-transport's shm.rs
+//!   and shared.rs), and the sender keeps them unchanged until the receiver has claimed them.
 //! abort notice, 8 bytes: tag 'A', reason (1 call mismatch, 2 peer failed, 3 aborted,
 //!   4 timeout, 5 other), 2 reserved, u32 length; then u32 culprit rank (u32::MAX: none) and
 //!   the UTF-8 description.
@@ -36,6 +38,8 @@
 //! Segments are cut by the sender (up to [`MAX_SEGMENT`]), so forwarding can start before the
 //! whole chunk has arrived.
 
+use ciera_transport::SharedRegion;
+
 use crate::algo::{Algo, Unit};
 use crate::DType;
 
@@ -45,8 +49,8 @@ pub const TAG_MESSAGE: u8 = b'M';
 pub const TAG_SEGMENT: u8 = b'S';
 pub const TAG_ABORT: u8 = b'A';
 pub const TAG_REF: u8 = b'R';
-pub const REF_HEADER_LEN: usize = 16;
-pub const WIRE_VERSION: u8 = 1;
+pub const REF_HEADER_LEN: usize = 40;
+pub const WIRE_VERSION: u8 = 2;
 
 /// Largest segment a sender cuts. Big enough that the 8-byte segment header is noise,
 /// small enough that a failing rank can finish a started segment quickly.
@@ -227,18 +231,31 @@ pub fn segment_header(len: usize) -> [u8; SHORT_HEADER_LEN] {
     b
 }
 
-/// A reference segment header: `len` bytes at `addr` in the sender's memory.
-pub fn ref_header(len: usize, addr: u64) -> [u8; REF_HEADER_LEN] {
+/// A reference segment header: `len` bytes at `addr` in the sender's memory, inside its
+/// shared buffer `region` if any.
+pub fn ref_header(len: usize, addr: u64, region: Option<SharedRegion>) -> [u8; REF_HEADER_LEN] {
     let mut b = [0u8; REF_HEADER_LEN];
     b[0] = TAG_REF;
     b[4..8].copy_from_slice(&(len as u32).to_le_bytes());
     b[8..16].copy_from_slice(&addr.to_le_bytes());
+    if let Some(r) = region {
+        b[16..24].copy_from_slice(&r.id.to_le_bytes());
+        b[24..32].copy_from_slice(&r.base.to_le_bytes());
+        b[32..36].copy_from_slice(&r.fd.to_le_bytes());
+    }
     b
 }
 
-/// The address field of a reference segment header.
-pub fn ref_addr(b: &[u8]) -> u64 {
-    u64::from_le_bytes(b[8..16].try_into().unwrap())
+/// The address and shared-buffer fields of a reference segment header.
+pub fn ref_src(b: &[u8]) -> (u64, Option<SharedRegion>) {
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+    let id = u64_at(16);
+    let region = (id != 0).then(|| SharedRegion {
+        id,
+        base: u64_at(24),
+        fd: u32::from_le_bytes(b[32..36].try_into().unwrap()),
+    });
+    (u64_at(8), region)
 }
 
 /// The length field of a segment or abort header.
@@ -341,10 +358,18 @@ mod tests {
 
     #[test]
     fn ref_header_round_trips() {
-        let b = ref_header(123_456, 0x7fff_dead_beef);
+        let b = ref_header(123_456, 0x7fff_dead_beef, None);
         assert_eq!(b[0], TAG_REF);
         assert_eq!(short_len(&b), 123_456);
-        assert_eq!(ref_addr(&b), 0x7fff_dead_beef);
+        assert_eq!(ref_src(&b), (0x7fff_dead_beef, None));
+        let r = SharedRegion {
+            id: 0x1234_5678_9abc,
+            base: 0x7fff_0000_1000,
+            fd: 0xdead_beef,
+        };
+        let b = ref_header(1, 0x7fff_0000_2000, Some(r));
+        assert_eq!(short_len(&b), 1);
+        assert_eq!(ref_src(&b), (0x7fff_0000_2000, Some(r)));
     }
 
     #[test]

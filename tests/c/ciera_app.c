@@ -203,8 +203,17 @@ int main(int argc, char** argv) {
     static const size_t counts[] = {1, 7, 1000, 4097, 65539, 0, 333};
     const int ncounts = sizeof counts / sizeof counts[0];
     size_t max_count = 65539;
-    uint16_t* send = malloc(max_count * 4);
-    uint16_t* recv = malloc(max_count * 4 * nranks);
+    /* CIERA_APP_SHARED=1: the buffers come from cieraMemAlloc (peers copy out of them). */
+    const char* shared_env = getenv("CIERA_APP_SHARED");
+    int shared = shared_env && strcmp(shared_env, "1") == 0;
+    uint16_t *send = NULL, *recv = NULL;
+    if (shared) {
+        CHECK_OK(cieraMemAlloc((void**)&send, max_count * 4));
+        CHECK_OK(cieraMemAlloc((void**)&recv, max_count * 4 * nranks));
+    } else {
+        send = malloc(max_count * 4);
+        recv = malloc(max_count * 4 * nranks);
+    }
     uint64_t calls = 0, in_place = 0, recv_bytes = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -297,7 +306,22 @@ int main(int argc, char** argv) {
            rank, iters, iters ? secs * 1e6 / iters : 0.0, nfiles, (unsigned long long)calls, (unsigned long long)st.rawCalls,
            (unsigned long long)st.fillCalls, (unsigned long long)st.deltaCalls, (unsigned long long)st.rawBytes,
            (unsigned long long)st.wireBytes, n_error_checks);
-    free(send);
-    free(recv);
+    /* ---- shared buffers: errors name the argument; a zero-size one is a real pointer ---- */
+    EXPECT_ERR(cieraMemAlloc(NULL, 64), cieraInvalidArgument, "ptr is NULL");
+    int on_stack = 0;
+    EXPECT_ERR(cieraMemFree(&on_stack), cieraInvalidArgument, "not returned by cieraMemAlloc");
+    void* empty = NULL;
+    CHECK_OK(cieraMemAlloc(&empty, 0));
+    if (!empty) FAIL("cieraMemAlloc of 0 bytes gave NULL");
+    CHECK_OK(cieraMemFree(empty));
+    EXPECT_ERR(cieraMemFree(empty), cieraInvalidArgument, "freed already");
+    CHECK_OK(cieraMemFree(NULL));
+    if (shared) {
+        CHECK_OK(cieraMemFree(send));
+        CHECK_OK(cieraMemFree(recv));
+    } else {
+        free(send);
+        free(recv);
+    }
     return 0;
 }

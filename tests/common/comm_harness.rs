@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::io::Read;
+use std::ops::DerefMut;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -225,10 +226,25 @@ pub fn matrix_configs() -> Vec<Config> {
     ]
 }
 
+/// A buffer of `len` bytes set to `byte`: a fresh [`SharedBuffer`] with
+/// `CIERA_TEST_SHARED=1` (each one a new id, so receivers map new buffers all the time, and
+/// descriptor numbers get reused), else on the heap.
+pub fn test_buffer(len: usize, byte: u8) -> Box<dyn DerefMut<Target = [u8]>> {
+    let mut b: Box<dyn DerefMut<Target = [u8]>> =
+        if std::env::var("CIERA_TEST_SHARED").as_deref() == Ok("1") {
+            Box::new(Communicator::alloc_shared(len).expect("shared buffer"))
+        } else {
+            Box::new(vec![0u8; len])
+        };
+    b.fill(byte);
+    b
+}
+
 /// Role "matrix": every config x count x {out of place, in place}; exact bytes on every rank.
 pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
     let mut call = 0u64;
     let mut single_copy = 0u64;
+    let mut shared_read = 0u64;
     for config in matrix_configs() {
         let (algo, chunk) = (config.algo, config.chunk_bytes);
         let config = Config {
@@ -251,7 +267,7 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
                 call += 1;
                 let ctx = format!("rank {rank}/{n} {algo} chunk {chunk} count {count} {dtype} in_place={in_place}");
                 let want = expected(n, count, dtype, call);
-                let mut recv = vec![0xEEu8; block * n];
+                let mut recv = test_buffer(block * n, 0xEE);
                 if in_place {
                     fill(
                         &mut recv[rank * block..(rank + 1) * block],
@@ -262,7 +278,7 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
                     comm.all_gather_in_place(&mut recv, count, dtype)
                         .unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 } else {
-                    let mut send = vec![0u8; block];
+                    let mut send = test_buffer(block, 0);
                     fill(&mut send, dtype, rank, call);
                     comm.all_gather(&send, &mut recv, count, dtype)
                         .unwrap_or_else(|e| panic!("{ctx}: {e}"));
@@ -272,9 +288,11 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
         }
         comm.barrier().expect("barrier");
         single_copy += comm.single_copy_bytes();
+        shared_read += comm.shared_read_bytes();
     }
     let rank = std::env::var("CIERA_RANK").unwrap_or_default();
     report_raw(&format!("SINGLE_COPY_BYTES {rank} {single_copy}"));
+    report_raw(&format!("SHARED_READ_BYTES {rank} {shared_read}"));
     report("ok");
 }
 
@@ -408,8 +426,8 @@ pub fn role_mismatch(comm: &mut Communicator) {
 pub fn role_loop(comm: &mut Communicator) {
     let n = comm.size();
     let count = 2_000_000;
-    let send = vec![comm.rank() as u8; count * 4];
-    let mut recv = vec![0u8; count * 4 * n];
+    let send = test_buffer(count * 4, comm.rank() as u8);
+    let mut recv = test_buffer(count * 4 * n, 0);
     let mut first = true;
     let r = loop {
         if let Err(e) = comm.all_gather(&send, &mut recv, count, DType::F32) {

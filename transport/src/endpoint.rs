@@ -10,6 +10,7 @@ use crate::config::{shm_ring_bytes, tcp_buffer_bytes, SingleCopy, DEFAULT_SHM_RI
 use crate::doorbell::Doorbell;
 use crate::peer::shm_domain;
 use crate::setup::{self, SetupContext};
+use crate::shared::SharedRegion;
 use crate::shm::ShmLink;
 use crate::sys::{self, random_hex, EventFd};
 use crate::tcp::TcpLink;
@@ -102,6 +103,14 @@ impl Link {
         }
     }
 
+    /// Bytes copied out of the peer's shared buffers through our mappings (0 over TCP).
+    pub fn mapped_bytes(&self) -> u64 {
+        match &self.inner {
+            LinkInner::Shm(l) => l.mapped_copied(),
+            LinkInner::Tcp(_) => 0,
+        }
+    }
+
     /// Bytes ever offered by reference on this link (0 over TCP).
     pub fn offered_bytes(&self) -> u64 {
         match &self.inner {
@@ -129,13 +138,18 @@ impl Link {
         }
     }
 
-    /// Copies bytes the peer offered at `remote` (an address in its memory, as it told us)
-    /// into `dst`; returns how many (at least 1 unless `dst` is empty). Over TCP, or a peer
+    /// Copies bytes the peer offered at `remote` (an address in its memory, as it told us,
+    /// in its shared buffer `region` if it named one) into `dst`; returns how many (at least 1 unless `dst` is empty). Over TCP, or a peer
     /// that cannot offer, this is a `Protocol` error: the stream said something impossible.
     #[inline]
-    pub fn try_read_peer(&mut self, remote: u64, dst: &mut [u8]) -> Result<usize> {
+    pub fn try_read_peer(
+        &mut self,
+        remote: u64,
+        region: Option<SharedRegion>,
+        dst: &mut [u8],
+    ) -> Result<usize> {
         match &mut self.inner {
-            LinkInner::Shm(l) => l.try_read_peer(remote, dst),
+            LinkInner::Shm(l) => l.try_read_peer(remote, region, dst),
             LinkInner::Tcp(_) => Err(TransportError::Protocol {
                 detail: format!(
                     "rank {} offered {} bytes by reference over TCP",
@@ -267,6 +281,12 @@ impl Endpoint {
     /// Bytes this rank has offered by reference (single-copy shm) on all its links so far.
     pub fn offered_bytes(&self) -> u64 {
         self.links.iter().flatten().map(Link::offered_bytes).sum()
+    }
+
+    /// Bytes this rank has copied out of peers' shared buffers through its own mappings of
+    /// them (single copy without process_vm_readv, see [`crate::SharedBuffer`]).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.links.iter().flatten().map(Link::mapped_bytes).sum()
     }
 
     /// What to publish through bootstrap so others can reach this endpoint.

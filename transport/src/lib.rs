@@ -7,7 +7,8 @@
 //!   [`Endpoint::wait`] sleeps until some link may make progress.
 //! * Shared memory (`shm.rs`): one segment per pair with two SPSC byte rings (and a single-copy
 //!   path: large payloads offered by address and copied by the receiver with
-//!   process_vm_readv, see [`Link::can_offer`]), a futex doorbell
+//!   process_vm_readv, see [`Link::can_offer`], or with a plain copy out of a mapping when the
+//!   bytes lie in a [`SharedBuffer`], `shared.rs`), a futex doorbell
 //!   per rank (`doorbell.rs`, with the argument why no wake-up is lost), and the setup TCP
 //!   connection kept as a liveness channel. Segment names are unlinked as soon as both sides
 //!   have them mapped, so nothing is left in /dev/shm even if a rank is SIGKILLed.
@@ -51,6 +52,7 @@ mod error;
 mod iface;
 mod peer;
 mod setup;
+mod shared;
 mod shm;
 mod sys;
 mod tcp;
@@ -64,3 +66,4 @@ pub use endpoint::{Endpoint, Link, Waker};
 pub use error::{Result, TransportError};
 pub use iface::{interface_ip, ipv4_interfaces, InterfaceAddr};
 pub use peer::{host_id, PeerInfo};
+pub use shared::{shared_region_of, SharedBuffer, SharedRegion};

@@ -46,8 +46,11 @@
 //! seccomp) is proved at setup, not assumed: each side publishes the address and value of a
 //! random u64 in its memory, the peer reads it through process_vm_readv and sets
 //! `reads_ok[its side]` only if the value matches. A sender offers only to a peer that proved
-//! it. Unless `CIERA_SHM_SINGLE_COPY=1` (off by default: see `config.rs`), a process publishes no
-//! probe and reads none.
+//! it. With `CIERA_SHM_SINGLE_COPY=0` a process publishes no probe and reads none.
+//!
+//! When the offered bytes lie in one of the sender's [`SharedBuffer`](crate::SharedBuffer)s
+//! the offer names it and the receiver copies out of its own mapping of that buffer instead
+//! of calling process_vm_readv (`shared.rs`); everything else above is unchanged.
 //!
 //! A sender whose call fails before everything it offered was claimed sets `withdrawn[side]`
 //! before it returns (after which its memory may change). The receiver checks the flag after
@@ -73,6 +76,7 @@ use std::sync::atomic::AtomicU64;
 use crate::config::check_ring_bytes;
 use crate::copy::{copy_fast_raw, copy_streaming_raw};
 use crate::doorbell::Doorbell;
+use crate::shared::{PeerMaps, SharedRegion};
 use crate::sys::{fill_random, pid_alive, process_vm_read, ShmMapping};
 use crate::{Result, TransportError};
 
@@ -232,6 +236,8 @@ pub(crate) struct ShmLink {
     withdrawn: bool,
     /// Copy out of the receive ring with non-temporal stores (see `copy.rs`).
     streaming: bool,
+    /// Our mappings of the peer's shared buffers (single copy without the kernel).
+    maps: Box<PeerMaps>,
 }
 
 impl ShmLink {
@@ -270,6 +276,7 @@ impl ShmLink {
             claimed,
             withdrawn: false,
             streaming: false,
+            maps: Box::default(),
         })
     }
 
@@ -477,6 +484,11 @@ impl ShmLink {
                 != 0
     }
 
+    /// Bytes copied from the peer's shared buffers through our mappings of them.
+    pub fn mapped_copied(&self) -> u64 {
+        self.maps.copied
+    }
+
     /// Bytes ever offered by reference on this link.
     pub fn offered(&self) -> u64 {
         self.offered
@@ -536,15 +548,51 @@ impl ShmLink {
     }
 
     /// Copies `dst.len()` bytes (or fewer) offered by the peer at address `remote` of its
-    /// memory, and counts them as claimed.
-    pub fn try_read_peer(&mut self, remote: u64, dst: &mut [u8]) -> Result<usize> {
+    /// memory, and counts them as claimed. When the offer named one of the peer's shared
+    /// buffers (`region`), the copy is a plain one out of our mapping of it (see `shared.rs`).
+    pub fn try_read_peer(
+        &mut self,
+        remote: u64,
+        region: Option<SharedRegion>,
+        dst: &mut [u8],
+    ) -> Result<usize> {
         if dst.is_empty() {
             return Ok(0);
         }
         if self.closed.is_some() {
             return Err(self.closed_error());
         }
-        let n = match process_vm_read(self.peer_pid, remote, dst) {
+        let mapped = match region {
+            Some(r) => self
+                .maps
+                .resolve(self.peer_pid, r, remote, dst.len())
+                .map_err(|e| match e {
+                    TransportError::Protocol { detail } => TransportError::Protocol {
+                        detail: format!("{}: {detail}", self.peer_desc),
+                    },
+                    e => e,
+                })?,
+            None => None,
+        };
+        let n = match mapped {
+            Some(src) => {
+                // SAFETY: `src` points at dst.len() readable bytes of our read-only mapping
+                // of the peer's buffer (resolve checked the bounds); `dst` is ours and
+                // exclusive. The peer keeps those bytes unchanged until we claim them, and
+                // the withdrawal check below rejects a copy that raced with a withdrawal.
+                unsafe {
+                    if self.streaming {
+                        copy_streaming_raw(dst.as_mut_ptr(), src, dst.len());
+                    } else {
+                        copy_fast_raw(dst.as_mut_ptr(), src, dst.len());
+                    }
+                }
+                self.maps.copied += dst.len() as u64;
+                Ok(dst.len())
+            }
+            None => process_vm_read(self.peer_pid, remote, dst),
+        };
+        let n = match n {
             Ok(0) => {
                 return Err(TransportError::Protocol {
                     detail: format!(
@@ -726,7 +774,7 @@ mod tests {
         while got < src.len() {
             let end = (got + 300_007).min(src.len());
             let addr = src.as_ptr() as u64 + got as u64;
-            got += b.try_read_peer(addr, &mut dst[got..end]).unwrap();
+            got += b.try_read_peer(addr, None, &mut dst[got..end]).unwrap();
         }
         assert_eq!(dst, src);
         assert_eq!(a.unclaimed().unwrap(), 0);
@@ -739,7 +787,7 @@ mod tests {
         a.withdraw_offers();
         assert!(!a.can_offer());
         let err = b
-            .try_read_peer(src.as_ptr() as u64, &mut [0u8; 16])
+            .try_read_peer(src.as_ptr() as u64, None, &mut [0u8; 16])
             .unwrap_err();
         assert!(
             err.is_peer_closed() && err.to_string().contains("withdrew"),
@@ -748,7 +796,7 @@ mod tests {
 
         // An address that is not mapped in the peer is a protocol/io error, not a crash.
         let (_c, mut d, _keep2) = pair(4096);
-        let err = d.try_read_peer(8, &mut [0u8; 64]).unwrap_err();
+        let err = d.try_read_peer(8, None, &mut [0u8; 64]).unwrap_err();
         assert!(err.to_string().contains("rank 0"), "{err}");
     }
 
