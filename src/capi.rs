@@ -355,6 +355,9 @@ pub struct CallStats {
     pub in_place_calls: u64,
     pub failed_calls: u64,
     pub compress: CompressStats,
+    /// Bytes copied out of same-host peers' shared buffers through mappings (single copy
+    /// without a system call; see `cieraMemAlloc`).
+    pub shared_read_bytes: u64,
 }
 
 impl CallStats {
@@ -368,7 +371,7 @@ impl CallStats {
         let c = &self.compress;
         format!(
             "{} allgathers served by CIERA ({} in place, {} failed; {} raw, {} fill, {} delta calls; {} B gathered, \
-             {} B on the wire, ratio {:.3}; {} repairs)",
+             {} B on the wire, ratio {:.3}; {} repairs; {} B read from peers' shared buffers)",
             self.calls,
             self.in_place_calls,
             self.failed_calls,
@@ -378,7 +381,8 @@ impl CallStats {
             c.raw_bytes,
             c.wire_bytes,
             c.ratio(),
-            c.repairs
+            c.repairs,
+            self.shared_read_bytes
         )
     }
 
@@ -610,10 +614,10 @@ impl LiveComm {
                     compressor.all_gather(comm, Some(send), recv, count, dtype, key)
                 }
             };
-            (r, compressor.stats())
+            (r, (compressor.stats(), comm.shared_read_bytes()))
         };
         let mut stats = lock(&self.stats);
-        stats.compress = compress;
+        (stats.compress, stats.shared_read_bytes) = compress;
         match result {
             Ok(()) => {
                 stats.calls += 1;
@@ -1176,10 +1180,43 @@ pub mod cuda {
         unsafe { libc::dlsym(handle, name.as_ptr()) }
     }
 
+    /// How many objects the dynamic loader has loaded in this process so far (glibc's
+    /// `dlpi_adds`), or None if it does not say.
+    fn loads_so_far() -> Option<u64> {
+        unsafe extern "C" fn first(
+            info: *mut libc::dl_phdr_info,
+            size: libc::size_t,
+            out: *mut c_void,
+        ) -> c_int {
+            let needed = std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds)
+                + std::mem::size_of::<libc::c_ulonglong>();
+            if size >= needed {
+                // SAFETY: the loader passes a valid info of `size` bytes, which covers
+                // dlpi_adds; `out` is the `Option<u64>` given below.
+                unsafe { *(out as *mut Option<u64>) = Some((*info).dlpi_adds) };
+            }
+            1 // one object is enough: the counter is the same in all
+        }
+        let mut adds: Option<u64> = None;
+        // SAFETY: `first` matches the callback type and writes only through `out`, which
+        // points to `adds`, alive for the call.
+        unsafe { libc::dl_iterate_phdr(Some(first), &mut adds as *mut Option<u64> as *mut c_void) };
+        adds
+    }
+
     fn driver() -> Option<&'static Driver> {
         static DRIVER: OnceLock<Driver> = OnceLock::new();
+        /// The loader's count when libcuda was last found absent: until something new is
+        /// loaded, it still is (dlopen with RTLD_NOLOAD searches the library path on disk,
+        /// ~20 failed openat and ~100 µs per collective on the dev VM when CUDA is absent).
+        static ABSENT_AT: std::sync::atomic::AtomicU64 =
+            std::sync::atomic::AtomicU64::new(u64::MAX);
         if let Some(d) = DRIVER.get() {
             return Some(d);
+        }
+        let loads = loads_so_far();
+        if loads.is_some_and(|n| n == ABSENT_AT.load(std::sync::atomic::Ordering::Relaxed)) {
+            return None;
         }
         // RTLD_NOLOAD: a handle only if the process already has the driver; never load it.
         // SAFETY: a NUL-terminated name; the handle is kept for the process's life.
@@ -1190,6 +1227,9 @@ pub mod cuda {
             )
         };
         if handle.is_null() {
+            if let Some(n) = loads {
+                ABSENT_AT.store(n, std::sync::atomic::Ordering::Relaxed);
+            }
             return None;
         }
         let (pga, sync) = (

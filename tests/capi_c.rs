@@ -177,6 +177,51 @@ fn libciera_exports_exactly_the_c_api() {
     assert_eq!(declared, want);
 }
 
+#[test]
+fn device_memory_is_refused_when_the_driver_is_loaded_late() {
+    // The "driver" checks are cached while no new library is loaded; loading one (here a fake
+    // libcuda.so.1) must make the next call ask again.
+    build_libs(&["ciera"]);
+    let dir = scratch("late_cuda");
+    let fake = dir.join("libcuda.so.1");
+    cc(
+        &fake,
+        &[c_dir().join("fake_cuda.c")],
+        &[
+            "-shared".into(),
+            "-fPIC".into(),
+            "-Wl,-soname,libcuda.so.1".into(),
+        ],
+    );
+    let exe = dir.join("late_cuda");
+    let lib_dir = profile_dir();
+    cc(
+        &exe,
+        &[c_dir().join("late_cuda.c")],
+        &[
+            format!("-I{}", include_dir().display()),
+            format!("-L{}", lib_dir.display()),
+            "-lciera".into(),
+            "-ldl".into(),
+            format!("-Wl,-rpath,{}", lib_dir.display()),
+        ],
+    );
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&fake);
+    for k in [
+        "CIERA_ROOT",
+        "CIERA_RANK",
+        "CIERA_NRANKS",
+        "OMPI_COMM_WORLD_SIZE",
+        "RANK",
+    ] {
+        cmd.env_remove(k);
+    }
+    let o = run_limited(cmd, Duration::from_secs(60));
+    assert_success("late_cuda", &o);
+    assert!(text(&o).0.contains("late_cuda: OK"), "{:?}", text(&o));
+}
+
 /// Compiles ciera_app.c against include/ciera.h and the built libciera.so.
 fn build_app() -> PathBuf {
     build_libs(&["ciera"]);

@@ -102,6 +102,8 @@ fn mpi_allgathers_are_served_by_ciera() {
             line.contains(" 0 failed") && line.ends_with(", 0 passed to MPI"),
             "{line}"
         );
+        // malloc'd buffers: nothing to map.
+        assert_eq!(shared_read(&err, r), 0, "{line}");
     }
     // The split communicator of the even ranks {0, 2} (size 2) was served too; the odd rank is
     // alone in its half, and a one-rank gather is left to MPI.
@@ -145,11 +147,55 @@ fn mpi_allgathers_are_served_by_ciera() {
     assert!(!err.contains("ciera-mpi"), "{err}");
 }
 
+/// Bytes rank `rank` of MPI_COMM_WORLD read out of peers' shared buffers, from its stats line.
+fn shared_read(err: &str, rank: usize) -> u64 {
+    let line = stats_line(err, rank, RANKS);
+    line.split("; ")
+        .find(|part| part.contains(" B read from peers' shared buffers)"))
+        .and_then(|part| part.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no shared-buffer bytes in {line}"))
+}
+
 #[test]
-fn mpi_interposer_exports_only_mpi_allgather() {
+fn mpi_alloc_mem_gives_shared_buffers_that_peers_read() {
+    if let Some(why) = mpi_missing() {
+        println!("SKIPPED mpi_alloc_mem_gives_shared_buffers_that_peers_read: {why}");
+        return;
+    }
+    build_libs(&["ciera-mpi"]);
+    let app = build_app();
+    let preload = lib_path("libciera_mpi.so").display().to_string();
+    // The program takes its buffers from MPI_Alloc_mem; raw gathers (compression off), so
+    // big segments go by reference and, the buffers being the interposer's shared buffers,
+    // peers copy them out of their mappings. Every element is checked by the program.
+    for (alloc_mem, shared) in [("1", true), ("0", false)] {
+        let (_, err) = mpirun(
+            &app,
+            &[
+                ("LD_PRELOAD", preload.clone()),
+                ("CIERA_STATS", "1".into()),
+                ("CIERA_COMPRESS", "off".into()),
+                ("CIERA_TIMEOUT", "60".into()),
+                ("MPI_APP_ALLOC_MEM", "1".into()),
+                ("CIERA_MPI_ALLOC_MEM", alloc_mem.into()),
+            ],
+        );
+        for r in 0..RANKS {
+            let bytes = shared_read(&err, r);
+            assert_eq!(
+                bytes > 0,
+                shared,
+                "CIERA_MPI_ALLOC_MEM={alloc_mem}: rank {r} read {bytes} B from shared buffers\n{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn mpi_interposer_exports_only_its_three_functions() {
     build_libs(&["ciera-mpi"]);
     assert_eq!(
         exported_symbols(&lib_path("libciera_mpi.so")),
-        ["MPI_Allgather"]
+        ["MPI_Allgather", "MPI_Alloc_mem", "MPI_Free_mem"]
     );
 }

@@ -6,7 +6,8 @@
  * patterns (MPI_UINT16_T), drifting slowly, in and out of place, odd counts; then some calls
  * the interposer must leave to MPI (a derived type, differing send/recv types) and gathers on a
  * sub-communicator from MPI_Comm_split, which is freed before MPI_Finalize. Every received
- * element is checked. Prints "mpi_app rank R: OK ..." or what differed (exit 1). */
+ * element is checked. Prints "mpi_app rank R: OK ..." or what differed (exit 1).
+ * MPI_APP_ALLOC_MEM=1 takes the buffers from MPI_Alloc_mem instead of malloc. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,10 +67,23 @@ int main(int argc, char** argv) {
     g_rank = rank;
     int iters = argc > 1 ? atoi(argv[1]) : 50;
     const int max_count = 30011;
-    float* fsend = malloc(sizeof(float) * max_count);
-    float* frecv = malloc(sizeof(float) * max_count * size);
-    uint16_t* hsend = malloc(2 * (size_t)max_count);
-    uint16_t* hrecv = malloc(2 * (size_t)max_count * size);
+    /* MPI_APP_ALLOC_MEM=1: the buffers come from MPI_Alloc_mem (the interposer's shared buffers). */
+    const char* am = getenv("MPI_APP_ALLOC_MEM");
+    int alloc_mem = am && strcmp(am, "1") == 0;
+    float *fsend, *frecv;
+    uint16_t *hsend, *hrecv;
+    if (alloc_mem) {
+        if (MPI_Alloc_mem(sizeof(float) * max_count, MPI_INFO_NULL, &fsend) != MPI_SUCCESS ||
+            MPI_Alloc_mem(sizeof(float) * max_count * size, MPI_INFO_NULL, &frecv) != MPI_SUCCESS ||
+            MPI_Alloc_mem(2 * (MPI_Aint)max_count, MPI_INFO_NULL, &hsend) != MPI_SUCCESS ||
+            MPI_Alloc_mem(2 * (MPI_Aint)max_count * size, MPI_INFO_NULL, &hrecv) != MPI_SUCCESS)
+            FAIL("MPI_Alloc_mem failed");
+    } else {
+        fsend = malloc(sizeof(float) * max_count);
+        frecv = malloc(sizeof(float) * max_count * size);
+        hsend = malloc(2 * (size_t)max_count);
+        hrecv = malloc(2 * (size_t)max_count * size);
+    }
     static const int counts[] = {1, 17, 1000, 30011, 0, 4096};
     int world_calls = 0;
     double t0 = MPI_Wtime();
@@ -104,10 +118,16 @@ int main(int argc, char** argv) {
     printf("mpi_app rank %d: OK %d world allgathers, %d on the split communicator, %.1f us per allgather\n", rank,
            world_calls, half_calls, iters ? (t1 - t0) * 1e6 / (2.0 * iters) : 0.0);
     fflush(stdout);
-    free(fsend);
-    free(frecv);
-    free(hsend);
-    free(hrecv);
+    if (alloc_mem) {
+        if (MPI_Free_mem(fsend) != MPI_SUCCESS || MPI_Free_mem(frecv) != MPI_SUCCESS || MPI_Free_mem(hsend) != MPI_SUCCESS ||
+            MPI_Free_mem(hrecv) != MPI_SUCCESS)
+            FAIL("MPI_Free_mem failed");
+    } else {
+        free(fsend);
+        free(frecv);
+        free(hsend);
+        free(hrecv);
+    }
     MPI_Finalize();
     return 0;
 }

@@ -22,14 +22,21 @@
 //! whose delete callback MPI runs first thing in MPI_Finalize, prints the statistics
 //! (`CIERA_STATS=1`) and frees the rest, without exporting MPI_Finalize.
 //!
-//! Exports only MPI_Allgather (tests/capi_mpi.rs checks `nm -D`). MPI_Iallgather is not
-//! interposed. `CIERA_DISABLE=1` passes every call to PMPI_Allgather untouched.
+//! `MPI_Alloc_mem` / `MPI_Free_mem` hand out CIERA shared buffers (`ciera::SharedBuffer`):
+//! ranks on one host then copy each other's shards straight out of them, no system call. They
+//! are ordinary memory to MPI. `CIERA_MPI_ALLOC_MEM=0` leaves both to MPI; a pointer that is
+//! not one of ours goes to `PMPI_Free_mem`.
+//!
+//! Exports only MPI_Allgather, MPI_Alloc_mem and MPI_Free_mem (tests/capi_mpi.rs checks
+//! `nm -D`). MPI_Iallgather is not interposed. `CIERA_DISABLE=1` passes every call to MPI
+//! untouched.
 //!
 //! Every rank of a communicator must make the same choice for a call or the CIERA ranks wait
 //! for the others until `CIERA_TIMEOUT`: the choice depends on the type handles and counts,
 //! which MPI requires to match (a rank using an equivalent derived type where the others use a
 //! predefined one is the case that breaks this), and on the memory kind (host everywhere).
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -653,4 +660,95 @@ pub unsafe extern "C" fn MPI_Allgather(
             MPI_ERR_INTERN
         }
     }
+}
+
+// ---- MPI_Alloc_mem / MPI_Free_mem: shared buffers --------------------------------------------
+
+/// `MPI_Aint` of Open MPI on LP64 (`ptrdiff_t`).
+type MpiAint = isize;
+type AllocMemFn = unsafe extern "C" fn(MpiAint, *mut c_void, *mut c_void) -> c_int;
+type FreeMemFn = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+/// Shared buffers handed out by MPI_Alloc_mem, by address, until MPI_Free_mem.
+fn shared_buffers() -> std::sync::MutexGuard<'static, HashMap<usize, ciera::SharedBuffer>> {
+    static BUFFERS: OnceLock<Mutex<HashMap<usize, ciera::SharedBuffer>>> = OnceLock::new();
+    BUFFERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// MPI's own function `name` (`PMPI_Alloc_mem`, `PMPI_Free_mem`).
+fn pmpi_fn(name: &CStr) -> Option<*mut c_void> {
+    function(name).map_err(|e| say!("ciera-mpi: {e}")).ok()
+}
+
+fn alloc_mem(size: MpiAint, info: *mut c_void, baseptr: *mut c_void) -> c_int {
+    let to_mpi = || match pmpi_fn(c"PMPI_Alloc_mem") {
+        // SAFETY: PMPI_Alloc_mem has this signature in Open MPI's mpi.h; the arguments are the
+        // caller's, unchanged.
+        Some(f) => unsafe {
+            std::mem::transmute::<*mut c_void, AllocMemFn>(f)(size, info, baseptr)
+        },
+        None => MPI_ERR_INTERN,
+    };
+    if disabled()
+        || std::env::var("CIERA_MPI_ALLOC_MEM").as_deref() == Ok("0")
+        || size < 0
+        || baseptr.is_null()
+    {
+        // MPI reports its own argument errors.
+        return to_mpi();
+    }
+    match ciera::comm::Communicator::alloc_shared(size as usize) {
+        Ok(buf) => {
+            let p = buf.as_ptr() as *mut c_void;
+            shared_buffers().insert(p as usize, buf);
+            // SAFETY: MPI_Alloc_mem's `baseptr` is, by the standard, the address of a pointer
+            // the result is stored in (checked non-null above).
+            unsafe { (baseptr as *mut *mut c_void).write(p) };
+            MPI_SUCCESS
+        }
+        Err(e) => {
+            log_once("alloc_mem", || {
+                format!("ciera-mpi: MPI_Alloc_mem of {size} bytes left to MPI: {e}")
+            });
+            to_mpi()
+        }
+    }
+}
+
+fn free_mem(base: *mut c_void) -> c_int {
+    if shared_buffers().remove(&(base as usize)).is_some() {
+        return MPI_SUCCESS;
+    }
+    match pmpi_fn(c"PMPI_Free_mem") {
+        // SAFETY: PMPI_Free_mem has this signature in Open MPI's mpi.h; `base` is the caller's.
+        Some(f) => unsafe { std::mem::transmute::<*mut c_void, FreeMemFn>(f)(base) },
+        None => MPI_ERR_INTERN,
+    }
+}
+
+/// # Safety
+/// MPI's contract for `MPI_Alloc_mem` (`baseptr` is the address of a `void*`).
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Alloc_mem(
+    size: MpiAint,
+    info: *mut c_void,
+    baseptr: *mut c_void,
+) -> c_int {
+    catch_unwind(AssertUnwindSafe(|| alloc_mem(size, info, baseptr))).unwrap_or_else(|_| {
+        say!("ciera-mpi: internal error (panic) in MPI_Alloc_mem");
+        MPI_ERR_INTERN
+    })
+}
+
+/// # Safety
+/// MPI's contract for `MPI_Free_mem`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Free_mem(base: *mut c_void) -> c_int {
+    catch_unwind(AssertUnwindSafe(|| free_mem(base))).unwrap_or_else(|_| {
+        say!("ciera-mpi: internal error (panic) in MPI_Free_mem");
+        MPI_ERR_INTERN
+    })
 }
