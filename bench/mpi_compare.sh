@@ -11,7 +11,10 @@
 # ncclMemAlloc); MPI's from MPI_Alloc_mem *and* from malloc, MPI keeping the better of the two
 # per size. The acceptance ratio is ours (shared buffers) / MPI; a second ratio column shows
 # ours with plain heap buffers (-R 0, what a caller passing malloc'd memory gets), for
-# information. Over TCP every side uses heap buffers (shared ones change nothing there).
+# information. Over TCP every side uses heap buffers (shared ones change nothing there), and
+# each its own congestion control: ours CIERA_TCP_CONGESTION (auto: cubic or reno per socket
+# where the kernel's default is bbr, whose pacing delays bursts), Open MPI the kernel's default
+# (printed below; CIERA_TCP_CONGESTION=system gives ours the same).
 #
 # Each configuration runs REPEAT times, alternating ours and MPI's, and each side keeps its
 # best time per size (the machine is shared; best-of-N treats both sides alike).
@@ -55,6 +58,7 @@ best() {
          END { for (s in t) print s, t[s], b[s] }' "$@" | sort -n
 }
 
+echo "# kernel TCP congestion control: $(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null || echo unknown); CIERA_TCP_CONGESTION=${CIERA_TCP_CONGESTION:-auto}"
 status=0
 summary=()
 for transport in $TRANSPORTS; do

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::config::{shm_ring_bytes, tcp_buffer_bytes, SingleCopy, DEFAULT_SHM_RING_BYTES};
+use crate::config::{
+    shm_ring_bytes, tcp_buffer_bytes, SingleCopy, TcpCongestion, DEFAULT_SHM_RING_BYTES,
+};
 use crate::doorbell::Doorbell;
 use crate::peer::shm_domain;
 use crate::setup::{self, SetupContext};
@@ -381,6 +383,7 @@ impl Endpoint {
             DEFAULT_SHM_RING_BYTES
         };
         let tcp_buffers = tcp_buffer_bytes()?;
+        let tcp_congestion = TcpCongestion::from_env()?;
         let single_copy = needs_shm && SingleCopy::from_env()? != SingleCopy::Off;
         if needs_shm {
             // A fresh page per attempt: a failed earlier attempt already unlinked its name.
@@ -399,6 +402,7 @@ impl Endpoint {
             deadline,
             ring_bytes,
             tcp_buffers,
+            tcp_congestion,
             bell_name: self.bell.shared_name().map(str::to_string),
             single_copy,
         };

@@ -19,7 +19,9 @@
 //! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
 //! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1|auto: process_vm_readv single
 //! copy of large payloads; auto by default: the transport probes, the caller chooses per call),
-//! `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning), `CIERA_SOCKET_IFNAME`.
+//! `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning), `CIERA_TCP_CONGESTION` (auto|system|name:
+//! auto leaves the kernel's default unless it is bbr, whose pacing delays a collective's bursts),
+//! `CIERA_SOCKET_IFNAME`.
 //!
 //! Typical use (the communicator's bootstrap moves the `PeerInfo`s around):
 //!
@@ -59,8 +61,8 @@ mod tcp;
 mod wire;
 
 pub use config::{
-    Kind, SingleCopy, TransportChoice, ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY, ENV_SOCKET_IFNAME,
-    ENV_TCP_BUF_BYTES, ENV_TRANSPORT,
+    Kind, SingleCopy, TcpCongestion, TransportChoice, ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY,
+    ENV_SOCKET_IFNAME, ENV_TCP_BUF_BYTES, ENV_TCP_CONGESTION, ENV_TRANSPORT,
 };
 pub use endpoint::{Endpoint, Link, Waker};
 pub use error::{Result, TransportError};

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::{self, Role};
-use crate::config::TcpBuffers;
+use crate::config::{TcpBuffers, TcpCongestion};
 use crate::doorbell::Doorbell;
 use crate::endpoint::{Link, LinkInner};
 use crate::peer::MAX_HOST_ID_BYTES;
@@ -53,6 +53,7 @@ pub(crate) struct SetupContext {
     pub deadline: Instant,
     pub ring_bytes: usize,
     pub tcp_buffers: TcpBuffers,
+    pub tcp_congestion: TcpCongestion,
     /// This rank's shared doorbell, if any peer uses shm.
     pub bell_name: Option<String>,
     /// Offer memory to, and read memory of, shm peers (`CIERA_SHM_SINGLE_COPY`).
@@ -303,7 +304,7 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
     }
     match kind {
         Kind::Tcp => {
-            tcp::configure(&stream, ctx.tcp_buffers, &who)?;
+            tcp::configure(&stream, ctx.tcp_buffers, &ctx.tcp_congestion, &who)?;
             Ok(Link::new(rank, LinkInner::Tcp(TcpLink::new(stream, who))))
         }
         Kind::Shm => {
@@ -473,7 +474,7 @@ fn accept_link(
                 .str("")
                 .str("");
             send_frame(&mut stream, &reply.0, ctx.deadline, &step)?;
-            tcp::configure(&stream, ctx.tcp_buffers, &who)?;
+            tcp::configure(&stream, ctx.tcp_buffers, &ctx.tcp_congestion, &who)?;
             Ok((
                 rank,
                 Link::new(rank, LinkInner::Tcp(TcpLink::new(stream, who))),

@@ -340,6 +340,46 @@ pub(crate) fn set_sockopt(
     Ok(())
 }
 
+/// A socket's TCP congestion control algorithm (TCP_CONGESTION), if the kernel says.
+pub(crate) fn tcp_congestion(fd: RawFd) -> Option<String> {
+    let mut buf = [0u8; 16];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: `buf` and `len` are live and describe a 16-byte buffer the kernel fills.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    let b = &buf[..(len as usize).min(buf.len())];
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    Some(String::from_utf8_lossy(&b[..end]).into_owned())
+}
+
+/// Sets a socket's TCP congestion control algorithm.
+pub(crate) fn set_tcp_congestion(fd: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: passes a pointer to `name`'s bytes and their length; the kernel copies them.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Whether a process with this pid exists (in our pid namespace).
 pub(crate) fn pid_alive(pid: u32) -> bool {
     if pid == 0 || pid > i32::MAX as u32 {

@@ -6,13 +6,18 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
-use crate::config::TcpBuffers;
-use crate::sys::set_sockopt;
+use crate::config::{TcpBuffers, TcpCongestion, ENV_TCP_CONGESTION};
+use crate::sys::{set_sockopt, set_tcp_congestion, tcp_congestion};
 use crate::wire::is_disconnect;
 use crate::{Result, TransportError};
 
 /// Puts a connected stream into data mode.
-pub(crate) fn configure(stream: &TcpStream, buffers: TcpBuffers, desc: &str) -> Result<()> {
+pub(crate) fn configure(
+    stream: &TcpStream,
+    buffers: TcpBuffers,
+    congestion: &TcpCongestion,
+    desc: &str,
+) -> Result<()> {
     stream
         .set_nonblocking(true)
         .map_err(|e| TransportError::io("set socket non-blocking", desc, e))?;
@@ -42,6 +47,7 @@ pub(crate) fn configure(stream: &TcpStream, buffers: TcpBuffers, desc: &str) -> 
             desc,
         )?;
     }
+    set_congestion(fd, congestion, desc)?;
     // Best effort: probe an idle connection after 10 s, give up after 3 unanswered probes.
     let _ = set_sockopt(
         fd,
@@ -76,6 +82,35 @@ pub(crate) fn configure(stream: &TcpStream, buffers: TcpBuffers, desc: &str) -> 
         desc,
     );
     Ok(())
+}
+
+/// Applies `CIERA_TCP_CONGESTION` to a socket (see [`TcpCongestion`]).
+fn set_congestion(fd: RawFd, congestion: &TcpCongestion, desc: &str) -> Result<()> {
+    match congestion {
+        TcpCongestion::System => Ok(()),
+        TcpCongestion::Auto => {
+            if tcp_congestion(fd).as_deref() == Some("bbr") {
+                // Best effort: keep bbr if neither may be set here.
+                let _ = set_tcp_congestion(fd, "cubic").or_else(|_| set_tcp_congestion(fd, "reno"));
+            }
+            Ok(())
+        }
+        TcpCongestion::Named(name) => set_tcp_congestion(fd, name).map_err(|e| {
+            let list = |what: &str| {
+                std::fs::read_to_string(format!("/proc/sys/net/ipv4/tcp_{what}_congestion_control"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_else(|_| "?".into())
+            };
+            TransportError::Config {
+                detail: format!(
+                    "{ENV_TCP_CONGESTION}={name}: the kernel refused it for the link to {desc} ({e}); \
+                     available here: {}; allowed without privileges: {}",
+                    list("available"),
+                    list("allowed")
+                ),
+            }
+        }),
+    }
 }
 
 pub(crate) struct TcpLink {
@@ -235,14 +270,70 @@ mod tests {
                 send: Some(1 << 20),
                 recv: Some(1 << 20),
             },
+            &TcpCongestion::Auto,
             "a",
         )
         .unwrap();
-        configure(&b, TcpBuffers::default(), "b").unwrap();
+        configure(&b, TcpBuffers::default(), &TcpCongestion::System, "b").unwrap();
         (
             TcpLink::new(a, "rank 1".into()),
             TcpLink::new(b, "rank 0".into()),
         )
+    }
+
+    #[test]
+    fn congestion_control_is_set_as_asked() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let connect = || {
+            let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let _b = listener.accept().unwrap().0;
+            a
+        };
+        let system = tcp_congestion(connect().as_raw_fd()).expect("TCP_CONGESTION readable");
+        // system: untouched.
+        let s = connect();
+        configure(&s, TcpBuffers::default(), &TcpCongestion::System, "s").unwrap();
+        assert_eq!(
+            tcp_congestion(s.as_raw_fd()).as_deref(),
+            Some(system.as_str())
+        );
+        // auto: anything but bbr stays; bbr becomes cubic or reno (unless neither may be set).
+        let s = connect();
+        configure(&s, TcpBuffers::default(), &TcpCongestion::Auto, "s").unwrap();
+        let got = tcp_congestion(s.as_raw_fd()).unwrap();
+        if system == "bbr" {
+            let could = set_tcp_congestion(connect().as_raw_fd(), "reno").is_ok();
+            assert!(
+                !could || got == "cubic" || got == "reno",
+                "auto on bbr gave {got}"
+            );
+        } else {
+            assert_eq!(got, system);
+        }
+        // A name: that algorithm (reno is always built in and allowed), or a clear error.
+        let s = connect();
+        configure(
+            &s,
+            TcpBuffers::default(),
+            &TcpCongestion::Named("reno".into()),
+            "s",
+        )
+        .unwrap();
+        assert_eq!(tcp_congestion(s.as_raw_fd()).as_deref(), Some("reno"));
+        let e = configure(
+            &connect(),
+            TcpBuffers::default(),
+            &TcpCongestion::Named("nosuchcc".into()),
+            "rank 7",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("CIERA_TCP_CONGESTION=nosuchcc")
+                && e.contains("rank 7")
+                && e.contains("available here"),
+            "{e}"
+        );
     }
 
     #[test]
