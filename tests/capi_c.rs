@@ -194,18 +194,7 @@ fn device_memory_is_refused_when_the_driver_is_loaded_late() {
         ],
     );
     let exe = dir.join("late_cuda");
-    let lib_dir = profile_dir();
-    cc(
-        &exe,
-        &[c_dir().join("late_cuda.c")],
-        &[
-            format!("-I{}", include_dir().display()),
-            format!("-L{}", lib_dir.display()),
-            "-lciera".into(),
-            "-ldl".into(),
-            format!("-Wl,-rpath,{}", lib_dir.display()),
-        ],
-    );
+    cc_with_libciera(&exe, "late_cuda.c", &["-ldl"]);
     let mut cmd = Command::new(&exe);
     cmd.arg(&fake);
     for k in [
@@ -222,24 +211,26 @@ fn device_memory_is_refused_when_the_driver_is_loaded_late() {
     assert!(text(&o).0.contains("late_cuda: OK"), "{:?}", text(&o));
 }
 
+/// Compiles tests/c/`src` into `exe` against include/ciera.h and the built libciera.so, with
+/// `extra` linker arguments.
+fn cc_with_libciera(exe: &Path, src: &str, extra: &[&str]) {
+    let lib_dir = profile_dir();
+    let mut args = vec![
+        format!("-I{}", include_dir().display()),
+        format!("-I{}", c_dir().display()),
+        format!("-L{}", lib_dir.display()),
+        "-lciera".into(),
+        format!("-Wl,-rpath,{}", lib_dir.display()),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    cc(exe, &[c_dir().join(src)], &args);
+}
+
 /// Compiles ciera_app.c against include/ciera.h and the built libciera.so.
 fn build_app() -> PathBuf {
     build_libs(&["ciera"]);
-    let dir = scratch("ciera_app");
-    let exe = dir.join("ciera_app");
-    let lib_dir = profile_dir();
-    cc(
-        &exe,
-        &[c_dir().join("ciera_app.c")],
-        &[
-            format!("-I{}", include_dir().display()),
-            format!("-I{}", c_dir().display()),
-            format!("-L{}", lib_dir.display()),
-            "-lciera".into(),
-            "-lm".into(),
-            format!("-Wl,-rpath,{}", lib_dir.display()),
-        ],
-    );
+    let exe = scratch("ciera_app").join("ciera_app");
+    cc_with_libciera(&exe, "ciera_app.c", &["-lm"]);
     exe
 }
 

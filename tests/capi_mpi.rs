@@ -73,15 +73,23 @@ fn stats_line(err: &str, rank: usize, size: usize) -> &str {
         .unwrap_or_else(|| panic!("no stats for rank {rank}/{size}:\n{err}"))
 }
 
-#[test]
-fn mpi_allgathers_are_served_by_ciera() {
+/// The MPI app and the interposer's path, built; None (after saying why `test` is skipped)
+/// without MPI.
+fn prepare(test: &str) -> Option<(PathBuf, String)> {
     if let Some(why) = mpi_missing() {
-        println!("SKIPPED mpi_allgathers_are_served_by_ciera: {why}");
-        return;
+        println!("SKIPPED {test}: {why}");
+        return None;
     }
     build_libs(&["ciera-mpi"]);
-    let app = build_app();
     let preload = lib_path("libciera_mpi.so").display().to_string();
+    Some((build_app(), preload))
+}
+
+#[test]
+fn mpi_allgathers_are_served_by_ciera() {
+    let Some((app, preload)) = prepare("mpi_allgathers_are_served_by_ciera") else {
+        return;
+    };
     let (out, err) = mpirun(
         &app,
         &[
@@ -158,13 +166,9 @@ fn shared_read(err: &str, rank: usize) -> u64 {
 
 #[test]
 fn mpi_alloc_mem_gives_shared_buffers_that_peers_read() {
-    if let Some(why) = mpi_missing() {
-        println!("SKIPPED mpi_alloc_mem_gives_shared_buffers_that_peers_read: {why}");
+    let Some((app, preload)) = prepare("mpi_alloc_mem_gives_shared_buffers_that_peers_read") else {
         return;
-    }
-    build_libs(&["ciera-mpi"]);
-    let app = build_app();
-    let preload = lib_path("libciera_mpi.so").display().to_string();
+    };
     // The program takes its buffers from MPI_Alloc_mem; raw gathers (compression off), so
     // big segments go by reference and, the buffers being the interposer's shared buffers,
     // peers copy them out of their mappings. Every element is checked by the program.

@@ -141,8 +141,9 @@ impl Link {
     }
 
     /// Copies bytes the peer offered at `remote` (an address in its memory, as it told us,
-    /// in its shared buffer `region` if it named one) into `dst`; returns how many (at least 1 unless `dst` is empty). Over TCP, or a peer
-    /// that cannot offer, this is a `Protocol` error: the stream said something impossible.
+    /// in its shared buffer `region` if it named one) into `dst`; returns how many (at least
+    /// 1 unless `dst` is empty). Over TCP, or a peer that cannot offer, this is a `Protocol`
+    /// error: the stream said something impossible.
     #[inline]
     pub fn try_read_peer(
         &mut self,
