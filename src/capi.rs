@@ -1037,13 +1037,36 @@ pub unsafe extern "C" fn cieraCommGetStats(comm: *mut c_void, stats: *mut CStats
     })
 }
 
-/// Shared buffers handed out by `cieraMemAlloc`, by address, until `cieraMemFree`.
-fn shared_buffers() -> MutexGuard<'static, HashMap<usize, crate::SharedBuffer>> {
-    static BUFFERS: OnceLock<Mutex<HashMap<usize, crate::SharedBuffer>>> = OnceLock::new();
-    BUFFERS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+/// Shared buffers handed out to C callers by address (`cieraMemAlloc`, and the MPI
+/// interposer's `MPI_Alloc_mem`), until freed.
+pub mod shared_mem {
+    use std::collections::HashMap;
+    use std::ffi::c_void;
+    use std::sync::{Mutex, MutexGuard, OnceLock};
+
+    use crate::comm::Communicator;
+    use crate::error::Result;
+
+    fn buffers() -> MutexGuard<'static, HashMap<usize, crate::SharedBuffer>> {
+        static BUFFERS: OnceLock<Mutex<HashMap<usize, crate::SharedBuffer>>> = OnceLock::new();
+        BUFFERS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new zeroed shared buffer of `len` bytes, kept alive until [`free`] of its address.
+    pub fn alloc(len: usize) -> Result<*mut c_void> {
+        let buf = Communicator::alloc_shared(len)?;
+        let p = buf.as_ptr() as *mut c_void;
+        buffers().insert(p as usize, buf);
+        Ok(p)
+    }
+
+    /// Frees the buffer [`alloc`] returned at `p`; false (nothing freed) for any other pointer.
+    pub fn free(p: *mut c_void) -> bool {
+        buffers().remove(&(p as usize)).is_some()
+    }
 }
 
 /// Allocates `size` zeroed bytes of host memory that same-host peers copy straight out of
@@ -1058,12 +1081,10 @@ pub unsafe extern "C" fn cieraMemAlloc(ptr: *mut *mut c_void, size: usize) -> c_
         if ptr.is_null() {
             return Err(Failure::invalid_argument("ptr is NULL"));
         }
-        let buf = Communicator::alloc_shared(size).map_err(|e| Failure {
+        let p = shared_mem::alloc(size).map_err(|e| Failure {
             code: ResultCode::SystemError,
             message: e.to_string(),
         })?;
-        let p = buf.as_ptr() as *mut c_void;
-        shared_buffers().insert(p as usize, buf);
         // SAFETY: non-null, and the caller passes a writable pointer.
         unsafe { ptr.write(p) };
         Ok(())
@@ -1078,14 +1099,12 @@ pub extern "C" fn cieraMemFree(ptr: *mut c_void) -> c_int {
         if ptr.is_null() {
             return Ok(());
         }
-        match shared_buffers().remove(&(ptr as usize)) {
-            Some(buf) => {
-                drop(buf);
-                Ok(())
-            }
-            None => Err(Failure::invalid_argument(format!(
+        if shared_mem::free(ptr) {
+            Ok(())
+        } else {
+            Err(Failure::invalid_argument(format!(
                 "ptr {ptr:p} was not returned by cieraMemAlloc (or was freed already)"
-            ))),
+            )))
         }
     })
 }

@@ -36,14 +36,13 @@
 //! which MPI requires to match (a rank using an equivalent derived type where the others use a
 //! predefined one is the case that breaks this), and on the memory kind (host everywhere).
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ciera::capi::cuda::{self, MemoryKind};
-use ciera::capi::{gather_buffers, Failure, LiveComm};
+use ciera::capi::{gather_buffers, shared_mem, Failure, LiveComm};
 use ciera::comm::{Config, UniqueId};
 use ciera::compress::CompressConfig;
 use ciera::DType;
@@ -669,15 +668,6 @@ type MpiAint = isize;
 type AllocMemFn = unsafe extern "C" fn(MpiAint, *mut c_void, *mut c_void) -> c_int;
 type FreeMemFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 
-/// Shared buffers handed out by MPI_Alloc_mem, by address, until MPI_Free_mem.
-fn shared_buffers() -> std::sync::MutexGuard<'static, HashMap<usize, ciera::SharedBuffer>> {
-    static BUFFERS: OnceLock<Mutex<HashMap<usize, ciera::SharedBuffer>>> = OnceLock::new();
-    BUFFERS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
 /// MPI's own function `name` (`PMPI_Alloc_mem`, `PMPI_Free_mem`).
 fn pmpi_fn(name: &CStr) -> Option<*mut c_void> {
     function(name).map_err(|e| say!("ciera-mpi: {e}")).ok()
@@ -700,10 +690,8 @@ fn alloc_mem(size: MpiAint, info: *mut c_void, baseptr: *mut c_void) -> c_int {
         // MPI reports its own argument errors.
         return to_mpi();
     }
-    match ciera::comm::Communicator::alloc_shared(size as usize) {
-        Ok(buf) => {
-            let p = buf.as_ptr() as *mut c_void;
-            shared_buffers().insert(p as usize, buf);
+    match shared_mem::alloc(size as usize) {
+        Ok(p) => {
             // SAFETY: MPI_Alloc_mem's `baseptr` is, by the standard, the address of a pointer
             // the result is stored in (checked non-null above).
             unsafe { (baseptr as *mut *mut c_void).write(p) };
@@ -719,7 +707,7 @@ fn alloc_mem(size: MpiAint, info: *mut c_void, baseptr: *mut c_void) -> c_int {
 }
 
 fn free_mem(base: *mut c_void) -> c_int {
-    if shared_buffers().remove(&(base as usize)).is_some() {
+    if shared_mem::free(base) {
         return MPI_SUCCESS;
     }
     match pmpi_fn(c"PMPI_Free_mem") {
