@@ -9,12 +9,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use ciera_transport::{shared_region_of, Endpoint, Kind, SharedRegion, TransportError};
+use ciera_transport::{shared_region_of, Endpoint, Kind, TransportError};
 
 use super::payloads::Payloads;
 use super::wire::{
-    self, AbortReason, CallSig, MsgHeader, MAX_NOTICE, MAX_SEGMENT, MSG_HEADER_LEN, REF_HEADER_LEN,
-    SHORT_HEADER_LEN, TAG_ABORT, TAG_MESSAGE, TAG_REF, TAG_SEGMENT,
+    self, AbortReason, CallSig, MsgHeader, RefSrc, MAX_NOTICE, MAX_SEGMENT, MSG_HEADER_LEN,
+    REF_HEADER_LEN, SHORT_HEADER_LEN, TAG_ABORT, TAG_MESSAGE, TAG_REF, TAG_SEGMENT,
 };
 use crate::algo::{Progress, Unit, UnitState};
 use crate::error::{Error, Result};
@@ -995,28 +995,6 @@ fn cut_segment<P: Payloads>(
     }
 }
 
-/// Where the rest of a reference segment is in its sender: an address, inside one of its
-/// shared buffers or not.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RefSrc {
-    addr: u64,
-    region: Option<SharedRegion>,
-}
-
-impl RefSrc {
-    fn parse(header: &[u8]) -> RefSrc {
-        let (addr, region) = wire::ref_src(header);
-        RefSrc { addr, region }
-    }
-
-    fn advanced(self, n: usize) -> RefSrc {
-        RefSrc {
-            addr: self.addr + n as u64,
-            ..self
-        }
-    }
-}
-
 /// What a reader inside a payload found where a segment starts.
 enum SegmentHeader {
     /// `len` bytes follow on the stream (`src` None) or are to be copied from the sender's
@@ -1047,7 +1025,7 @@ fn read_segment_header(
         TAG_SEGMENT => SegmentHeader::Segment { len, src: None },
         TAG_REF => SegmentHeader::Segment {
             len,
-            src: Some(RefSrc::parse(&rx.hdr[..REF_HEADER_LEN])),
+            src: Some(wire::ref_src(&rx.hdr[..REF_HEADER_LEN])),
         },
         _ => return Ok(Some(SegmentHeader::Abort)),
     };

@@ -246,8 +246,26 @@ pub fn ref_header(len: usize, addr: u64, region: Option<SharedRegion>) -> [u8; R
     b
 }
 
+/// Where a reference segment's bytes are in its sender: an address, inside one of its
+/// shared buffers or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefSrc {
+    pub addr: u64,
+    pub region: Option<SharedRegion>,
+}
+
+impl RefSrc {
+    /// The same source `n` bytes further on.
+    pub fn advanced(self, n: usize) -> RefSrc {
+        RefSrc {
+            addr: self.addr + n as u64,
+            ..self
+        }
+    }
+}
+
 /// The address and shared-buffer fields of a reference segment header.
-pub fn ref_src(b: &[u8]) -> (u64, Option<SharedRegion>) {
+pub fn ref_src(b: &[u8]) -> RefSrc {
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
     let id = u64_at(16);
     let region = (id != 0).then(|| SharedRegion {
@@ -255,7 +273,10 @@ pub fn ref_src(b: &[u8]) -> (u64, Option<SharedRegion>) {
         base: u64_at(24),
         fd: u32::from_le_bytes(b[32..36].try_into().unwrap()),
     });
-    (u64_at(8), region)
+    RefSrc {
+        addr: u64_at(8),
+        region,
+    }
 }
 
 /// The length field of a segment or abort header.
@@ -361,7 +382,13 @@ mod tests {
         let b = ref_header(123_456, 0x7fff_dead_beef, None);
         assert_eq!(b[0], TAG_REF);
         assert_eq!(short_len(&b), 123_456);
-        assert_eq!(ref_src(&b), (0x7fff_dead_beef, None));
+        assert_eq!(
+            ref_src(&b),
+            RefSrc {
+                addr: 0x7fff_dead_beef,
+                region: None
+            }
+        );
         let r = SharedRegion {
             id: 0x1234_5678_9abc,
             base: 0x7fff_0000_1000,
@@ -369,7 +396,13 @@ mod tests {
         };
         let b = ref_header(1, 0x7fff_0000_2000, Some(r));
         assert_eq!(short_len(&b), 1);
-        assert_eq!(ref_src(&b), (0x7fff_0000_2000, Some(r)));
+        assert_eq!(
+            ref_src(&b),
+            RefSrc {
+                addr: 0x7fff_0000_2000,
+                region: Some(r)
+            }
+        );
     }
 
     #[test]
