@@ -186,17 +186,12 @@ fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
     ][rng.below(8)];
     let t = &trajs[rng.below(trajs.len())];
     let (dtype, steps): (DType, [Vec<u8>; 3]) = if kind == Kind::Raw {
-        let d = [
-            DType::I8,
-            DType::U8,
-            DType::I32,
-            DType::U32,
-            DType::I64,
-            DType::U64,
-            DType::F64,
-            DType::F8E4M3,
-            DType::F8E5M2,
-        ][rng.below(9)];
+        // Every type the codec does not compress (DType::ALL's order, so the same draws).
+        let raw: Vec<DType> = DType::ALL
+            .into_iter()
+            .filter(|d| !d.is_compressible())
+            .collect();
+        let d = raw[rng.below(raw.len())];
         // Reinterpret trace bytes: raw types only move bytes.
         (d, t.steps.clone())
     } else {
