@@ -275,11 +275,17 @@ impl PeerMaps {
     }
 }
 
-/// Whether descriptor `fd` of process `pid` is (still) its shared buffer `id`.
-fn names_buffer(pid: u32, fd: u32, id: u64) -> bool {
-    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| {
+/// Whether the /proc descriptor link `link` names process `pid`'s shared buffer `id` (a memfd
+/// shows as "/memfd:NAME (deleted)").
+fn links_to_buffer(link: &str, pid: u32, id: u64) -> bool {
+    std::fs::read_link(link).is_ok_and(|l| {
         l.to_str() == Some(format!("/memfd:{} (deleted)", memfd_name(pid, id)).as_str())
     })
+}
+
+/// Whether descriptor `fd` of process `pid` is (still) its shared buffer `id`.
+fn names_buffer(pid: u32, fd: u32, id: u64) -> bool {
+    links_to_buffer(&format!("/proc/{pid}/fd/{fd}"), pid, id)
 }
 
 /// Opens and maps peer `pid`'s buffer `region`, or None if that is not possible (or what the
@@ -293,9 +299,7 @@ fn open_peer(pid: u32, region: SharedRegion) -> Option<PeerMap> {
     }
     // SAFETY: a fresh descriptor we own.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
-    let want = format!("/memfd:{} (deleted)", memfd_name(pid, region.id));
-    if link.to_str() != Some(want.as_str()) {
+    if !links_to_buffer(&format!("/proc/self/fd/{}", fd.as_raw_fd()), pid, region.id) {
         return None;
     }
     // SAFETY: zeroed stat is a valid out-parameter.
