@@ -67,6 +67,19 @@ impl Link {
         }
     }
 
+    /// As [`Link::try_send`] for the concatenation of `parts`. TCP hands them to the kernel in
+    /// one call; shm takes only the first non-empty part (call again for the rest).
+    #[inline]
+    pub fn try_send_vectored(&mut self, parts: &[&[u8]]) -> Result<usize> {
+        match &mut self.inner {
+            LinkInner::Shm(l) => match parts.iter().find(|p| !p.is_empty()) {
+                Some(first) => l.try_send(first),
+                None => Ok(0),
+            },
+            LinkInner::Tcp(l) => l.try_send_vectored(parts),
+        }
+    }
+
     /// Copies up to `buf.len()` available bytes into `buf`; never blocks. `Ok(0)` means nothing
     /// yet. Bytes the peer sent before it went away are delivered first, then `PeerClosed`.
     #[inline]
