@@ -33,19 +33,19 @@ use wire::{CallSig, Op};
 
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
-/// [`Config::stream_min_bytes`] where the last-level cache's size is unknown.
-pub const DEFAULT_STREAM_MIN_BYTES: usize = 8 << 20;
+/// Last-level cache size assumed where sysfs does not say (see [`default_stream_min_bytes`]).
+pub const DEFAULT_LLC_BYTES: usize = 32 << 20;
 
-/// Default for [`Config::stream_min_bytes`]: a quarter of the last-level cache, within 4 MiB to
-/// 256 MiB (measured on a 32 MiB L3: streaming paid from 8 MiB of output and lost at 4 MiB);
-/// [`DEFAULT_STREAM_MIN_BYTES`] if sysfs does not say.
-pub fn default_stream_min_bytes() -> usize {
-    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BYTES.get_or_init(|| {
-        last_level_cache_bytes()
-            .map(|c| (c / 4).clamp(4 << 20, 256 << 20))
-            .unwrap_or(DEFAULT_STREAM_MIN_BYTES)
-    })
+/// Default for [`Config::stream_min_bytes`]: the last-level cache divided among the ranks on
+/// this host (their outputs share it), within 4 MiB to 256 MiB. Measured on the dev VM (32 MiB
+/// L3, 2 CPUs, shm, 4 interleaved launches each): 2 ranks 8 MiB 266-404 µs plain vs 314-736
+/// streamed, 16 MiB 963-1279 vs 675-1216, 32 MiB 2.77-3.49 vs 1.90-2.55 ms; 4 ranks 8 MiB
+/// 1.96-2.27 ms plain vs 1.17-1.77 streamed. (A quarter of the cache whatever the rank count,
+/// the earlier rule, streamed 2 ranks' 8 MiB calls.)
+pub fn default_stream_min_bytes(local_ranks: usize) -> usize {
+    static LLC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let llc = *LLC.get_or_init(|| last_level_cache_bytes().unwrap_or(DEFAULT_LLC_BYTES));
+    (llc / local_ranks.max(1)).clamp(4 << 20, 256 << 20)
 }
 
 /// The size of CPU 0's highest-level data or unified cache, from sysfs.
@@ -89,9 +89,9 @@ pub struct Config {
     pub idle: Option<IdlePolicy>,
     /// Calls whose output is at least this big copy into it with non-temporal stores (own
     /// shard, and out of the shm rings): see `ciera_transport::copy`.
-    /// `CIERA_STREAM_MIN_BYTES` (K/M/G suffixes; 0 = always); default
-    /// [`default_stream_min_bytes`].
-    pub stream_min_bytes: usize,
+    /// `CIERA_STREAM_MIN_BYTES` (K/M/G suffixes; 0 = always); None:
+    /// [`default_stream_min_bytes`] for the number of ranks on this host.
+    pub stream_min_bytes: Option<usize>,
     /// Large raw segments to shm peers: through the rings, by reference, or measured per call
     /// size (`CIERA_SHM_SINGLE_COPY=0|1|auto`; see [`single_copy`]). `0` in the environment
     /// also keeps the transport from setting single copy up at all.
@@ -106,7 +106,7 @@ impl Default for Config {
             algo: AlgoChoice::Auto,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             idle: None,
-            stream_min_bytes: default_stream_min_bytes(),
+            stream_min_bytes: None,
             single_copy: SingleCopy::Auto,
         }
     }
@@ -140,11 +140,11 @@ impl Config {
         c.single_copy =
             SingleCopy::from_env().map_err(|e| Error::InvalidArgument(e.to_string()))?;
         if let Some(v) = env::real_env("CIERA_STREAM_MIN_BYTES") {
-            c.stream_min_bytes = crate::cli::args::parse_size(&v).ok_or_else(|| {
+            c.stream_min_bytes = Some(crate::cli::args::parse_size(&v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "CIERA_STREAM_MIN_BYTES={v:?} is not a size (e.g. 8M)"
                 ))
-            })?;
+            })?);
         }
         if let Some(v) = env::real_env("CIERA_CHUNK_BYTES") {
             c.chunk_bytes = crate::cli::args::parse_size(&v)
@@ -283,6 +283,8 @@ pub struct Communicator {
     idle: IdlePolicy,
     /// Below this many gathered bytes `Auto` picks RD/Bruck: lower when every link is shm.
     /// Every rank derives it the same way (all shm on one host; some TCP link on several).
+    /// `Config::stream_min_bytes`, resolved.
+    stream_min_bytes: usize,
     small_call_bytes: usize,
     /// Whether each call's large raw segments go to shm peers by reference.
     refs: RefChooser,
@@ -418,6 +420,9 @@ impl Communicator {
         waker: Option<Waker>,
     ) -> Communicator {
         let oversubscribed = oversubscribed(local_ranks);
+        let stream_min_bytes = config
+            .stream_min_bytes
+            .unwrap_or_else(|| default_stream_min_bytes(local_ranks));
         let idle = config.idle.unwrap_or_else(|| idle_policy(oversubscribed));
         let all_shm = match &mut ep {
             Some(ep) => (0..nranks)
@@ -448,6 +453,7 @@ impl Communicator {
                 waker,
             }),
             idle,
+            stream_min_bytes,
             small_call_bytes: if all_shm {
                 algo::SMALL_CALL_BYTES_SHM
             } else {
@@ -673,7 +679,7 @@ impl Communicator {
         mut payloads: P,
     ) -> Result<()> {
         let total = layout.block_bytes() * self.nranks;
-        let streaming = total >= self.config.stream_min_bytes;
+        let streaming = total >= self.stream_min_bytes;
         payloads.set_streaming(streaming);
         let algo = if op == Op::Barrier {
             self.config
@@ -766,8 +772,12 @@ mod tests {
         assert_eq!(parse_cache_size("512"), Some(512));
         assert_eq!(parse_cache_size(""), None);
         assert_eq!(parse_cache_size("x12K"), None);
-        let d = default_stream_min_bytes();
-        assert!((4 << 20..=256 << 20).contains(&d), "{d}");
+        for local in [0, 1, 2, 4, 1000] {
+            let d = default_stream_min_bytes(local);
+            assert!((4 << 20..=256 << 20).contains(&d), "{local} ranks: {d}");
+        }
+        // More ranks sharing the cache: never a higher threshold.
+        assert!(default_stream_min_bytes(4) <= default_stream_min_bytes(2));
     }
 
     #[test]

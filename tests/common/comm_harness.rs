@@ -212,16 +212,15 @@ pub fn matrix_configs() -> Vec<Config> {
         stream_min_bytes,
         ..base.clone()
     };
-    let default_stream = ciera::comm::default_stream_min_bytes();
     vec![
-        cfg(AlgoChoice::Auto, 1 << 20, default_stream),
-        cfg(AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4, 0),
-        cfg(AlgoChoice::Fixed(Algo::Bruck), 256 * 1024, default_stream),
-        cfg(AlgoChoice::Fixed(Algo::RecursiveDoubling), 1000, 0),
+        cfg(AlgoChoice::Auto, 1 << 20, None),
+        cfg(AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4, Some(0)),
+        cfg(AlgoChoice::Fixed(Algo::Bruck), 256 * 1024, None),
+        cfg(AlgoChoice::Fixed(Algo::RecursiveDoubling), 1000, Some(0)),
         cfg(
             AlgoChoice::Fixed(Algo::Direct),
             200 * 1024 + 2,
-            default_stream,
+            None,
         ),
     ]
 }
