@@ -54,9 +54,9 @@ pub fn encode_exp<L: Layout>(
             for b in (0..n).step_by(BLOCK) {
                 let len = BLOCK.min(n - b);
                 let mut m = 0u64;
-                for j in 0..len {
+                for (j, word) in words[..len].iter_mut().enumerate() {
                     let w = L::load(input, b + j);
-                    words[j] = w;
+                    *word = w;
                     m |= ((L::exp(w) != L::exp(L::load(prev, b + j))) as u64) << j;
                 }
                 L::pack(&words[..len], &mut dense[L::sm_len(b)..L::sm_len(b + len)]);
@@ -132,8 +132,8 @@ pub fn decode_exp<L: Layout>(
             let mut es = [0u8; BLOCK];
             for (bi, b) in (0..n).step_by(BLOCK).enumerate() {
                 let len = BLOCK.min(n - b);
-                for j in 0..len {
-                    es[j] = L::exp(L::load(prev, b + j));
+                for (j, e) in es[..len].iter_mut().enumerate() {
+                    *e = L::exp(L::load(prev, b + j));
                 }
                 let mut t = masks[bi];
                 while t != 0 {
@@ -232,6 +232,7 @@ pub fn emit_hybrid<L: Layout>(
 /// Inverse of `emit_hybrid`. On error the cache range is half-updated: the caller must poison
 /// the slot. The caller has checked `sm.len() == L::sm_len(k)` and
 /// `exps.len() == popcount(exp_sub)`, where k = popcount(changed).
+#[allow(clippy::too_many_arguments)] // the frame's sections, the cache and the output
 pub fn decode_hybrid<L: Layout>(
     sm: &[u8],
     changed: &[u64],

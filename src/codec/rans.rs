@@ -79,9 +79,9 @@ impl FreqTable {
     /// Estimated coded size in bytes of data with this histogram (table + state + payload).
     pub fn estimate_bytes(&self, hist: &[u64; 256]) -> usize {
         let mut bits = 0f64;
-        for s in 0..256 {
-            if hist[s] > 0 {
-                bits += hist[s] as f64 * (PROB_SCALE as f64 / self.freq[s] as f64).log2();
+        for (s, &h) in hist.iter().enumerate() {
+            if h > 0 {
+                bits += h as f64 * (PROB_SCALE as f64 / self.freq[s] as f64).log2();
             }
         }
         (bits / 8.0).ceil() as usize + self.table_bytes() + 8
@@ -229,7 +229,7 @@ impl EncSym {
             }
         } else {
             let shift = 32 - (freq - 1).leading_zeros(); // ceil(log2(freq))
-            let rcp = (((1u64 << (shift + 31)) + freq as u64 - 1) / freq as u64) as u32;
+            let rcp = (1u64 << (shift + 31)).div_ceil(freq as u64) as u32;
             EncSym {
                 x_max,
                 rcp_freq: rcp,
