@@ -73,11 +73,15 @@ pub fn lib_path(name: &str) -> PathBuf {
     p
 }
 
-/// A fresh scratch folder under the target folder (kept after the test for inspection).
+/// A fresh scratch folder under the target folder (kept after the test for inspection), one
+/// per call: the tests of one binary run in parallel threads of one process, and two that
+/// shared a folder would rebuild a program while the other launches it.
 pub fn scratch(name: &str) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let d = profile_dir()
         .join("capi-tests")
-        .join(format!("{name}-{}", std::process::id()));
+        .join(format!("{name}-{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
