@@ -2,7 +2,7 @@
 //! setup connection itself). TCP_NODELAY, large socket buffers, keepalive so that a vanished
 //! host is noticed even on an idle link.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -199,37 +199,21 @@ impl TcpLink {
     }
 
     pub fn try_send(&mut self, data: &[u8]) -> Result<usize> {
-        if self.closed.is_some() {
-            return Err(self.closed_error());
-        }
-        if data.is_empty() {
-            return Ok(0);
-        }
-        loop {
-            // std's TcpStream::write uses send(MSG_NOSIGNAL): a dead peer is EPIPE, not SIGPIPE.
-            match self.stream.write(data) {
-                Ok(n) => {
-                    self.want_write = n < data.len();
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.want_write = true;
-                    return Ok(0);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(self.fail("send", e)),
-            }
-        }
+        self.try_send_vectored(&[data])
     }
 
-    /// As [`TcpLink::try_send`], for `parts` in order as one stream, in one system call
-    /// (a header and the payload behind it leave as one TCP segment, not two).
+    /// Sends what the socket takes of `parts`, in order as one stream, in one system call (a
+    /// header and the payload behind it leave as one TCP segment, not two); never blocks.
+    /// `Ok(0)`: no room now (or nothing to send).
     pub fn try_send_vectored(&mut self, parts: &[&[u8]]) -> Result<usize> {
         if self.closed.is_some() {
             return Err(self.closed_error());
         }
         const MAX_PARTS: usize = 4;
-        assert!(parts.len() <= MAX_PARTS, "try_send_vectored: at most {MAX_PARTS} parts");
+        assert!(
+            parts.len() <= MAX_PARTS,
+            "try_send_vectored: at most {MAX_PARTS} parts"
+        );
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -474,8 +458,14 @@ mod tests {
             let n = b.try_recv(&mut buf).unwrap();
             got.extend_from_slice(&buf[..n]);
         }
-        assert!(short, "48 MiB never filled the socket: the short-send path went untested");
-        assert!(got == want, "the peer read other bytes than the parts in order");
+        assert!(
+            short,
+            "48 MiB never filled the socket: the short-send path went untested"
+        );
+        assert!(
+            got == want,
+            "the peer read other bytes than the parts in order"
+        );
         assert_eq!(a.try_send_vectored(&[&[], &[]]).unwrap(), 0);
         // A closed peer: a peer-closed error naming it.
         drop(b);
