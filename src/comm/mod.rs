@@ -281,10 +281,10 @@ pub struct Communicator {
     broken: Option<String>,
     abort: Arc<AbortShared>,
     idle: IdlePolicy,
-    /// Below this many gathered bytes `Auto` picks RD/Bruck: lower when every link is shm.
-    /// Every rank derives it the same way (all shm on one host; some TCP link on several).
     /// `Config::stream_min_bytes`, resolved.
     stream_min_bytes: usize,
+    /// Below this many gathered bytes `Auto` picks RD/Bruck: lower when every link is shm.
+    /// Every rank derives it the same way (all shm on one host; some TCP link on several).
     small_call_bytes: usize,
     /// Whether each call's large raw segments go to shm peers by reference.
     refs: RefChooser,

@@ -217,11 +217,7 @@ pub fn matrix_configs() -> Vec<Config> {
         cfg(AlgoChoice::Fixed(Algo::Ring), 96 * 1024 + 4, Some(0)),
         cfg(AlgoChoice::Fixed(Algo::Bruck), 256 * 1024, None),
         cfg(AlgoChoice::Fixed(Algo::RecursiveDoubling), 1000, Some(0)),
-        cfg(
-            AlgoChoice::Fixed(Algo::Direct),
-            200 * 1024 + 2,
-            None,
-        ),
+        cfg(AlgoChoice::Fixed(Algo::Direct), 200 * 1024 + 2, None),
     ]
 }
 
