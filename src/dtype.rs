@@ -3,49 +3,28 @@
 
 use std::fmt;
 
-/// An element type, numbered as `ncclDataType_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum DType {
-    I8 = 0,
-    U8 = 1,
-    I32 = 2,
-    U32 = 3,
-    I64 = 4,
-    U64 = 5,
-    F16 = 6,
-    F32 = 7,
-    F64 = 8,
-    BF16 = 9,
-    F8E4M3 = 10,
-    F8E5M2 = 11,
+use crate::coded_enum::coded_enum;
+
+coded_enum! {
+    #[repr(u8)]
+    /// An element type, numbered as `ncclDataType_t`.
+    pub enum DType {
+        I8 = 0,
+        U8 = 1,
+        I32 = 2,
+        U32 = 3,
+        I64 = 4,
+        U64 = 5,
+        F16 = 6,
+        F32 = 7,
+        F64 = 8,
+        BF16 = 9,
+        F8E4M3 = 10,
+        F8E5M2 = 11,
+    }
 }
 
 impl DType {
-    pub const ALL: [DType; 12] = [
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::U32,
-        DType::I64,
-        DType::U64,
-        DType::F16,
-        DType::F32,
-        DType::F64,
-        DType::BF16,
-        DType::F8E4M3,
-        DType::F8E5M2,
-    ];
-
-    /// The type with NCCL number `code`, if there is one.
-    pub fn from_code(code: u8) -> Option<DType> {
-        DType::ALL.get(code as usize).copied()
-    }
-
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {

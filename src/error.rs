@@ -1,6 +1,7 @@
-//! The one error type of the `ciera` crate. Every variant names the operation and, where there
-//! is one, the peer rank, the cache slot and the sizes involved. `Error::code` maps it to the
-//! C ABI's `ncclResult_t`-numbered result codes.
+//! The error type of the communicator and everything above it. Every variant names the
+//! operation and, where there is one, the peer rank, the cache slot and the sizes involved. The
+//! transport's errors come wrapped with the operation and peer (`Error::Transport`); the C ABI
+//! maps every variant to its result codes (`capi::result_code`).
 
 use std::fmt;
 use std::time::Duration;
@@ -89,43 +90,7 @@ pub enum Error {
     Unsupported(String),
 }
 
-/// Result codes, numerically identical to NCCL's `ncclResult_t`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(i32)]
-pub enum ResultCode {
-    Success = 0,
-    UnhandledCudaError = 1,
-    SystemError = 2,
-    InternalError = 3,
-    InvalidArgument = 4,
-    InvalidUsage = 5,
-    RemoteError = 6,
-    InProgress = 7,
-}
-
 impl Error {
-    /// The C ABI result code for this error.
-    pub fn code(&self) -> ResultCode {
-        match self {
-            Error::InvalidArgument(_)
-            | Error::DTypeMismatch { .. }
-            | Error::LengthMismatch { .. } => ResultCode::InvalidArgument,
-            Error::CallMismatch { .. } | Error::SlotState { .. } | Error::Unsupported(_) => {
-                ResultCode::InvalidUsage
-            }
-            Error::CorruptFrame { .. }
-            | Error::Checksum { .. }
-            | Error::VersionMismatch { .. }
-            | Error::PeerFailed { .. } => ResultCode::RemoteError,
-            Error::Io { .. }
-            | Error::Format { .. }
-            | Error::Transport { .. }
-            | Error::Timeout { .. }
-            | Error::Bootstrap(_) => ResultCode::SystemError,
-            Error::Aborted { .. } => ResultCode::RemoteError,
-        }
-    }
-
     pub(crate) fn corrupt(what: &'static str, detail: impl Into<String>) -> Error {
         Error::CorruptFrame {
             what,

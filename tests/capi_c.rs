@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ciera::capi::ResultCode;
 use ciera::capi::{self, CConfig, CStats, CUniqueId};
-use ciera::error::ResultCode;
 use ciera::DType;
 use support::*;
 

@@ -11,7 +11,7 @@ mod harness;
 use std::path::{Path, PathBuf};
 
 use ciera::comm::{Communicator, Config};
-use ciera::compress::{CompressConfig, CompressMode, Compressor};
+use ciera::compress::{CompressMode, GatherOptions};
 use ciera::safetensors::SafeTensors;
 use harness::*;
 
@@ -38,21 +38,17 @@ fn snapshots(dir: &Path) -> Vec<SafeTensors> {
         .collect()
 }
 
-/// Rank program: replay the trace through a Compressor with compression forced on.
+/// Rank program: replay the trace through the communicator's compressed Allgather with
+/// compression forced on.
 fn role_trace(comm: &mut Communicator) {
     let (rank, n) = (comm.rank(), comm.size());
     let lose_cache_at: Option<usize> = std::env::var("CIERA_TEST_LOSE_CACHE")
         .ok()
         .map(|v| v.parse().unwrap());
-    let base = CompressConfig::from_env().expect("compression settings");
-    let mut cz = Compressor::new(CompressConfig {
-        mode: CompressMode::On,
-        ..base
-    });
     let snaps = snapshots(&trace_dir());
     for (si, st) in snaps.iter().enumerate() {
         if lose_cache_at == Some(si) && rank == 1 {
-            cz.reset(); // rank 1 "restarts": its caches are gone, the others' are not
+            comm.reset_caches(); // rank 1 "restarts": its caches are gone, the others' are not
         }
         for (ti, t) in st.tensors.iter().enumerate() {
             let full = st.bytes(t);
@@ -64,13 +60,17 @@ fn role_trace(comm: &mut Communicator) {
             want[..full.len()].copy_from_slice(full);
             let shard = &want[rank * count * es..(rank + 1) * count * es];
             for in_place in [false, true] {
-                let key = Some((ti * 2 + in_place as usize) as u64);
+                let opts = GatherOptions {
+                    key: Some((ti * 2 + in_place as usize) as u64),
+                    compress: Some(CompressMode::On),
+                    cache_mode: None,
+                };
                 let mut recv = vec![0xA5u8; want.len()];
                 let r = if in_place {
                     recv[rank * count * es..(rank + 1) * count * es].copy_from_slice(shard);
-                    cz.all_gather(comm, None, &mut recv, count, t.dtype, key)
+                    comm.all_gather_with(None, &mut recv, count, t.dtype, &opts)
                 } else {
-                    cz.all_gather(comm, Some(shard), &mut recv, count, t.dtype, key)
+                    comm.all_gather_with(Some(shard), &mut recv, count, t.dtype, &opts)
                 };
                 let ctx = format!(
                     "rank {rank}/{n} snapshot {si} {} in_place={in_place}",
@@ -88,7 +88,7 @@ fn role_trace(comm: &mut Communicator) {
             }
         }
     }
-    let s = cz.stats();
+    let s = comm.compress_stats();
     report(&format!(
         "ok fill={} delta={} repairs={} ratio={:.3} raw_calls={}",
         s.fill_calls,

@@ -20,41 +20,34 @@
 //! - [`direct`]: every rank sends its block straight to every other; nothing is forwarded
 //!   (for one host with single-copy shm, where receivers copy out of the sender's memory).
 
+#![forbid(unsafe_code)]
+
 pub mod bruck;
 pub mod direct;
 pub mod doubling;
 pub mod ring;
+pub mod topology;
 
 #[cfg(test)]
 mod sim;
 
 use std::fmt;
 
-/// An allgather algorithm. The number is its code in the message header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Algo {
-    Ring = 1,
-    RecursiveDoubling = 2,
-    Bruck = 3,
-    Direct = 4,
+use crate::coded_enum::coded_enum;
+pub use topology::{LinkClass, Topology};
+
+coded_enum! {
+    #[repr(u8)]
+    /// An allgather algorithm. The number is its code in the message header.
+    pub enum Algo {
+        Ring = 1,
+        RecursiveDoubling = 2,
+        Bruck = 3,
+        Direct = 4,
+    }
 }
 
 impl Algo {
-    pub fn from_code(code: u8) -> Option<Algo> {
-        match code {
-            1 => Some(Algo::Ring),
-            2 => Some(Algo::RecursiveDoubling),
-            3 => Some(Algo::Bruck),
-            4 => Some(Algo::Direct),
-            _ => None,
-        }
-    }
-
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
@@ -104,17 +97,23 @@ impl AlgoChoice {
         })
     }
 
-    /// The algorithm for a call gathering `total_bytes` over `nranks` ranks. Recursive doubling
-    /// needs a power of two; asked for with another rank count it falls back to Bruck (which
-    /// does the same number of rounds rounded up). Every rank computes the same answer from the
-    /// same arguments; the message header carries it so a rank configured differently is caught.
-    pub fn resolve(self, nranks: usize, total_bytes: usize) -> Algo {
-        self.resolve_with(nranks, total_bytes, SMALL_CALL_BYTES)
-    }
+    /// How the choices are spelled, for messages.
+    pub const SPELLINGS: &'static str = "auto, ring, rd, bruck or direct";
 
-    /// As [`AlgoChoice::resolve`] with the small/large limit given (see
-    /// [`SMALL_CALL_BYTES_SHM`]); every rank must pass the same limit.
-    pub fn resolve_with(self, nranks: usize, total_bytes: usize, small_call_bytes: usize) -> Algo {
+    /// The algorithm for a call gathering `total_bytes` (all ranks together) over the ranks of
+    /// `topology`. Recursive doubling needs a power of two; asked for with another rank count
+    /// it falls back to Bruck (which does the same number of rounds rounded up). `Auto` takes
+    /// a logarithmic algorithm below [`SMALL_CALL_BYTES`] ([`SMALL_CALL_BYTES_SHM`] when every
+    /// link is shared memory), the ring from there. Every rank computes the same answer from
+    /// the same arguments; the message header carries it so a rank configured differently is
+    /// caught.
+    pub fn resolve(self, topology: &Topology, total_bytes: usize) -> Algo {
+        let nranks = topology.nranks();
+        let small_call_bytes = if topology.all_shared_memory() {
+            SMALL_CALL_BYTES_SHM
+        } else {
+            SMALL_CALL_BYTES
+        };
         let log_algo = if nranks.is_power_of_two() {
             Algo::RecursiveDoubling
         } else {
@@ -174,10 +173,13 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The steps of `algo` for `rank` of `nranks`, each block split in `nchunks` chunks.
-    /// Panics if `rank >= nranks`, `nchunks == 0`, or recursive doubling is asked for a rank
-    /// count that is not a power of two (callers resolve that with [`AlgoChoice::resolve`]).
-    pub fn new(algo: Algo, rank: usize, nranks: usize, nchunks: usize) -> Schedule {
+    /// The steps of `algo` for `rank` of the ranks of `topology`, each block split in
+    /// `nchunks` chunks. Panics if `rank` is not in the topology, `nchunks == 0`, or recursive
+    /// doubling is asked for a rank count that is not a power of two (callers resolve that
+    /// with [`AlgoChoice::resolve`]). The flat algorithms here order ranks by number; the
+    /// topology is where hierarchical schedules will read the hosts.
+    pub fn new(algo: Algo, rank: usize, topology: &Topology, nchunks: usize) -> Schedule {
+        let nranks = topology.nranks();
         assert!(rank < nranks, "rank {rank} out of range for {nranks} ranks");
         assert!(nchunks > 0, "a block has at least one chunk");
         let steps = match algo {
@@ -402,20 +404,32 @@ mod tests {
 
     #[test]
     fn auto_picks_log_algorithms_for_small_calls_and_ring_for_large() {
-        assert_eq!(AlgoChoice::Auto.resolve(4, 8), Algo::RecursiveDoubling);
-        assert_eq!(AlgoChoice::Auto.resolve(5, 8), Algo::Bruck);
-        assert_eq!(AlgoChoice::Auto.resolve(4, 64 << 20), Algo::Ring);
+        let net = |n: usize| Topology::new(&(0..n).collect::<Vec<_>>(), true);
         assert_eq!(
-            AlgoChoice::Fixed(Algo::RecursiveDoubling).resolve(6, 8),
+            AlgoChoice::Auto.resolve(&net(4), 8),
+            Algo::RecursiveDoubling
+        );
+        assert_eq!(AlgoChoice::Auto.resolve(&net(5), 8), Algo::Bruck);
+        assert_eq!(AlgoChoice::Auto.resolve(&net(4), 64 << 20), Algo::Ring);
+        assert_eq!(
+            AlgoChoice::Fixed(Algo::RecursiveDoubling).resolve(&net(6), 8),
             Algo::Bruck
         );
-        assert_eq!(AlgoChoice::Fixed(Algo::Ring).resolve(6, 8), Algo::Ring);
         assert_eq!(
-            AlgoChoice::Auto.resolve_with(4, 32 << 10, SMALL_CALL_BYTES_SHM),
+            AlgoChoice::Fixed(Algo::Ring).resolve(&net(6), 8),
             Algo::Ring
         );
+        // One host, shared memory everywhere: the ring from 16 KiB on.
+        let shm = Topology::single_host(4);
+        assert_eq!(AlgoChoice::Auto.resolve(&shm, 32 << 10), Algo::Ring);
         assert_eq!(
-            AlgoChoice::Auto.resolve_with(4, 32 << 10, SMALL_CALL_BYTES),
+            AlgoChoice::Auto.resolve(&shm, 8 << 10),
+            Algo::RecursiveDoubling
+        );
+        // One host but TCP links (CIERA_TRANSPORT=tcp): the network limit.
+        let tcp = Topology::new(&[1, 1, 1, 1], false);
+        assert_eq!(
+            AlgoChoice::Auto.resolve(&tcp, 32 << 10),
             Algo::RecursiveDoubling
         );
     }
@@ -454,7 +468,7 @@ mod tests {
     fn ring_and_direct_wire_bytes_are_n_minus_one_blocks_each_way() {
         for algo in [Algo::Ring, Algo::Direct] {
             for n in 1..=9 {
-                let s = Schedule::new(algo, 0, n, 3);
+                let s = Schedule::new(algo, 0, &Topology::single_host(n), 3);
                 assert_eq!(s.wire_bytes(|_| 10), (30 * (n - 1), 30 * (n - 1)), "{algo}");
             }
         }

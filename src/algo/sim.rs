@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algo, Progress, Schedule, Step, Unit, UnitState};
+use super::{Algo, Progress, Schedule, Step, Topology, Unit, UnitState};
 
 fn algos_for(nranks: usize) -> Vec<Algo> {
     let mut v = vec![Algo::Ring, Algo::Bruck, Algo::Direct];
@@ -17,7 +17,7 @@ fn algos_for(nranks: usize) -> Vec<Algo> {
 
 fn schedules(algo: Algo, nranks: usize, nchunks: usize) -> Vec<Schedule> {
     (0..nranks)
-        .map(|r| Schedule::new(algo, r, nranks, nchunks))
+        .map(|r| Schedule::new(algo, r, &Topology::single_host(nranks), nchunks))
         .collect()
 }
 

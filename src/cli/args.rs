@@ -1,26 +1,6 @@
 //! Tiny argument helpers shared by the subcommands.
 
-/// Parse a byte size: a number with an optional K, M or G suffix (powers of 1024, as
-/// nccl-tests), optionally followed by B: `8`, `1K`, `64M`, `1.5G`, `512KB`.
-pub fn parse_size(s: &str) -> Option<usize> {
-    let t = s.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (num, mult) = match t.chars().last()? {
-        'k' | 'K' => (&t[..t.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&t[..t.len() - 1], 1u64 << 20),
-        'g' | 'G' => (&t[..t.len() - 1], 1u64 << 30),
-        _ => (t, 1u64),
-    };
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult).and_then(|v| usize::try_from(v).ok());
-    }
-    let f: f64 = num.parse().ok()?;
-    if !(f.is_finite() && f >= 0.0) {
-        return None;
-    }
-    let v = f * mult as f64;
-    (v < usize::MAX as f64).then_some(v as usize)
-}
+use crate::parse::parse_size;
 
 /// A cursor over command-line arguments with `--flag value` / `--flag=value` / `-fVALUE`
 /// handling and errors that name the flag.
@@ -96,19 +76,6 @@ impl<'a> Args<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("8"), Some(8));
-        assert_eq!(parse_size("1K"), Some(1024));
-        assert_eq!(parse_size("64M"), Some(64 << 20));
-        assert_eq!(parse_size("1G"), Some(1 << 30));
-        assert_eq!(parse_size("512KB"), Some(512 << 10));
-        assert_eq!(parse_size("1.5k"), Some(1536));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size("-1"), None);
-        assert_eq!(parse_size(""), None);
-    }
 
     #[test]
     fn flags_and_values() {

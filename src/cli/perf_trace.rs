@@ -12,7 +12,7 @@ use super::launch::{self, LaunchSpec};
 use crate::codec::CacheMode;
 use crate::comm::env::{real_env, LaunchEnv};
 use crate::comm::{Communicator, Config};
-use crate::compress::{CompressConfig, CompressMode, Compressor};
+use crate::compress::{CompressMode, GatherOptions};
 use crate::error::{Error, Result};
 use crate::safetensors::SafeTensors;
 use crate::DType;
@@ -251,19 +251,19 @@ fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     Ok(out)
 }
 
-fn mode_config(mode: &str) -> CompressConfig {
-    let base = CompressConfig::from_env().unwrap_or_default();
-    let (m, cache) = match mode {
+/// The per-call options of a `--modes` entry; `key` keeps each mode's caches apart.
+fn mode_options(mode: &str, key: u64) -> GatherOptions {
+    let (compress, cache_mode) = match mode {
         "raw" => (CompressMode::Off, None),
         "exp" => (CompressMode::Auto, Some(CacheMode::Exponent)),
         "full" => (CompressMode::Auto, Some(CacheMode::FullValue)),
         "exp-on" => (CompressMode::On, Some(CacheMode::Exponent)),
         _ => (CompressMode::On, Some(CacheMode::FullValue)),
     };
-    CompressConfig {
-        mode: m,
-        cache_mode: cache,
-        ..base
+    GatherOptions {
+        key: Some(key),
+        compress: Some(compress),
+        cache_mode,
     }
 }
 
@@ -343,25 +343,29 @@ fn run_rank(o: &Opts) -> Result<u64> {
             let size = count * es * n;
             let mut raw_time: Option<f64> = None;
             struct Run {
-                cz: Compressor,
+                opts: GatherOptions,
                 recv: Vec<u8>,
                 timed: Vec<f64>,
                 wrong: u64,
-                stats0: crate::compress::Stats,
+                /// Of the timed calls: bytes gathered, bytes on the wire, calls with frames.
+                raw_bytes: u64,
+                wire_bytes: u64,
+                compressed: u64,
             }
+            // Each window and size starts with cold caches, as a new tensor would.
+            comm.reset_caches();
             let mut runs: Vec<Run> = o
                 .modes
                 .iter()
-                .map(|mode| {
-                    let cz = Compressor::new(mode_config(mode));
-                    let stats0 = cz.stats();
-                    Run {
-                        cz,
-                        recv: vec![0u8; size],
-                        timed: Vec::with_capacity(o.iters),
-                        wrong: 0,
-                        stats0,
-                    }
+                .enumerate()
+                .map(|(m, mode)| Run {
+                    opts: mode_options(mode, m as u64 + 1),
+                    recv: vec![0u8; size],
+                    timed: Vec::with_capacity(o.iters),
+                    wrong: 0,
+                    raw_bytes: 0,
+                    wire_bytes: 0,
+                    compressed: 0,
                 })
                 .collect();
             let mut shard = vec![0u8; count * es];
@@ -373,54 +377,42 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 fill_tiled(&mut shard, vals, rank * count * es);
                 for m in 0..runs.len() {
                     let run = &mut runs[(m + it) % o.modes.len()];
-                    if it == o.warmup {
-                        run.stats0 = run.cz.stats();
-                    }
                     // Every call starts together: a rank that finished early would otherwise
                     // send its next shard while the others still check theirs, untimed, and
                     // flatter the modes without a closing exchange (raw) on a shaped link.
                     comm.barrier()?;
                     let t0 = Instant::now();
-                    run.cz.all_gather(
-                        &mut comm,
-                        Some(&shard),
-                        &mut run.recv,
-                        count,
-                        dtype,
-                        Some(1),
-                    )?;
+                    let report =
+                        comm.all_gather_with(Some(&shard), &mut run.recv, count, dtype, &run.opts)?;
                     if it >= o.warmup {
                         run.timed.push(t0.elapsed().as_secs_f64());
+                        run.raw_bytes += report.raw_bytes;
+                        run.wire_bytes += report.wire_bytes;
+                        run.compressed += report.compressed() as u64;
                     }
                     run.wrong += count_wrong(&run.recv, vals, es);
                 }
             }
             for (mode, run) in o.modes.iter().zip(runs.iter_mut()) {
                 let Run {
-                    cz,
                     timed,
                     wrong,
-                    stats0,
+                    raw_bytes,
+                    wire_bytes,
+                    compressed,
                     ..
                 } = run;
-                let (wrong, stats0) = (*wrong, stats0.clone());
                 // A call takes as long as its slowest rank: the mean (or median) over calls of
                 // the per-call maximum (a rank that finished a call early would otherwise lower
                 // the mean of a mode whose ranks finish at different times, e.g. raw).
                 let slowest = slowest_over_calls(&mut comm, timed, o.median)?;
-                let wrongs: u64 = gather_f64(&mut comm, wrong as f64)?
+                let wrongs: u64 = gather_f64(&mut comm, *wrong as f64)?
                     .iter()
                     .map(|&w| w as u64)
                     .sum();
                 wrong_total += wrongs;
-                let s1 = cz.stats();
-                let (rb, wb) = (
-                    s1.raw_bytes - stats0.raw_bytes,
-                    s1.wire_bytes - stats0.wire_bytes,
-                );
-                let wire_ratio = rb as f64 / wb.max(1) as f64;
-                let compressed =
-                    (s1.delta_calls + s1.fill_calls) - (stats0.delta_calls + stats0.fill_calls);
+                let wire_ratio = *raw_bytes as f64 / (*wire_bytes).max(1) as f64;
+                let compressed = *compressed;
                 if mode == "raw" {
                     raw_time = Some(slowest);
                 }

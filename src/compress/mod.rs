@@ -1,9 +1,11 @@
-//! The CIERA Allgather: the codec fused into the communicator's pipeline, used only where it
-//! pays.
+//! The compression policy of the CIERA Allgather: the codec fused into the engine's pipeline,
+//! used only where it pays. The communicator owns one [`Compressor`] and every caller (the C
+//! ABI, the interposers, the CLI) reaches it through `Communicator::all_gather_keyed` /
+//! `all_gather_with`.
 //!
 //! Per call: find the cache-slot group of the tensor (an explicit key, or one inferred from the
 //! call), decide raw or compressed, and run the allgather. A compressed call goes through
-//! [`Communicator::all_gather_framed`]: each rank encodes its own chunks against its own slot
+//! the engine's framed allgather ([`crate::engine::Engine::all_gather_framed`]): each rank encodes its own chunks against its own slot
 //! (compress once, at the source), every hop forwards frames unchanged, and every receiver
 //! decodes each frame into the output and into its slot for that source. After a compressed
 //! call the ranks exchange a small status record (decode failures, call time, optional shard
@@ -26,173 +28,26 @@
 //! and slot, and repaired at once: every rank poisons that source's slot and the call is redone
 //! raw, so the returned tensor is exact and the next call refills the cache.
 
+#![forbid(unsafe_code)]
+
+mod config;
+mod group_codec;
+mod stats;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::codec::{checksum, frame, CacheMode, CacheSlot, CodecScratch, FrameInfo, Mode};
-use crate::comm::{ChunkRef, Communicator, FrameCodec};
-use crate::error::{Error, Result};
+use crate::codec::{checksum, CacheMode, CacheSlot, FrameInfo, Mode};
+use crate::engine::Engine;
+use crate::error::Result;
 use crate::DType;
-
-/// `CIERA_COMPRESS`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompressMode {
-    Auto,
-    On,
-    Off,
-}
-
-impl CompressMode {
-    pub fn parse(s: &str) -> Option<CompressMode> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Some(CompressMode::Auto),
-            "on" | "1" | "true" | "yes" => Some(CompressMode::On),
-            "off" | "0" | "false" | "no" => Some(CompressMode::Off),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            CompressMode::Auto => "auto",
-            CompressMode::On => "on",
-            CompressMode::Off => "off",
-        }
-    }
-}
-
-/// Compression settings; `from_env` reads `CIERA_COMPRESS`, `CIERA_CACHE_MB`, `CIERA_VERIFY`,
-/// `CIERA_COMPRESS_MIN_BYTES`.
-#[derive(Clone, Debug)]
-pub struct CompressConfig {
-    pub mode: CompressMode,
-    /// Memory all cache slots of a communicator may hold.
-    pub cache_bytes: usize,
-    /// Check a hash of every shard after decoding.
-    pub verify: bool,
-    /// Shards smaller than this go raw (latency-bound: nothing to win).
-    pub min_shard_bytes: usize,
-    /// Force one cache mode (`CIERA_CACHE_MODE=exp|full`); None: full-value caches while they
-    /// fit the budget, else exponent caches.
-    pub cache_mode: Option<CacheMode>,
-}
-
-pub const DEFAULT_CACHE_MB: usize = 4096;
-pub const DEFAULT_MIN_SHARD_BYTES: usize = 64 << 10;
-
-impl Default for CompressConfig {
-    fn default() -> Self {
-        CompressConfig {
-            mode: CompressMode::Auto,
-            cache_bytes: DEFAULT_CACHE_MB << 20,
-            verify: false,
-            min_shard_bytes: DEFAULT_MIN_SHARD_BYTES,
-            cache_mode: None,
-        }
-    }
-}
-
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-impl CompressConfig {
-    pub fn from_env() -> Result<CompressConfig> {
-        let mut c = CompressConfig::default();
-        if let Some(v) = env_var("CIERA_COMPRESS") {
-            c.mode = CompressMode::parse(&v).ok_or_else(|| {
-                Error::InvalidArgument(format!("CIERA_COMPRESS={v:?}: expected auto, on or off"))
-            })?;
-        }
-        if let Some(v) = env_var("CIERA_CACHE_MB") {
-            let mb: usize = v.trim().parse().map_err(|_| {
-                Error::InvalidArgument(format!("CIERA_CACHE_MB={v:?} is not a number of MiB"))
-            })?;
-            c.cache_bytes = mb << 20;
-        }
-        if let Some(v) = env_var("CIERA_VERIFY") {
-            c.verify = !matches!(v.trim(), "0" | "false" | "no" | "off");
-        }
-        if let Some(v) = env_var("CIERA_CACHE_MODE") {
-            c.cache_mode = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" => None,
-                "exp" | "exponent" => Some(CacheMode::Exponent),
-                "full" | "value" | "full-value" => Some(CacheMode::FullValue),
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "CIERA_CACHE_MODE={v:?}: expected auto, exp or full"
-                    )))
-                }
-            };
-        }
-        if let Some(v) = env_var("CIERA_COMPRESS_MIN_BYTES") {
-            c.min_shard_bytes = crate::cli::args::parse_size(&v).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "CIERA_COMPRESS_MIN_BYTES={v:?} is not a size (e.g. 64K)"
-                ))
-            })?;
-        }
-        Ok(c)
-    }
-}
-
-/// Which cached tensor a call is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SlotKey {
-    /// The caller's key, or one inferred from the call.
-    pub id: u64,
-    pub inferred: bool,
-    pub count: usize,
-    pub dtype: DType,
-}
-
-/// What happened to one group of slots (one tensor key) so far.
-#[derive(Clone, Debug, Default)]
-pub struct SlotStats {
-    pub calls: u64,
-    pub raw_calls: u64,
-    pub fill_calls: u64,
-    pub delta_calls: u64,
-    /// Bytes gathered by framed calls, and the frame bytes that carried them.
-    pub framed_raw_bytes: u64,
-    pub framed_wire_bytes: u64,
-    /// Ratio of the last delta call (raw bytes / frame bytes).
-    pub last_ratio: f64,
-    /// Delta frames that decoded against a warm cache / all frames received.
-    pub hits: u64,
-    pub frames: u64,
-    pub repairs: u64,
-}
-
-/// Communicator-wide statistics.
-#[derive(Clone, Debug, Default)]
-pub struct Stats {
-    pub calls: u64,
-    pub raw_calls: u64,
-    pub fill_calls: u64,
-    pub delta_calls: u64,
-    /// Logical bytes gathered (nranks x shard) by all calls, and the bytes that stood for them
-    /// on the wire (frames for framed calls, the values for raw calls), per gathered tensor.
-    pub raw_bytes: u64,
-    pub wire_bytes: u64,
-    pub encode_ns: u64,
-    pub decode_ns: u64,
-    /// Wall time of framed calls minus their codec time on this rank.
-    pub transfer_ns: u64,
-    pub repairs: u64,
-    pub cache_bytes: usize,
-    pub slots: usize,
-    pub evictions: u64,
-}
-
-impl Stats {
-    pub fn ratio(&self) -> f64 {
-        if self.wire_bytes == 0 {
-            1.0
-        } else {
-            self.raw_bytes as f64 / self.wire_bytes as f64
-        }
-    }
-}
+pub use config::{
+    cache_mb_to_bytes, CompressConfig, CompressMode, GatherOptions, DEFAULT_CACHE_MB,
+    DEFAULT_MIN_SHARD_BYTES,
+};
+pub use group_codec::FRAME_FORMAT;
+use group_codec::{GroupCodec, OwnEncoder};
+pub use stats::{CallKind, CallReport, SlotKey, SlotStats, Stats};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum GroupState {
@@ -233,8 +88,6 @@ pub struct Compressor {
     oversized: HashMap<SlotKey, ()>,
     clock: u64,
     stats: Stats,
-    /// The encoder worker's coding buffers, kept warm across calls.
-    encoder_scratch: CodecScratch,
 }
 
 const STATUS_FIXED_WORDS: usize = 5; // call ns, encode ns, decode ns, shard hash, raw probe ns
@@ -250,7 +103,6 @@ impl Compressor {
             oversized: HashMap::new(),
             clock: 0,
             stats: Stats::default(),
-            encoder_scratch: CodecScratch::default(),
         }
     }
 
@@ -305,33 +157,36 @@ impl Compressor {
         }
     }
 
-    /// Allgather with compression where it pays. `send` None = in place.
+    /// Allgather with compression where it pays (`opts` may override the mode and name the
+    /// tensor). `send` None = in place.
     pub fn all_gather(
         &mut self,
-        comm: &mut Communicator,
+        engine: &mut Engine,
         send: Option<&[u8]>,
         recv: &mut [u8],
         count: usize,
         dtype: DType,
-        key: Option<u64>,
-    ) -> Result<()> {
+        opts: &GatherOptions,
+    ) -> Result<CallReport> {
         self.clock += 1;
         self.stats.calls += 1;
-        let n = comm.size();
+        let n = engine.size();
+        let mode = opts.compress.unwrap_or(self.config.mode);
         let shard = count.saturating_mul(dtype.size());
-        let eligible = self.config.mode != CompressMode::Off
+        let eligible = mode != CompressMode::Off
             && dtype.is_compressible()
             && n > 1
             && count > 0
-            && (self.config.mode == CompressMode::On
+            && (mode == CompressMode::On
                 || (shard >= self.config.min_shard_bytes
-                    && comm.algo_for(count, dtype) == crate::algo::Algo::Ring));
-        let skey = Self::key_for(send, recv, count, dtype, key);
+                    && engine.algo_for(count, dtype) == crate::algo::Algo::Ring));
+        let skey = Self::key_for(send, recv, count, dtype, opts.key);
         if !eligible || self.oversized.contains_key(&skey) {
-            return self.raw(comm, send, recv, count, dtype);
+            return self.raw(engine, send, recv, count, dtype);
         }
-        if !self.groups.contains_key(&skey) && !self.admit(skey, n) {
-            return self.raw(comm, send, recv, count, dtype);
+        let cache_mode = opts.cache_mode.or(self.config.cache_mode);
+        if !self.groups.contains_key(&skey) && !self.admit(skey, n, cache_mode) {
+            return self.raw(engine, send, recv, count, dtype);
         }
         let clock = self.clock;
         let g = self.groups.get_mut(&skey).expect("admitted");
@@ -340,7 +195,7 @@ impl Compressor {
         if let GroupState::RawFor { until, backoff } = g.state {
             if g.stats.calls < until {
                 g.stats.raw_calls += 1;
-                return self.raw(comm, send, recv, count, dtype);
+                return self.raw(engine, send, recv, count, dtype);
             }
             g.backoff = backoff;
             g.state = GroupState::Cold;
@@ -350,47 +205,49 @@ impl Compressor {
         // Every rank makes the same choice (call counts); each rank's time travels in the next
         // compressed call's status record. A raw call between compressed ones is safe: no cache
         // changes on any side.
-        let probe = self.config.mode == CompressMode::Auto
+        let probe = mode == CompressMode::Auto
             && g.state == GroupState::Warm
             && g.pending_raw.is_none()
             && (g.raw_time.is_none() || g.stats.calls % RAW_PROBE_EVERY == 0);
         if probe {
             g.stats.raw_calls += 1;
             let t = Instant::now();
-            let r = self.raw(comm, send, recv, count, dtype);
+            let r = self.raw(engine, send, recv, count, dtype);
             let g = self.groups.get_mut(&skey).expect("admitted");
             g.pending_raw = Some(t.elapsed());
             return r;
         }
-        self.framed(comm, skey, send, recv, count, dtype)
+        self.framed(engine, skey, mode, send, recv, count, dtype)
     }
 
     fn raw(
         &mut self,
-        comm: &mut Communicator,
+        engine: &mut Engine,
         send: Option<&[u8]>,
         recv: &mut [u8],
         count: usize,
         dtype: DType,
-    ) -> Result<()> {
+    ) -> Result<CallReport> {
         self.stats.raw_calls += 1;
-        let bytes = (recv.len()) as u64;
+        let bytes = recv.len() as u64;
         self.stats.raw_bytes += bytes;
         self.stats.wire_bytes += bytes;
-        comm.all_gather_raw(send, recv, count, dtype)
+        engine.all_gather(send, recv, count, dtype)?;
+        Ok(CallReport::raw(bytes))
     }
 
     /// Make room for a new group within the budget: full-value caches if they fit, else
     /// exponent caches; least recently used groups are evicted (every rank makes the same
     /// choices: same calls, same sizes, same budget).
-    fn admit(&mut self, key: SlotKey, n: usize) -> bool {
-        let per = |mode: CacheMode| n * key.count * mode.bytes_per_element(key.dtype);
+    fn admit(&mut self, key: SlotKey, n: usize, cache_mode: Option<CacheMode>) -> bool {
+        let per = |mode: CacheMode| {
+            n.saturating_mul(key.count)
+                .saturating_mul(mode.bytes_per_element(key.dtype))
+        };
         let budget = self.config.cache_bytes;
-        let mode = if let Some(m) = self.config.cache_mode.filter(|&m| per(m) <= budget) {
+        let mode = if let Some(m) = cache_mode.filter(|&m| per(m) <= budget) {
             m
-        } else if self.config.cache_mode != Some(CacheMode::Exponent)
-            && per(CacheMode::FullValue) <= budget
-        {
+        } else if cache_mode != Some(CacheMode::Exponent) && per(CacheMode::FullValue) <= budget {
             CacheMode::FullValue
         } else if per(CacheMode::Exponent) <= budget {
             CacheMode::Exponent
@@ -434,17 +291,19 @@ impl Compressor {
         true
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn framed(
         &mut self,
-        comm: &mut Communicator,
+        engine: &mut Engine,
         key: SlotKey,
+        mode: CompressMode,
         send: Option<&[u8]>,
         recv: &mut [u8],
         count: usize,
         dtype: DType,
-    ) -> Result<()> {
-        let n = comm.size();
-        let me = comm.rank();
+    ) -> Result<CallReport> {
+        let n = engine.size();
+        let me = engine.rank();
         let shard_bytes = count * dtype.size();
         let verify = self.config.verify;
         let own_hash = if verify {
@@ -456,7 +315,6 @@ impl Compressor {
         } else {
             0
         };
-        let scratch = &mut self.encoder_scratch;
         let g = self.groups.get_mut(&key).expect("group exists");
         let filling = g.state == GroupState::Cold;
         if filling {
@@ -465,55 +323,26 @@ impl Compressor {
             }
         }
         let t0 = Instant::now();
-        // Compress once, at the source, on a worker thread: it encodes this rank's chunks in
-        // order while the executor sends the ones already made and decodes what arrives.
-        let chunk_elems = (comm.config().chunk_bytes / dtype.size()).max(1);
-        let own_copy;
-        let own: &[u8] = match send {
-            Some(s) => s,
-            None => {
-                own_copy = recv[me * shard_bytes..(me + 1) * shard_bytes].to_vec();
-                &own_copy
-            }
-        };
+        // Compress once, at the source: the engine's encoder worker encodes this rank's chunks
+        // against its own slot while the executor sends the frames already made and decodes
+        // what arrives into the other slots.
         let (before, rest) = g.slots.split_at_mut(me);
         let (own_slot, after) = rest.split_first_mut().expect("own slot");
-        let (r, codec, enc) = std::thread::scope(|sc| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let worker = sc.spawn(move || {
-                scratch.lend(|| {
-                    let t = Instant::now();
-                    let es = dtype.size();
-                    let mut start = 0;
-                    while start < count {
-                        let end = (start + chunk_elems).min(count);
-                        let mut out = Vec::with_capacity((end - start) * es + frame::HEADER_LEN);
-                        let r = own_slot
-                            .chunk(start..end)
-                            .encode(&own[start * es..end * es], &mut out);
-                        if tx.send(r.map(|info| (out, info))).is_err() {
-                            break;
-                        }
-                        start = end;
-                    }
-                    t.elapsed().as_nanos() as u64
-                })
-            });
-            let mut codec = GroupCodec::new(before, after, me, rx);
-            let r = comm.all_gather_framed(send, recv, count, dtype, &mut codec);
-            drop(codec.own_frames.take());
-            let enc = worker.join().unwrap_or(0);
-            (r, codec, enc)
-        });
+        let mut encoder = OwnEncoder {
+            slot: own_slot,
+            infos: Vec::new(),
+            encode_ns: 0,
+        };
+        let mut codec = GroupCodec::new(before, after, me);
+        let r = engine.all_gather_framed(send, recv, count, dtype, &mut encoder, &mut codec);
         let elapsed = t0.elapsed();
+        let (own_infos, encode_ns) = (encoder.infos, encoder.encode_ns);
         let GroupCodec {
             mut infos,
             failures,
             decode_ns,
-            own_infos,
             ..
         } = codec;
-        let encode_ns = enc;
         infos[me] = own_infos;
         if let Err(e) = r {
             // The transfer failed (a peer died, an abort): caches are half-updated everywhere.
@@ -544,25 +373,23 @@ impl Compressor {
         mine[3] = own_hash;
         mine[4] = g.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
         let mut all = vec![0u8; n * words * 8];
-        let collect_status = |mine: &Vec<u64>,
-                              all: &mut Vec<u8>,
-                              comm: &mut Communicator|
-         -> Result<Vec<Vec<u64>>> {
-            let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
-            comm.all_gather(&bytes, all, words * 8, DType::U8)?;
-            Ok(all
-                .chunks(words * 8)
-                .map(|r| {
-                    r.chunks(8)
-                        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-                        .collect()
-                })
-                .collect())
-        };
+        let collect_status =
+            |mine: &Vec<u64>, all: &mut Vec<u8>, engine: &mut Engine| -> Result<Vec<Vec<u64>>> {
+                let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
+                engine.all_gather(Some(&bytes), all, words * 8, DType::U8)?;
+                Ok(all
+                    .chunks(words * 8)
+                    .map(|r| {
+                        r.chunks(8)
+                            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                            .collect()
+                    })
+                    .collect())
+            };
         if verify {
             // Hashes must be known before this rank can report a mismatch, so verification
             // takes a first exchange of the hashes alone when it is on.
-            let status = collect_status(&mine, &mut all, comm)?;
+            let status = collect_status(&mine, &mut all, engine)?;
             for src in 0..n {
                 if src != me && failed[src].is_none() {
                     let got = checksum::sh64(&recv[src * shard_bytes..(src + 1) * shard_bytes]);
@@ -581,7 +408,7 @@ impl Compressor {
             }
         }
         let t_status = Instant::now();
-        let status = collect_status(&mine, &mut all, comm)?;
+        let status = collect_status(&mine, &mut all, engine)?;
         let status_time = t_status.elapsed();
         let slowest = Duration::from_nanos(status.iter().map(|s| s[0]).max().unwrap_or(0));
         let probe = status.iter().map(|s| s[4]).max().unwrap_or(0);
@@ -621,6 +448,16 @@ impl Compressor {
             g.stats.delta_calls += 1;
             g.stats.last_ratio = raw as f64 / wire.max(1) as f64;
         }
+        let report = |repaired| CallReport {
+            kind: if filling {
+                CallKind::Fill
+            } else {
+                CallKind::Delta
+            },
+            repaired,
+            raw_bytes: raw,
+            wire_bytes: wire,
+        };
         tracing::info!(
             slot = key.id,
             count = key.count,
@@ -654,13 +491,14 @@ impl Compressor {
             g.state = GroupState::Cold;
             // Redo raw: the own shard is intact (send buffer, or recv's own block, which no
             // decoder writes), so the result is exact on every rank.
-            return comm.all_gather_raw(send, recv, count, dtype);
+            engine.all_gather(send, recv, count, dtype)?;
+            return Ok(report(true));
         }
         // Decide what the next call on this group does, from agreed values only.
         if filling {
             g.slow_streak = 0;
             g.state = GroupState::Warm;
-        } else if self.config.mode == CompressMode::Auto {
+        } else if mode == CompressMode::Auto {
             if let Some(base) = g.raw_time {
                 if slowest.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     g.slow_streak += 1;
@@ -686,127 +524,10 @@ impl Compressor {
                 }
             }
         }
-        Ok(())
+        Ok(report(false))
     }
 }
 
 fn infos_wire(infos: &[Vec<FrameInfo>]) -> u64 {
     infos.iter().flatten().map(|i| i.frame_bytes as u64).sum()
-}
-
-type OwnFrame = Result<(Vec<u8>, FrameInfo)>;
-
-/// The frame codec of one call: the receivers' slots of the other ranks, and the frames of
-/// this rank's chunks as the encoder thread makes them (in chunk order).
-struct GroupCodec<'a> {
-    /// Slots of sources `0..me` and `me+1..n`.
-    before: &'a mut [CacheSlot],
-    after: &'a mut [CacheSlot],
-    me: usize,
-    own_frames: Option<std::sync::mpsc::Receiver<OwnFrame>>,
-    parked: HashMap<usize, (Vec<u8>, FrameInfo)>,
-    own_infos: Vec<FrameInfo>,
-    infos: Vec<Vec<FrameInfo>>,
-    failures: Vec<Option<Error>>,
-    decode_ns: u64,
-}
-
-impl<'a> GroupCodec<'a> {
-    fn new(
-        before: &'a mut [CacheSlot],
-        after: &'a mut [CacheSlot],
-        me: usize,
-        own_frames: std::sync::mpsc::Receiver<OwnFrame>,
-    ) -> GroupCodec<'a> {
-        let n = before.len() + after.len() + 1;
-        GroupCodec {
-            before,
-            after,
-            me,
-            own_frames: Some(own_frames),
-            parked: HashMap::new(),
-            own_infos: Vec::new(),
-            infos: vec![Vec::new(); n],
-            failures: (0..n).map(|_| None).collect(),
-            decode_ns: 0,
-        }
-    }
-
-    fn slot(&mut self, src: usize) -> &mut CacheSlot {
-        if src < self.me {
-            &mut self.before[src]
-        } else {
-            &mut self.after[src - self.me - 1]
-        }
-    }
-}
-
-/// Frame format code in message headers for CIERA frames (docs/WIRE.md).
-pub const FRAME_FORMAT: u8 = 1;
-
-impl FrameCodec for GroupCodec<'_> {
-    fn format(&self) -> u8 {
-        FRAME_FORMAT
-    }
-
-    fn max_frame_len(&self, raw_len: usize) -> usize {
-        raw_len + frame::HEADER_LEN
-    }
-
-    fn encode(&mut self, chunk: &ChunkRef, _raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
-        // The encoder thread made this chunk already (or is making it), in chunk order; an
-        // algorithm that asks out of order gets the ones made meanwhile parked.
-        let (mut frame, info) = loop {
-            if let Some(f) = self.parked.remove(&chunk.elems.start) {
-                break f;
-            }
-            let rx = self.own_frames.as_ref().ok_or_else(|| Error::SlotState {
-                detail: "encoder finished".into(),
-            })?;
-            let (frame, info) = rx.recv().map_err(|_| Error::SlotState {
-                detail: format!("encoder thread ended before chunk {}", chunk.chunk),
-            })??;
-            if info.offset == chunk.elems.start {
-                break (frame, info);
-            }
-            self.parked.insert(info.offset, (frame, info));
-        };
-        if info.count != chunk.elems.len() {
-            return Err(Error::LengthMismatch {
-                what: "encoded chunk elements",
-                expected: chunk.elems.len(),
-                found: info.count,
-            });
-        }
-        std::mem::swap(out, &mut frame);
-        self.own_infos.push(info);
-        Ok(())
-    }
-
-    fn decode(&mut self, chunk: &ChunkRef, bytes: &[u8], out: &mut [u8]) -> Result<()> {
-        // A frame that does not decode is not fatal to the communicator: it is recorded,
-        // exchanged and repaired after the call (module docs). Later frames of the same source
-        // are skipped.
-        let src = chunk.src;
-        if src >= self.failures.len() || src == self.me || self.failures[src].is_some() {
-            return Ok(());
-        }
-        let t = Instant::now();
-        let r = frame::parse(bytes).and_then(|f| {
-            if f.offset != chunk.elems.start || f.count != chunk.elems.len() {
-                return Err(Error::LengthMismatch {
-                    what: "frame element range start",
-                    expected: chunk.elems.start,
-                    found: f.offset,
-                });
-            }
-            self.slot(src).chunk(chunk.elems.clone()).decode(&f, out)
-        });
-        match r {
-            Ok(info) => self.infos[src].push(info),
-            Err(e) => self.failures[src] = Some(e),
-        }
-        self.decode_ns += t.elapsed().as_nanos() as u64;
-        Ok(())
-    }
 }

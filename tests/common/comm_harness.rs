@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use ciera::algo::{Algo, AlgoChoice};
-use ciera::comm::{ChunkRef, Communicator, Config, FrameCodec, UniqueId};
+use ciera::comm::{ChunkRef, Communicator, Config, FrameCodec, FrameEncoder, UniqueId};
 use ciera::{DType, Error, Result};
 use ciera_transport::SingleCopy;
 
@@ -293,9 +293,25 @@ pub fn role_matrix(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
 
 /// A toy frame codec with frames of data-dependent length: a 4-byte length, the bytes XORed
 /// with the source rank, and (chunk + src) % 11 bytes of padding. Decode checks everything.
-pub struct ToyCodec {
+pub struct ToyEncoder {
     pub rank: usize,
     pub encoded: usize,
+}
+
+impl FrameEncoder for ToyEncoder {
+    fn encode(&mut self, c: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        assert_eq!(c.src, self.rank);
+        assert_eq!(raw.len(), c.elems.len() * c.dtype.size());
+        out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+        out.extend(raw.iter().map(|b| b ^ (c.src as u8 + 1)));
+        out.extend(std::iter::repeat(0xAB).take((c.chunk + c.src) % 11));
+        self.encoded += 1;
+        Ok(())
+    }
+}
+
+/// The decoding side of the toy codec.
+pub struct ToyCodec {
     pub decoded: usize,
 }
 
@@ -306,22 +322,8 @@ impl FrameCodec for ToyCodec {
     fn max_frame_len(&self, raw_len: usize) -> usize {
         raw_len + 4 + 10
     }
-    fn encode(&mut self, c: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
-        assert_eq!(c.src, self.rank);
-        assert_eq!(raw.len(), c.elems.len() * c.dtype.size());
-        out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
-        out.extend(raw.iter().map(|b| b ^ (c.src as u8 + 1)));
-        out.extend(std::iter::repeat(0xAB).take((c.chunk + c.src) % 11));
-        self.encoded += 1;
-        Ok(())
-    }
     fn decode(&mut self, c: &ChunkRef, frame: &[u8], out: &mut [u8]) -> Result<()> {
-        let bad = |d: String| {
-            Err(Error::CorruptFrame {
-                what: "toy frame",
-                detail: d,
-            })
-        };
+        let bad = |d: String| Err(Error::InvalidArgument(format!("toy frame: {d}")));
         if frame.len() < 4 {
             return bad(format!("{} bytes", frame.len()));
         }
@@ -349,11 +351,8 @@ pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
         let (algo, chunk) = (config.algo, config.chunk_bytes);
         let mut comm = comm_for(config).expect("communicator");
         let (rank, n) = (comm.rank(), comm.size());
-        let mut codec = ToyCodec {
-            rank,
-            encoded: 0,
-            decoded: 0,
-        };
+        let mut encoder = ToyEncoder { rank, encoded: 0 };
+        let mut codec = ToyCodec { decoded: 0 };
         for &count in &[0usize, 7, 1000, 300_001] {
             for in_place in [false, true] {
                 call += 1;
@@ -368,9 +367,16 @@ pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
                 );
                 let r = if in_place {
                     recv[rank * block..(rank + 1) * block].copy_from_slice(&send);
-                    comm.all_gather_framed(None, &mut recv, count, dtype, &mut codec)
+                    comm.all_gather_framed(None, &mut recv, count, dtype, &mut encoder, &mut codec)
                 } else {
-                    comm.all_gather_framed(Some(&send), &mut recv, count, dtype, &mut codec)
+                    comm.all_gather_framed(
+                        Some(&send),
+                        &mut recv,
+                        count,
+                        dtype,
+                        &mut encoder,
+                        &mut codec,
+                    )
                 };
                 r.unwrap_or_else(|e| panic!("{ctx}: {e}"));
                 check_bytes(&recv, &want, &ctx);
@@ -378,7 +384,7 @@ pub fn role_framed(comm_for: &mut dyn FnMut(Config) -> Result<Communicator>) {
         }
         if n > 1 {
             assert!(
-                codec.encoded > 0 && codec.decoded > 0,
+                encoder.encoded > 0 && codec.decoded > 0,
                 "the codec was not used"
             );
         }

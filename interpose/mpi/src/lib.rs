@@ -41,10 +41,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use ciera::capi::cuda::{self, MemoryKind};
-use ciera::capi::{gather_buffers, shared_mem, Failure, LiveComm};
-use ciera::comm::{Config, UniqueId};
-use ciera::compress::CompressConfig;
+use ciera::capi::{gather_buffers, shared_mem, Failure};
+use ciera::comm::UniqueId;
+use ciera::gpu::driver as cuda;
+use ciera::mem::Location;
 use ciera::DType;
 
 /// One line to stderr in a single write, so lines from ranks sharing a terminal or a pipe do
@@ -260,7 +260,7 @@ fn mpi() -> &'static Result<Mpi, String> {
     MPI.get_or_init(load)
 }
 
-use ciera::capi::interpose::{disabled, env_flag};
+use ciera::capi::interpose::{disabled, env_flag, Twin};
 
 /// Prints `msg` to stderr the first time a given `reason` comes up in this process.
 fn log_once(reason: &'static str, msg: impl FnOnce() -> String) {
@@ -268,11 +268,6 @@ fn log_once(reason: &'static str, msg: impl FnOnce() -> String) {
 }
 
 // ---- per-communicator twins ------------------------------------------------------------------
-
-enum Twin {
-    Serving(Arc<LiveComm>),
-    PassThrough(String),
-}
 
 /// What the attribute on an MPI communicator points to (a leaked `Arc`, reclaimed by the
 /// attribute's delete callback).
@@ -424,14 +419,7 @@ fn bootstrap(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Twin {
     {
         return Twin::PassThrough("PMPI_Bcast of the unique id failed".into());
     }
-    let joined = UniqueId::from_bytes(&id)
-        .map_err(|e| e.to_string())
-        .and_then(|id| {
-            let config = Config::from_env().map_err(|e| e.to_string())?;
-            let compress = CompressConfig::from_env().map_err(|e| e.to_string())?;
-            LiveComm::init_rank(&id, size as usize, rank as usize, config, compress)
-                .map_err(|f| f.message)
-        });
+    let joined = ciera::capi::interpose::join(&id, size as usize, rank as usize);
     let ok = [joined.is_ok() as u8];
     let mut all = vec![0u8; size as usize];
     // SAFETY: one byte from each rank into `size` bytes.
@@ -581,7 +569,7 @@ fn all_gather(c: Call) -> c_int {
         },
         c.recv as *const c_void,
     ] {
-        if cuda::classify(p) != MemoryKind::Host {
+        if cuda::classify(p) != Location::Host {
             log_once("device", || {
                 "device or managed buffers go to MPI (CUDA-aware MPI handles them)".into()
             });
@@ -618,7 +606,7 @@ fn all_gather(c: Call) -> c_int {
         Ok(()) => MPI_SUCCESS,
         Err(Failure { code, message }) => {
             say!("ciera-mpi: rank {rank}: MPI_Allgather: {message}");
-            let err = if code == ciera::error::ResultCode::InvalidArgument {
+            let err = if code == ciera::capi::ResultCode::InvalidArgument {
                 MPI_ERR_ARG
             } else {
                 MPI_ERR_OTHER

@@ -37,11 +37,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use ciera::capi::cuda::{self, MemoryKind, PinnedHost};
-use ciera::capi::{gather_buffers, Failure, LiveComm};
-use ciera::comm::{Config, UniqueId};
-use ciera::compress::CompressConfig;
-use ciera::error::ResultCode;
+use ciera::capi::ResultCode;
+use ciera::capi::{gather_buffers, Failure};
+use ciera::comm::UniqueId;
+use ciera::gpu::driver::{self as cuda, PinnedHost};
+use ciera::mem::Location;
 use ciera::DType;
 
 /// One line to stderr in a single write, so lines from ranks sharing a terminal or a pipe do
@@ -110,19 +110,11 @@ fn real() -> &'static Real {
     })
 }
 
-use ciera::capi::interpose::{disabled, env_flag};
+use ciera::capi::interpose::{disabled, env_flag, Twin};
 
 /// Prints `msg` to stderr the first time a given `reason` comes up in this process.
 fn log_once(reason: &'static str, msg: impl FnOnce() -> String) {
     ciera::capi::interpose::log_once("ciera-nccl", reason, msg)
-}
-
-/// What we know about one real NCCL communicator.
-enum Twin {
-    /// The CIERA communicator serving it.
-    Serving(Arc<LiveComm>),
-    /// CIERA could not come up on every rank: all calls go to NCCL.
-    PassThrough(String),
 }
 
 struct CommSlot {
@@ -234,13 +226,7 @@ fn bootstrap(comm: NcclComm, rank: c_int, size: c_int, stream: *mut c_void) -> T
     }
     let mut id = [0u8; 128];
     id.copy_from_slice(&buf.bytes()[..id_bytes]);
-    let joined = UniqueId::from_bytes(&id)
-        .map_err(|e| e.to_string())
-        .and_then(|id| {
-            let config = Config::from_env().map_err(|e| e.to_string())?;
-            let compress = CompressConfig::from_env().map_err(|e| e.to_string())?;
-            LiveComm::init_rank(&id, nranks, me, config, compress).map_err(|f| f.message)
-        });
+    let joined = ciera::capi::interpose::join(&id, nranks, me);
     // Agree: every rank says whether it joined; CIERA serves only if all did.
     let agree = id_bytes;
     buf.bytes()[agree + me] = joined.is_ok() as u8;
@@ -369,8 +355,8 @@ fn all_gather_entry(
     }
     for p in [send, recv as *const c_void] {
         match cuda::classify(p) {
-            MemoryKind::Host => {}
-            MemoryKind::Device => {
+            Location::Host => {}
+            Location::Device => {
                 return early_pass(
                     "device",
                     format!(
@@ -378,7 +364,7 @@ fn all_gather_entry(
                 ),
                 )
             }
-            MemoryKind::Unknown => {
+            Location::Unknown => {
                 return early_pass(
                     "unknown",
                     format!("the CUDA driver could not classify buffer {p:p}"),

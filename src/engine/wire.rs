@@ -38,9 +38,9 @@
 //! Segments are cut by the sender (up to [`MAX_SEGMENT`]), so forwarding can start before the
 //! whole chunk has arrived.
 
-use ciera_transport::SharedRegion;
-
 use crate::algo::{Algo, Unit};
+use crate::coded_enum::coded_enum;
+use crate::mem::{PeerRegion, PeerSpan, SharedRegion};
 use crate::DType;
 
 pub const MSG_HEADER_LEN: usize = 40;
@@ -58,12 +58,13 @@ pub const MAX_SEGMENT: usize = 1 << 20;
 /// Longest abort-notice text a receiver accepts.
 pub const MAX_NOTICE: usize = 4096;
 
-/// Which collective a message belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Op {
-    AllGather = 1,
-    Barrier = 2,
+coded_enum! {
+    #[repr(u8)]
+    /// Which collective a message belongs to.
+    pub enum Op {
+        AllGather = 1,
+        Barrier = 2,
+    }
 }
 
 impl Op {
@@ -180,11 +181,9 @@ impl MsgHeader {
     /// How this header's call differs from `mine`, in words; None when it is the same call.
     pub fn mismatch(&self, mine: &CallSig) -> Option<String> {
         let theirs_sig = || {
-            let op = match self.op {
-                1 => "all_gather".to_string(),
-                2 => "barrier".to_string(),
-                o => format!("op {o}"),
-            };
+            let op = Op::from_code(self.op)
+                .map(|o| o.name().to_string())
+                .unwrap_or_else(|| format!("op {}", self.op));
             let dtype = DType::from_code(self.dtype)
                 .map(|d| d.to_string())
                 .unwrap_or_else(|| format!("dtype code {}", self.dtype));
@@ -231,14 +230,15 @@ pub fn segment_header(len: usize) -> [u8; SHORT_HEADER_LEN] {
     b
 }
 
-/// A reference segment header: `len` bytes at `addr` in the sender's memory, inside its
-/// shared buffer `region` if any.
-pub fn ref_header(len: usize, addr: u64, region: Option<SharedRegion>) -> [u8; REF_HEADER_LEN] {
+/// A reference segment header: `len` bytes at `span` in the sender's memory (bytes 16..40 name
+/// its shared buffer, zero for [`PeerRegion::Process`]). Byte 1 stays 0: the kind of region
+/// for the kinds to come (device memory handles, RDMA keys), 0 being host memory.
+pub fn ref_header(len: usize, span: PeerSpan) -> [u8; REF_HEADER_LEN] {
     let mut b = [0u8; REF_HEADER_LEN];
     b[0] = TAG_REF;
     b[4..8].copy_from_slice(&(len as u32).to_le_bytes());
-    b[8..16].copy_from_slice(&addr.to_le_bytes());
-    if let Some(r) = region {
+    b[8..16].copy_from_slice(&span.addr.to_le_bytes());
+    if let PeerRegion::Shared(r) = span.region {
         b[16..24].copy_from_slice(&r.id.to_le_bytes());
         b[24..32].copy_from_slice(&r.base.to_le_bytes());
         b[32..36].copy_from_slice(&r.fd.to_le_bytes());
@@ -246,34 +246,20 @@ pub fn ref_header(len: usize, addr: u64, region: Option<SharedRegion>) -> [u8; R
     b
 }
 
-/// Where a reference segment's bytes are in its sender: an address, inside one of its
-/// shared buffers or not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RefSrc {
-    pub addr: u64,
-    pub region: Option<SharedRegion>,
-}
-
-impl RefSrc {
-    /// The same source `n` bytes further on.
-    pub fn advanced(self, n: usize) -> RefSrc {
-        RefSrc {
-            addr: self.addr + n as u64,
-            ..self
-        }
-    }
-}
-
-/// The address and shared-buffer fields of a reference segment header.
-pub fn ref_src(b: &[u8]) -> RefSrc {
+/// Where a reference segment's bytes are in its sender (the header's bytes 8..40).
+pub fn ref_span(b: &[u8]) -> PeerSpan {
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
     let id = u64_at(16);
-    let region = (id != 0).then(|| SharedRegion {
-        id,
-        base: u64_at(24),
-        fd: u32::from_le_bytes(b[32..36].try_into().unwrap()),
-    });
-    RefSrc {
+    let region = if id == 0 {
+        PeerRegion::Process
+    } else {
+        PeerRegion::Shared(SharedRegion {
+            id,
+            base: u64_at(24),
+            fd: u32::from_le_bytes(b[32..36].try_into().unwrap()),
+        })
+    };
+    PeerSpan {
         addr: u64_at(8),
         region,
     }
@@ -284,26 +270,16 @@ pub fn short_len(b: &[u8]) -> usize {
     u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize
 }
 
-/// Why a rank gave up, as carried by an abort notice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum AbortReason {
-    CallMismatch = 1,
-    PeerFailed = 2,
-    Aborted = 3,
-    Timeout = 4,
-    Other = 5,
-}
-
-impl AbortReason {
-    pub fn from_code(c: u8) -> AbortReason {
-        match c {
-            1 => AbortReason::CallMismatch,
-            2 => AbortReason::PeerFailed,
-            3 => AbortReason::Aborted,
-            4 => AbortReason::Timeout,
-            _ => AbortReason::Other,
-        }
+coded_enum! {
+    #[repr(u8)]
+    /// Why a rank gave up, as carried by an abort notice (an unknown number reads as
+    /// [`AbortReason::Other`]).
+    pub enum AbortReason {
+        CallMismatch = 1,
+        PeerFailed = 2,
+        Aborted = 3,
+        Timeout = 4,
+        Other = 5,
     }
 }
 
@@ -379,30 +355,29 @@ mod tests {
 
     #[test]
     fn ref_header_round_trips() {
-        let b = ref_header(123_456, 0x7fff_dead_beef, None);
+        let span = PeerSpan {
+            addr: 0x7fff_dead_beef,
+            region: PeerRegion::Process,
+        };
+        let b = ref_header(123_456, span);
         assert_eq!(b[0], TAG_REF);
+        assert_eq!(b[1..4], [0, 0, 0]);
+        assert_eq!(b[16..40], [0u8; 24]);
         assert_eq!(short_len(&b), 123_456);
-        assert_eq!(
-            ref_src(&b),
-            RefSrc {
-                addr: 0x7fff_dead_beef,
-                region: None
-            }
-        );
+        assert_eq!(ref_span(&b), span);
         let r = SharedRegion {
             id: 0x1234_5678_9abc,
             base: 0x7fff_0000_1000,
             fd: 0xdead_beef,
         };
-        let b = ref_header(1, 0x7fff_0000_2000, Some(r));
+        let span = PeerSpan {
+            addr: 0x7fff_0000_2000,
+            region: PeerRegion::Shared(r),
+        };
+        let b = ref_header(1, span);
         assert_eq!(short_len(&b), 1);
-        assert_eq!(
-            ref_src(&b),
-            RefSrc {
-                addr: 0x7fff_0000_2000,
-                region: Some(r)
-            }
-        );
+        assert_eq!(b[16..24], 0x1234_5678_9abcu64.to_le_bytes());
+        assert_eq!(ref_span(&b), span);
     }
 
     #[test]

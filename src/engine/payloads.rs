@@ -1,92 +1,38 @@
 //! Where a call's bytes live, kept apart from the schedule (what moves where) and the executor
-//! (how it moves). The executor only asks a [`Payloads`] for "the bytes of unit u" and "where
-//! the incoming bytes of unit u go".
+//! (how it moves). The executor only asks a [`Payloads`] for "the bytes of unit u", "where the
+//! incoming bytes of unit u go" and "can a peer read these bytes itself".
 //!
 //! - [`RawPayloads`]: the payload of a unit *is* its slice of the user's buffers. Own chunks are
 //!   sent straight from the send buffer, received chunks land at their final place in the recv
 //!   buffer and are forwarded from there: no staging copy.
-//! - [`FramedPayloads`]: the hook for a codec. This rank's chunks are encoded on demand into
-//!   frames owned here (their length is known only once made); received frames are kept here
-//!   whole, forwarded unchanged (cut-through, as they arrive), and handed to the decoder, which
-//!   writes the chunk into the recv buffer, once complete.
+//! - [`FramedPayloads`]: the hook for a codec. This rank's chunks are encoded, in order, by the
+//!   engine's encoder worker into frames (their length is known only once made); received
+//!   frames are kept here whole, forwarded unchanged (cut-through, as they arrive), and handed
+//!   to the decoder, which writes the chunk into the recv buffer, once complete.
+//!
+//! Both hold host memory. A device implementation (frames and buffers in GPU memory, staged or
+//! moved by a device link) is a third implementation of the same trait: the schedules, the
+//! executor and the wire format stay as they are.
 
 use std::ops::Range;
+use std::sync::mpsc::Receiver;
 
 use ciera_transport::copy::{copy_fast, copy_streaming};
-use ciera_transport::shared_region_of;
 
+use super::layout::Layout;
 use crate::algo::Unit;
 use crate::error::{Error, Result};
+use crate::mem::{Location, PeerSpan};
 use crate::DType;
-
-/// Geometry of one call: elements per rank, chunking, element size.
-#[derive(Clone, Copy, Debug)]
-pub struct Layout {
-    pub rank: usize,
-    pub nranks: usize,
-    pub count: usize,
-    pub elem_size: usize,
-    /// Elements per chunk (the last chunk of a block may be shorter; >= 1).
-    pub chunk_elems: usize,
-    pub nchunks: usize,
-}
-
-impl Layout {
-    pub fn new(
-        rank: usize,
-        nranks: usize,
-        count: usize,
-        dtype: DType,
-        chunk_bytes: usize,
-    ) -> Layout {
-        let elem_size = dtype.size();
-        let chunk_elems = (chunk_bytes / elem_size).max(1);
-        // A zero-count call still exchanges one empty chunk per block: the headers check that
-        // every rank made the same call.
-        let nchunks = count.div_ceil(chunk_elems).max(1);
-        Layout {
-            rank,
-            nranks,
-            count,
-            elem_size,
-            chunk_elems,
-            nchunks,
-        }
-    }
-
-    pub fn block_bytes(&self) -> usize {
-        self.count * self.elem_size
-    }
-
-    /// Element range of chunk `chunk` within its block.
-    pub fn chunk_elems(&self, chunk: usize) -> Range<usize> {
-        let start = (chunk * self.chunk_elems).min(self.count);
-        let end = ((chunk + 1) * self.chunk_elems).min(self.count);
-        start..end
-    }
-
-    /// Byte range of chunk `chunk` of a block, relative to the block.
-    pub fn chunk_range(&self, chunk: usize) -> Range<usize> {
-        let e = self.chunk_elems(chunk);
-        e.start * self.elem_size..e.end * self.elem_size
-    }
-
-    /// Byte range of `unit` in the recv buffer.
-    pub fn recv_range(&self, unit: Unit) -> Range<usize> {
-        let base = unit.src as usize * self.block_bytes();
-        let r = self.chunk_range(unit.chunk as usize);
-        base + r.start..base + r.end
-    }
-
-    pub fn unit_index(&self, unit: Unit) -> usize {
-        unit.src as usize * self.nchunks + unit.chunk as usize
-    }
-}
 
 /// What the executor needs from wherever the bytes live.
 pub trait Payloads {
     /// Payload format code put in message headers (0 = raw).
     fn format(&self) -> u8;
+    /// Where the payload bytes live; the host executor moves host memory only.
+    fn location(&self) -> Location {
+        Location::Host
+    }
     /// Whether this rank's own units are ready without [`Payloads::produce`] (raw bytes).
     fn own_ready(&self) -> bool;
     /// Make this rank's payload for `chunk` (encode it); returns its length.
@@ -112,13 +58,19 @@ pub trait Payloads {
     /// Copy into the output with non-temporal stores (`ciera_transport::copy`): the call's
     /// output is bigger than the caches. Set before the call runs.
     fn set_streaming(&mut self, _on: bool) {}
-    /// Whether `bytes(unit)` stays at one address, unchanged, until the call returns, so a
-    /// same-host peer may copy it straight out of this process (single-copy shm path).
-    fn stable_bytes(&self) -> bool {
+    /// Whether a same-host peer may read the payload bytes itself: only memory that stays at
+    /// one address, unchanged, until the call returns (the user's buffers; not frames, whose
+    /// vectors the engine reuses).
+    fn peer_readable(&self) -> bool {
         false
     }
+    /// Where a same-host peer can read bytes `[at, at + len)` of `unit` itself, if it may
+    /// ([`Payloads::peer_readable`]), named as a reference segment will name it.
+    fn peer_span(&self, _unit: Unit, _at: usize, _len: usize) -> Option<PeerSpan> {
+        None
+    }
     /// Whether some of the bytes this call sends lie in a shared buffer
-    /// ([`crate::SharedBuffer`]): those go by reference whatever the chooser says.
+    /// ([`crate::mem::SharedBuffer`]): those go by reference whatever the chooser says.
     fn uses_shared_buffers(&self) -> bool {
         false
     }
@@ -185,12 +137,15 @@ impl<'a> RawPayloads<'a> {
 }
 
 impl Payloads for RawPayloads<'_> {
-    fn stable_bytes(&self) -> bool {
+    fn peer_readable(&self) -> bool {
         // User buffers: the caller may not touch them until the call returns.
         true
     }
+    fn peer_span(&self, unit: Unit, at: usize, len: usize) -> Option<PeerSpan> {
+        Some(PeerSpan::of_host(&self.bytes(unit)[at..at + len]))
+    }
     fn uses_shared_buffers(&self) -> bool {
-        let shared = |b: &[u8]| shared_region_of(b.as_ptr() as u64, b.len()).is_some();
+        let shared = |b: &[u8]| PeerSpan::of_host(b).is_shared();
         self.send.is_some_and(shared) || shared(self.recv)
     }
     fn format(&self) -> u8 {
@@ -267,13 +222,31 @@ pub struct ChunkRef {
     pub dtype: DType,
 }
 
-/// A frame codec fused into the allgather pipeline (the hook for compression).
+impl ChunkRef {
+    pub fn new(layout: &Layout, dtype: DType, unit: Unit) -> ChunkRef {
+        ChunkRef {
+            src: unit.src as usize,
+            chunk: unit.chunk as usize,
+            elems: layout.chunk_elems(unit.chunk as usize),
+            dtype,
+        }
+    }
+}
+
+/// The encoding half of a codec fused into the allgather pipeline (the hook for compression).
+/// The engine runs it on its encoder worker thread, which encodes this rank's chunks in order
+/// while the executor sends the frames already made (compress once, at the source).
+pub trait FrameEncoder: Send {
+    /// Encode `raw` (this rank's chunk `chunk.chunk`) into `out` (empty on entry). The frame
+    /// may be any length; it travels in the message header.
+    fn encode(&mut self, chunk: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()>;
+}
+
+/// The decoding half: what the executor asks of a codec on the receiving side.
 ///
-/// The executor calls [`FrameCodec::encode`] for each of this rank's chunks when it is about
-/// to send it (the frame may be any length; the length travels in the message header), and
-/// [`FrameCodec::decode`] for every other rank's chunk once its frame has arrived in full. The
-/// same frame bytes are forwarded, unchanged, to the next rank of the schedule, so a codec
-/// must make frames every receiver can decode (e.g. against state all ranks share).
+/// [`FrameCodec::decode`] is called for every other rank's chunk once its frame has arrived in
+/// full. The same frame bytes are forwarded, unchanged, to the next rank of the schedule, so a
+/// codec must make frames every receiver can decode (e.g. against state all ranks share).
 pub trait FrameCodec {
     /// Nonzero code naming the frame format; goes in every message header, so ranks running
     /// different codecs (or one raw) fail with `CallMismatch`.
@@ -281,14 +254,16 @@ pub trait FrameCodec {
     /// Longest frame the codec can make for `raw_len` bytes; longer announced frames are
     /// refused before any memory is reserved for them.
     fn max_frame_len(&self, raw_len: usize) -> usize;
-    /// Encode `raw` (this rank's chunk `chunk.chunk`) into `out` (empty on entry).
-    fn encode(&mut self, chunk: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()>;
     /// Decode `frame` (chunk `chunk.chunk` of rank `chunk.src`) into `out`, which is exactly
     /// that chunk's bytes in the recv buffer.
     fn decode(&mut self, chunk: &ChunkRef, frame: &[u8], out: &mut [u8]) -> Result<()>;
 }
 
-/// Codec allgather: frames live in executor-owned vectors (reused across calls).
+/// A frame made by the encoder worker: chunk index and frame bytes (or why it failed).
+pub type OwnFrame = (usize, Result<Vec<u8>>);
+
+/// Codec allgather: frames live in engine-owned vectors (reused across calls); this rank's
+/// arrive from the encoder worker.
 pub struct FramedPayloads<'a> {
     layout: Layout,
     dtype: DType,
@@ -297,6 +272,9 @@ pub struct FramedPayloads<'a> {
     recv: &'a mut [u8],
     codec: &'a mut dyn FrameCodec,
     frames: &'a mut Vec<Vec<u8>>,
+    own: Receiver<OwnFrame>,
+    /// Own frames that came before the one asked for (an algorithm may send out of order).
+    parked: Vec<Option<Result<Vec<u8>>>>,
     own_copy: OwnCopy,
 }
 
@@ -308,6 +286,7 @@ impl<'a> FramedPayloads<'a> {
         recv: &'a mut [u8],
         codec: &'a mut dyn FrameCodec,
         frames: &'a mut Vec<Vec<u8>>,
+        own: Receiver<OwnFrame>,
     ) -> FramedPayloads<'a> {
         let units = layout.nranks * layout.nchunks;
         if frames.len() < units {
@@ -323,16 +302,25 @@ impl<'a> FramedPayloads<'a> {
             recv,
             codec,
             frames,
+            own,
+            parked: (0..layout.nchunks).map(|_| None).collect(),
             own_copy: OwnCopy::default(),
         }
     }
 
-    fn chunk_ref(&self, unit: Unit) -> ChunkRef {
-        ChunkRef {
-            src: unit.src as usize,
-            chunk: unit.chunk as usize,
-            elems: self.layout.chunk_elems(unit.chunk as usize),
-            dtype: self.dtype,
+    /// The frame of this rank's `chunk`, waiting for the worker if it is not made yet.
+    fn own_frame(&mut self, chunk: usize) -> Result<Vec<u8>> {
+        loop {
+            if let Some(f) = self.parked[chunk].take() {
+                return f;
+            }
+            let (c, f) = self.own.recv().map_err(|_| Error::Aborted {
+                detail: format!("the encoder worker stopped before chunk {chunk}"),
+            })?;
+            if c == chunk {
+                return f;
+            }
+            self.parked[c] = Some(f);
         }
     }
 }
@@ -347,25 +335,17 @@ impl Payloads for FramedPayloads<'_> {
     }
 
     fn produce(&mut self, chunk: usize) -> Result<usize> {
-        let unit = Unit::new(self.layout.rank, chunk);
-        let cref = self.chunk_ref(unit);
-        let range = self.layout.chunk_range(chunk);
-        let raw = match self.send {
-            Some(send) => &send[range],
-            None => &self.recv[self.layout.recv_range(unit)],
-        };
-        let i = self.layout.unit_index(unit);
-        let out = &mut self.frames[i];
-        out.clear();
-        self.codec.encode(&cref, raw, out)?;
-        if out.len() > u32::MAX as usize {
+        let frame = self.own_frame(chunk)?;
+        if frame.len() > u32::MAX as usize {
             return Err(Error::LengthMismatch {
                 what: "encoded frame length (must fit in u32)",
                 expected: u32::MAX as usize,
-                found: out.len(),
+                found: frame.len(),
             });
         }
-        Ok(out.len())
+        let i = self.layout.unit_index(Unit::new(self.layout.rank, chunk));
+        self.frames[i] = frame;
+        Ok(self.frames[i].len())
     }
 
     fn len(&self, unit: Unit) -> usize {
@@ -380,14 +360,14 @@ impl Payloads for FramedPayloads<'_> {
         let raw_len = self.layout.chunk_range(unit.chunk as usize).len();
         let max = self.codec.max_frame_len(raw_len);
         if len > max {
-            return Err(Error::corrupt(
-                "frame length",
-                format!(
-                    "rank {peer} announced a {len}-byte frame for chunk {} of rank {} \
-                     ({raw_len} raw bytes; the codec makes at most {max})",
+            return Err(Error::PeerFailed {
+                peer,
+                detail: format!(
+                    "corrupt stream from rank {peer}: it announced a {len}-byte frame for chunk \
+                     {} of rank {} ({raw_len} raw bytes; the codec makes at most {max})",
                     unit.chunk, unit.src
                 ),
-            ));
+            });
         }
         let i = self.layout.unit_index(unit);
         self.frames[i].resize(len, 0);
@@ -400,7 +380,7 @@ impl Payloads for FramedPayloads<'_> {
     }
 
     fn finish_recv(&mut self, unit: Unit) -> Result<()> {
-        let cref = self.chunk_ref(unit);
+        let cref = ChunkRef::new(&self.layout, self.dtype, unit);
         let i = self.layout.unit_index(unit);
         let out = &mut self.recv[self.layout.recv_range(unit)];
         self.codec.decode(&cref, &self.frames[i], out)
@@ -417,25 +397,5 @@ impl Payloads for FramedPayloads<'_> {
 
     fn set_streaming(&mut self, on: bool) {
         self.own_copy.streaming = on;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layout_cuts_blocks_in_element_aligned_chunks() {
-        let l = Layout::new(1, 3, 10, DType::F32, 16); // 4 elements per chunk
-        assert_eq!(l.nchunks, 3);
-        assert_eq!(l.chunk_range(0), 0..16);
-        assert_eq!(l.chunk_range(2), 32..40);
-        assert_eq!(l.recv_range(Unit::new(2, 1)), 80 + 16..80 + 32);
-        let empty = Layout::new(0, 2, 0, DType::BF16, 1 << 20);
-        assert_eq!(empty.nchunks, 1);
-        assert_eq!(empty.chunk_range(0), 0..0);
-        // A chunk size below one element still makes progress.
-        let tiny = Layout::new(0, 2, 3, DType::F64, 1);
-        assert_eq!((tiny.chunk_elems, tiny.nchunks), (1, 3));
     }
 }

@@ -1,0 +1,103 @@
+//! What the compressed Allgather reports: per call ([`CallReport`]), per tensor
+//! ([`SlotStats`]) and per communicator ([`Stats`]).
+
+use crate::DType;
+
+/// Which cached tensor a call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotKey {
+    /// The caller's key, or one inferred from the call.
+    pub id: u64,
+    pub inferred: bool,
+    pub count: usize,
+    pub dtype: DType,
+}
+
+/// How a call travelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// Uncompressed (type, size, algorithm, budget, mode or back-off said so).
+    Raw,
+    /// Frames with the values, filling every rank's caches.
+    Fill,
+    /// Frames coded against last call's caches.
+    Delta,
+}
+
+/// What one call of the compressed Allgather did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallReport {
+    pub kind: CallKind,
+    /// A frame failed to decode (or verify) on some rank: the call was redone raw, its
+    /// result is exact, and the tensor's caches refill next call.
+    pub repaired: bool,
+    /// Bytes of the gathered tensor (nranks x shard).
+    pub raw_bytes: u64,
+    /// Bytes that stood for them on the wire: frames, or the values for a raw call.
+    pub wire_bytes: u64,
+}
+
+impl CallReport {
+    pub(super) fn raw(bytes: u64) -> CallReport {
+        CallReport {
+            kind: CallKind::Raw,
+            repaired: false,
+            raw_bytes: bytes,
+            wire_bytes: bytes,
+        }
+    }
+
+    /// Whether the call sent frames.
+    pub fn compressed(&self) -> bool {
+        self.kind != CallKind::Raw
+    }
+}
+
+/// What happened to one group of slots (one tensor key) so far.
+#[derive(Clone, Debug, Default)]
+pub struct SlotStats {
+    pub calls: u64,
+    pub raw_calls: u64,
+    pub fill_calls: u64,
+    pub delta_calls: u64,
+    /// Bytes gathered by framed calls, and the frame bytes that carried them.
+    pub framed_raw_bytes: u64,
+    pub framed_wire_bytes: u64,
+    /// Ratio of the last delta call (raw bytes / frame bytes).
+    pub last_ratio: f64,
+    /// Delta frames that decoded against a warm cache / all frames received.
+    pub hits: u64,
+    pub frames: u64,
+    pub repairs: u64,
+}
+
+/// Communicator-wide statistics.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub calls: u64,
+    pub raw_calls: u64,
+    pub fill_calls: u64,
+    pub delta_calls: u64,
+    /// Logical bytes gathered (nranks x shard) by all calls, and the bytes that stood for them
+    /// on the wire (frames for framed calls, the values for raw calls), per gathered tensor.
+    pub raw_bytes: u64,
+    pub wire_bytes: u64,
+    pub encode_ns: u64,
+    pub decode_ns: u64,
+    /// Wall time of framed calls minus their codec time on this rank.
+    pub transfer_ns: u64,
+    pub repairs: u64,
+    pub cache_bytes: usize,
+    pub slots: usize,
+    pub evictions: u64,
+}
+
+impl Stats {
+    pub fn ratio(&self) -> f64 {
+        if self.wire_bytes == 0 {
+            1.0
+        } else {
+            self.raw_bytes as f64 / self.wire_bytes as f64
+        }
+    }
+}
