@@ -1,5 +1,6 @@
 //! Element types. The numbering is NCCL's `ncclDataType_t` (nccl.h), so the C ABI, the wire
 //! format and the NCCL interposer all use one set of numbers.
+#![forbid(unsafe_code)]
 
 use std::fmt;
 

@@ -2,6 +2,7 @@
 //! operation and, where there is one, the peer rank, the cache slot and the sizes involved. The
 //! transport's errors come wrapped with the operation and peer (`Error::Transport`); the C ABI
 //! maps every variant to its result codes (`capi::result_code`).
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::time::Duration;

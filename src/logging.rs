@@ -1,6 +1,7 @@
 //! `CIERA_DEBUG=ERROR|WARN|INFO|DEBUG|TRACE`: log CIERA's decisions and statistics to stderr
 //! through `tracing`. Installs a subscriber only when the variable is set and the application
 //! has none of its own.
+#![forbid(unsafe_code)]
 
 use std::sync::Once;
 

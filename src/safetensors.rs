@@ -1,5 +1,6 @@
 //! A small reader for safetensors files (8-byte LE header length, JSON header, raw data).
 //! Only what `ciera analyze` and the trace replays need: names, dtypes, shapes and bytes.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -27,8 +27,8 @@ fn pair() -> (Handle, Handle) {
     let mut id = CUniqueId {
         internal: [0; UNIQUE_ID_BYTES],
     };
-    // SAFETY: a writable id.
     assert_eq!(
+        // SAFETY: a writable id.
         unsafe { cieraGetUniqueId(&mut id) },
         SUCCESS,
         "{}",
@@ -109,8 +109,8 @@ fn abort_from_another_thread_ends_a_blocked_call() {
     eprintln!("blocked call: rc {rc}: {msg}");
     // The handle is gone now.
     let mut n = 0;
-    // SAFETY: a writable int.
     assert_eq!(
+        // SAFETY: a writable int.
         unsafe { cieraCommCount(abort_target as *mut c_void, &mut n) },
         INVALID_USAGE
     );
@@ -139,8 +139,8 @@ fn a_peer_that_goes_away_leaves_an_async_error() {
     assert_eq!(recv, [5, 5, 5, 5, 7, 7, 7, 7]);
     let r1 = h.join().unwrap();
     let mut async_err: c_int = -1;
-    // SAFETY: a writable result slot.
     assert_eq!(
+        // SAFETY: a writable result slot.
         unsafe { cieraCommGetAsyncError(r0.0, &mut async_err) },
         SUCCESS
     );
@@ -152,8 +152,8 @@ fn a_peer_that_goes_away_leaves_an_async_error() {
     assert_ne!(rc, SUCCESS);
     assert!(msg.contains("rank 1"), "{msg}");
     eprintln!("after the peer left: rc {rc}: {msg}");
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { cieraCommGetAsyncError(r0.0, &mut async_err) },
         SUCCESS
     );

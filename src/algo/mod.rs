@@ -75,9 +75,8 @@ pub enum AlgoChoice {
 
 /// Below this many gathered bytes (all ranks together) `Auto` uses a logarithmic algorithm
 /// (recursive doubling or Bruck); from there on the pipelined ring, which moves each block over
-/// every link once and forwards chunks as they arrive. Measured with `ciera perf` and CIERA_ALGO
-/// forced, 4 ranks on the 2-core dev VM: over TCP, RD wins up to 32 KiB (ring 136 us vs RD
-/// 106 us at 32 KiB); over shared memory the ring already wins from 16 KiB (23 vs 27 us).
+/// every link once and forwards chunks as they arrive. Over shared memory the ring wins from a
+/// lower size (ARCHITECTURE.md, "Allgather algorithms", has the crossover measurements).
 pub const SMALL_CALL_BYTES: usize = 64 * 1024;
 /// The same limit when every link of the communicator is shared memory.
 pub const SMALL_CALL_BYTES_SHM: usize = 16 * 1024;

@@ -3,10 +3,10 @@
 //! process_vm_readv) or writes them into the rings (two copies, the second from cache).
 //!
 //! Which is faster depends on where the hypervisor or scheduler put the ranks, and that can
-//! change while a job runs: on the 2-core dev VM, while the two vCPUs share a cache the rings
-//! take 65-120 µs for a 1 MiB allgather and references 105-145 µs; while they do not, a line
-//! written by one rank costs the other a ~500 ns round trip and the rings take 230-300 µs,
-//! references still 115-160 µs. So `CIERA_SHM_SINGLE_COPY=auto` (the default) measures: each
+//! change while a job runs: while two ranks share a cache the rings win; while they do not,
+//! every line a sender writes costs a cache-line round trip and references win by 2x
+//! (ARCHITECTURE.md, "Single copy over shm", has the figures). So
+//! `CIERA_SHM_SINGLE_COPY=auto` (the default) measures: each
 //! size class (power of two of the bytes gathered) tries both ways twice, then uses the one
 //! whose recent calls were faster, tries the other again at doubling gaps while it is within
 //! 1.5x of it, and in any case once it has not for [`REPROBE`], so a change of placement
@@ -29,9 +29,9 @@ const WARM_UP: u32 = 2;
 /// many each time it is still slower (so a wrong start is corrected within a few calls and
 /// the cost of checking fades), as long as its estimate is within [`CLOSE`] times the
 /// faster's (noise could have put it there; a way much slower than that is not worth a call
-/// until something changes); and in any case once per [`REPROBE`]. Measured on the dev VM:
-/// while the vCPUs do not share a cache the rings are 2.1-2.4x slower than references at
-/// 1-4 MiB, so with a limit of 2 a check every few calls cost 5% there.
+/// until something changes); and in any case once per [`REPROBE`]. The limit is below the
+/// 2x by which the rings lose while the ranks share no cache, so that phase does not pay for
+/// checks of a way it knows to be slow.
 const GAP_MIN: u32 = 16;
 const CLOSE: f64 = 1.5;
 const GAP_MAX: u32 = 1024;

@@ -66,8 +66,8 @@ fn loads_so_far() -> Option<u64> {
 fn driver() -> Option<&'static Driver> {
     static DRIVER: OnceLock<Driver> = OnceLock::new();
     /// The loader's count when libcuda was last found absent: until something new is
-    /// loaded, it still is (dlopen with RTLD_NOLOAD searches the library path on disk,
-    /// ~20 failed openat and ~100 µs per collective on the dev VM when CUDA is absent).
+    /// loaded, it still is (dlopen with RTLD_NOLOAD searches the library path on disk, a
+    /// cost on every collective when CUDA is absent: ARCHITECTURE.md, interposer timings).
     static ABSENT_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
     if let Some(d) = DRIVER.get() {
         return Some(d);

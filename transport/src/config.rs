@@ -48,10 +48,9 @@ pub const ENV_SOCKET_IFNAME: &str = "CIERA_SOCKET_IFNAME";
 /// see [`TcpCongestion`].
 pub const ENV_TCP_CONGESTION: &str = "CIERA_TCP_CONGESTION";
 
-/// 512 KiB: the data a sender copies in is still in cache when the receiver copies it out. With
-/// 4 MiB a sender ran so far ahead that 2-8 MiB allgathers were 1.5-2x slower on the 2-core dev
-/// VM; 512 KiB beat 1 MiB by 2-16% from 1 to 64 MiB with 2 ranks and by 5-25% with 4 (best of
-/// 8 and 4, same run; 256 KiB in between). ARCHITECTURE.md, "Waiting and placement".
+/// 512 KiB: the data a sender copies in is still in cache when the receiver copies it out;
+/// with much larger rings a sender runs so far ahead that it is not (ARCHITECTURE.md,
+/// "Waiting (oversubscription) and placement", has the measurements).
 pub(crate) const DEFAULT_SHM_RING_BYTES: usize = 512 << 10;
 pub(crate) const DEFAULT_TCP_BUF_BYTES: usize = 4 << 20;
 const MIN_SHM_RING_BYTES: usize = 4096;
@@ -133,11 +132,10 @@ pub enum SingleCopy {
     /// `1`: every large raw segment goes by reference where the peer proved it can read us.
     On,
     /// `auto` (default): the transport probes, and the communicator picks rings or references
-    /// per call size by measuring both (see `ciera::comm::single_copy`). Neither wins
-    /// everywhere: on the 2-core dev VM the rings are 1.3-1.5x faster while the two vCPUs share
-    /// a cache, and 2x slower while the hypervisor puts them on cores that do not (a cache
-    /// line written by one rank then costs the other a ~500 ns round trip), which changes from
-    /// one second to the next.
+    /// per call size by measuring both (see `ciera::engine::single_copy`). Neither wins
+    /// everywhere: the rings are faster while two ranks share a cache and slower while they
+    /// run on cores that do not (every cache line written by one rank then costs the other a
+    /// round trip), and a hypervisor can change that from one second to the next.
     Auto,
 }
 
@@ -303,9 +301,8 @@ mod tests {
 pub enum TcpCongestion {
     /// `auto` (default): the kernel's default, unless that is `bbr`: then `cubic`, or `reno`
     /// where unprivileged processes may not pick cubic. BBR paces every flow to its estimate
-    /// of the path's bandwidth, so a collective's bursts wait for the pacer: 2-rank allgathers
-    /// over loopback TCP on the dev VM took 210-250 µs per MiB with bbr and 130-147 µs with
-    /// cubic or reno (interleaved runs; Open MPI's TCP path, on bbr, 200-280 µs).
+    /// of the path's bandwidth, so a collective's bursts wait for the pacer (ARCHITECTURE.md,
+    /// "Transports", has the measurements).
     #[default]
     Auto,
     /// `system`: whatever the kernel's default is.

@@ -3,18 +3,18 @@
 //! into an output bigger than the caches.
 //!
 //! Why not `memcpy`: glibc's x86-64 `memcpy` moves large blocks with `rep movsb` on CPUs that
-//! advertise fast string moves (ERMS/FSRM), and on the AMD EPYC of the dev VM that instruction
-//! runs at ~2.5 GB/s instead of ~38 GB/s whenever the destination sits 1-31 bytes past the
-//! source modulo 4096 (256 KiB copies, offsets -70..70 tried, 0 and 32-70 fine). A
-//! ring's read position moves by the header bytes of every message, so some calls hit that
-//! window and others do not: 2-rank 1 MiB allgathers took 65-95 µs in one launch and 230-300 µs
-//! in the next. [`copy_fast`] is a vector loop with aligned stores: 33-41 GB/s at every offset.
+//! advertise fast string moves (ERMS/FSRM), and on some CPUs (the AMD EPYC of our dev VM) that
+//! instruction runs an order of magnitude slower whenever the destination sits 1-31 bytes
+//! past the source modulo 4096. A ring's read position moves by the header bytes of every
+//! message, so some calls hit that window and others do not. [`copy_fast`] is a vector loop
+//! with aligned stores, as fast at every offset (ARCHITECTURE.md, "Allgather algorithms", has the
+//! figures).
 //!
 //! Streaming: a plain copy first reads each destination line into the cache (read for
 //! ownership), then writes it back later: three memory transfers per line. Non-temporal stores
 //! write whole lines straight to memory: two. Once the output is bigger than the caches that
-//! is the difference; on the dev VM a 4-32 MiB copy in 256 KiB pieces runs at 14-20 GB/s
-//! streamed versus 7-11 GB/s through glibc's `memcpy`. Below the caches' size a plain copy is
+//! is the difference (about 2x for 4-32 MiB copies on the dev VM). Below the caches' size a
+//! plain copy is
 //! better (the caller reads the output soon, from cache), so the communicator streams only for
 //! calls whose output is large (`CIERA_STREAM_MIN_BYTES`).
 //!

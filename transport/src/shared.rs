@@ -9,8 +9,8 @@
 //! that what it opened is that very buffer (the memfd's name carries pid and id, so a
 //! descriptor number reused after a free is caught), maps it read-only and keeps the mapping
 //! ([`PeerMaps`]); from then on it copies with a plain `memcpy` from its mapping instead of
-//! `process_vm_readv`, which pins every page in the kernel on every call (2-3x slower on the
-//! dev VM: 1 MiB 2-rank allgather 25 µs vs 65 µs, `bench/placement_probe.c`).
+//! `process_vm_readv`, which pins every page in the kernel on every call (ARCHITECTURE.md,
+//! "Shared buffers", has the comparison).
 //!
 //! Nothing changes in the protocol around it: the sender keeps its bytes unchanged until
 //! they are claimed, withdraws on failure, and the receiver checks the withdrawal flag after

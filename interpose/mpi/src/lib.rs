@@ -218,10 +218,10 @@ fn type_table() -> Result<Vec<(&'static CStr, Elem)>, String> {
 }
 
 fn load() -> Result<Mpi, String> {
-    // SAFETY (for every transmute below): each PMPI function has, in Open MPI's mpi.h, the C
-    // signature of the type it is cast to.
     macro_rules! f {
         ($name:expr, $t:ty) => {
+            // SAFETY: each PMPI function has, in Open MPI's mpi.h, the C signature of the type
+            // it is cast to.
             unsafe { std::mem::transmute::<*mut c_void, $t>(function($name)?) }
         };
     }
