@@ -21,6 +21,7 @@ fn rank_main() {
     let connect = |c: Config| comm_from_test_env(c);
     match role.as_str() {
         "loop" => role_loop(&mut connect(Config::from_env().unwrap()).expect("init")),
+        "small_loop" => role_small_loop(&mut connect(Config::from_env().unwrap()).expect("init")),
         "one_call" => role_one_call(&mut connect(Config::from_env().unwrap()).expect("init")),
         "mismatch" => {
             role_mismatch(&mut Communicator::from_env(Config::from_env().unwrap()).expect("init"))
@@ -284,4 +285,82 @@ fn abort_from_another_thread_unblocks_a_waiting_collective() {
 fn a_peer_that_never_comes_is_a_timeout_naming_it() {
     let res = rank0_result_of_two("timeout", "1");
     assert!(res.starts_with("timeout peer=Some(1) "), "{res}");
+}
+
+/// A rank stopped (SIGSTOP) for longer than the timeout: its peer gives up on it, naming it;
+/// when it resumes, it finds a notice blaming itself and must fail with a clear error that
+/// says so (it used to panic: "Endpoint::link(1) on rank 1 of 2: no link to itself"). Small
+/// calls, so the links hold no backlog and the notice always fits.
+fn stopped_rank_resumes_after_its_peer_gave_up(transport: &str) {
+    let id = UniqueId::new().unwrap();
+    let env = [("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "1")];
+    let mut children: Vec<_> = (0..2)
+        .map(|r| spawn_rank(&id, 2, r, "small_loop", &env))
+        .collect();
+    let (tx, rx) = mpsc::channel();
+    let readers: Vec<_> = children
+        .iter_mut()
+        .enumerate()
+        .map(|(rank, c)| {
+            let err = c.stderr.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut all = String::new();
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    if line == "READY" {
+                        let _ = tx.send(rank);
+                    }
+                    all.push_str(&line);
+                    all.push('\n');
+                }
+                all
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        rx.recv().expect("a rank died before it was ready");
+    }
+    let stopped = children[1].id() as libc::pid_t;
+    // SAFETY: kill(2) on a child of ours that has not been waited for (its pid is ours).
+    assert_eq!(unsafe { libc::kill(stopped, libc::SIGSTOP) }, 0);
+    // Rank 0 times out on rank 1 (after 1 s without progress) and exits; only then rank 1
+    // goes on.
+    let status0 = children[0].wait().unwrap();
+    // SAFETY: as above; the child is stopped, not reaped.
+    assert_eq!(unsafe { libc::kill(stopped, libc::SIGCONT) }, 0);
+    let status1 = children[1].wait().unwrap();
+    let outputs: Vec<String> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    for (rank, (status, err)) in [status0, status1].iter().zip(&outputs).enumerate() {
+        println!(
+            "{transport} rank {rank}: {status}: {}",
+            result_lines(err).join(" | ")
+        );
+        assert!(
+            !err.contains("panicked"),
+            "{transport}: rank {rank} panicked:\n{err}"
+        );
+        assert_eq!(status.code(), Some(1), "{transport}: rank {rank}:\n{err}");
+        assert_eq!(
+            result_lines(err).len(),
+            1,
+            "{transport}: rank {rank}:\n{err}"
+        );
+    }
+    let r0 = &result_lines(&outputs[0])[0];
+    assert!(r0.starts_with("timeout peer=Some(1) "), "{transport}: {r0}");
+    let r1 = &result_lines(&outputs[1])[0];
+    assert!(
+        r1.starts_with("aborted :: rank 0 reports that this rank (rank 1) failed"),
+        "{transport}: the resumed rank should say its peer gave up on it: {r1}"
+    );
+}
+
+#[test]
+fn a_stopped_rank_that_resumes_is_told_it_was_given_up_shm() {
+    stopped_rank_resumes_after_its_peer_gave_up("shm");
+}
+
+#[test]
+fn a_stopped_rank_that_resumes_is_told_it_was_given_up_tcp() {
+    stopped_rank_resumes_after_its_peer_gave_up("tcp");
 }

@@ -42,12 +42,15 @@ impl<P: Payloads> Exec<'_, P> {
     /// The error the complete abort notice on `peer`'s link stands for, naming the rank that
     /// caused it. A culprit outside the world is not believed (the reporting peer is named);
     /// a notice naming this very rank (its peers gave up on it, e.g. after it was stopped for
-    /// longer than the timeout) says so.
-    pub(super) fn notice_error(&self, peer: usize) -> Error {
+    /// longer than the timeout) says so. The notice's text is what the rank that first failed
+    /// said; this rank passes it on as it is (`relayed`), so a failure reads the same on every
+    /// rank instead of growing a "reported by" per hop.
+    pub(super) fn notice_error(&mut self, peer: usize) -> Error {
         let Some((reason, body)) = self.rx[peer].dec.notice() else {
             return super::exec::protocol_error(peer, "an abort notice expected".into());
         };
         let (culprit, text) = wire::parse_notice_body(body);
+        self.relayed = Some(text.clone());
         let culprit = culprit.filter(|&c| c < self.nranks);
         if culprit == Some(self.rank) {
             return Error::Aborted {
@@ -86,7 +89,11 @@ impl<P: Payloads> Exec<'_, P> {
             Error::Transport { peer, .. } => (AbortReason::PeerFailed, Some(*peer)),
             _ => (AbortReason::Other, Some(self.rank)),
         };
-        let notice = wire::abort_notice(reason, culprit, &format!("rank {}: {error}", self.rank));
+        let text = match self.relayed.take() {
+            Some(first) => first,
+            None => format!("rank {}: {error}", self.rank),
+        };
+        let notice = wire::abort_notice(reason, culprit, &text);
         let deadline = Instant::now() + Duration::from_millis(200);
         // The peer whose link failed goes last: writing to it may only time out.
         let dead = culprit_if_dead(error).filter(|&p| p != self.rank && p < self.nranks);

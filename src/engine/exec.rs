@@ -122,6 +122,8 @@ pub struct Exec<'c, P: Payloads> {
     /// (single copy) instead of writing them into the rings.
     pub refs: bool,
     pub abort: &'c AtomicBool,
+    /// The text of the peer's notice this call failed on, if it did: passed on unchanged.
+    pub relayed: Option<String>,
 }
 
 /// What the engine should do with its links after a failed call.
@@ -180,13 +182,7 @@ impl<P: Payloads> Exec<'_, P> {
                     detail: "abort() was called on this rank".into(),
                 });
             }
-            let mut moved = false;
-            for lane in 0..self.lanes.len() {
-                moved |= self.pump_send(lane)?;
-            }
-            for lane in 0..self.progress.recv_lanes() {
-                moved |= self.pump_recv(lane)?;
-            }
+            let moved = self.pump_all()?;
             if self.progress.is_done()
                 && self.lanes.iter().all(|l| !l.mid_message())
                 && self.offers_claimed()?
@@ -212,7 +208,14 @@ impl<P: Payloads> Exec<'_, P> {
             let since = *idle_since.get_or_insert(now);
             let idle_for = now - since;
             if idle_for >= self.timeout {
-                return Err(self.timeout_error(idle_for));
+                // One more look before blaming a peer: this process may itself have been
+                // stopped (SIGSTOP, a debugger, swapping) while the peers' bytes, or their
+                // notices, arrived.
+                if !self.pump_all()? {
+                    return Err(self.timeout_error(idle_for));
+                }
+                idle_since = None;
+                continue;
             }
             in_slow_phase = idle_for >= self.idle.spin;
             if idle_for < self.idle.spin {
@@ -240,6 +243,18 @@ impl<P: Payloads> Exec<'_, P> {
                     .map_err(|e| transport_error("wait", self.rank, e))?;
             }
         }
+    }
+
+    /// Pump every send lane, then every receive lane, once. Returns whether anything moved.
+    fn pump_all(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for lane in 0..self.lanes.len() {
+            moved |= self.pump_send(lane)?;
+        }
+        for lane in 0..self.progress.recv_lanes() {
+            moved |= self.pump_recv(lane)?;
+        }
+        Ok(moved)
     }
 
     /// Whether every peer this call sent to has copied what was offered to it by reference

@@ -423,6 +423,7 @@ impl Engine {
             idle: self.idle,
             refs,
             abort: &self.abort.flag,
+            relayed: None,
         };
         match exec.run() {
             Ok(()) => {

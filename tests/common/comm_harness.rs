@@ -425,8 +425,17 @@ pub fn role_mismatch(comm: &mut Communicator) {
 
 /// Role "loop": large allgathers until something fails; prints READY after the first one.
 pub fn role_loop(comm: &mut Communicator) {
+    loop_until_failure(comm, 2_000_000);
+}
+
+/// Role "small_loop": as "loop" with 8-byte shards (the links stay nearly empty, so a notice
+/// always fits).
+pub fn role_small_loop(comm: &mut Communicator) {
+    loop_until_failure(comm, 2);
+}
+
+fn loop_until_failure(comm: &mut Communicator, count: usize) {
     let n = comm.size();
-    let count = 2_000_000;
     let send = test_buffer(count * 4, comm.rank() as u8);
     let mut recv = test_buffer(count * 4 * n, 0);
     let mut first = true;
