@@ -68,18 +68,18 @@ fn rank_main() {
     }
 }
 
-fn kill_one_of_four(transport: &str, single_copy: &str, shared_buffers: bool) {
-    let id = UniqueId::new().unwrap();
-    let env = [
-        ("CIERA_TRANSPORT", transport),
-        ("CIERA_TIMEOUT", "60"),
-        ("CIERA_SHM_SINGLE_COPY", single_copy),
-        ("CIERA_TEST_SHARED", if shared_buffers { "1" } else { "0" }),
-    ];
-    let mut children: Vec<_> = (0..4)
-        .map(|r| spawn_rank(&id, 4, r, "loop", &env))
-        .collect();
-    // Read every rank's stderr in a thread; learn when all are inside the loop.
+/// Spawn `n` ranks of job `id` running `role`; returns the children and a reader per rank
+/// that collects its stderr, once every rank has printed READY (is inside its loop).
+fn spawn_ready(
+    id: &UniqueId,
+    n: usize,
+    role: &str,
+    env: &[(&str, &str)],
+) -> (
+    Vec<std::process::Child>,
+    Vec<std::thread::JoinHandle<String>>,
+) {
+    let mut children: Vec<_> = (0..n).map(|r| spawn_rank(id, n, r, role, env)).collect();
     let (tx, rx) = mpsc::channel();
     let readers: Vec<_> = children
         .iter_mut()
@@ -100,9 +100,21 @@ fn kill_one_of_four(transport: &str, single_copy: &str, shared_buffers: bool) {
             })
         })
         .collect();
-    for _ in 0..4 {
+    for _ in 0..n {
         rx.recv().expect("a rank died before it was ready");
     }
+    (children, readers)
+}
+
+fn kill_one_of_four(transport: &str, single_copy: &str, shared_buffers: bool) {
+    let id = UniqueId::new().unwrap();
+    let env = [
+        ("CIERA_TRANSPORT", transport),
+        ("CIERA_TIMEOUT", "60"),
+        ("CIERA_SHM_SINGLE_COPY", single_copy),
+        ("CIERA_TEST_SHARED", if shared_buffers { "1" } else { "0" }),
+    ];
+    let (mut children, readers) = spawn_ready(&id, 4, "loop", &env);
     // All four are looping over 8 MB-per-rank allgathers: kill rank 2 mid-call.
     children[2].kill().unwrap();
     let mut outputs = Vec::new();
@@ -294,32 +306,7 @@ fn a_peer_that_never_comes_is_a_timeout_naming_it() {
 fn stopped_rank_resumes_after_its_peer_gave_up(transport: &str) {
     let id = UniqueId::new().unwrap();
     let env = [("CIERA_TRANSPORT", transport), ("CIERA_TIMEOUT", "1")];
-    let mut children: Vec<_> = (0..2)
-        .map(|r| spawn_rank(&id, 2, r, "small_loop", &env))
-        .collect();
-    let (tx, rx) = mpsc::channel();
-    let readers: Vec<_> = children
-        .iter_mut()
-        .enumerate()
-        .map(|(rank, c)| {
-            let err = c.stderr.take().unwrap();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                let mut all = String::new();
-                for line in BufReader::new(err).lines().map_while(Result::ok) {
-                    if line == "READY" {
-                        let _ = tx.send(rank);
-                    }
-                    all.push_str(&line);
-                    all.push('\n');
-                }
-                all
-            })
-        })
-        .collect();
-    for _ in 0..2 {
-        rx.recv().expect("a rank died before it was ready");
-    }
+    let (mut children, readers) = spawn_ready(&id, 2, "small_loop", &env);
     let stopped = children[1].id() as libc::pid_t;
     // SAFETY: kill(2) on a child of ours that has not been waited for (its pid is ours).
     assert_eq!(unsafe { libc::kill(stopped, libc::SIGSTOP) }, 0);

@@ -348,43 +348,16 @@ mod tests {
     }
 
     #[test]
-    fn single_rank_gathers_its_own_shard_through_every_entry() {
+    fn a_single_rank_gathers_through_the_policy_and_counts_the_call() {
+        // The raw paths and the abort handle of one rank are the engine's tests.
         let mut c = Communicator::single(Config::default());
         let mut out = [0u8; 6];
-        c.all_gather(&[1, 2, 3, 4, 5, 6], &mut out, 3, DType::BF16)
-            .unwrap();
-        assert_eq!(out, [1, 2, 3, 4, 5, 6]);
-        let mut out2 = [0u8; 6];
         let r = c
-            .all_gather_keyed(
-                Some(&[6, 5, 4, 3, 2, 1]),
-                &mut out2,
-                3,
-                DType::BF16,
-                Some(7),
-            )
+            .all_gather_keyed(Some(&[6, 5, 4, 3, 2, 1]), &mut out, 3, DType::BF16, Some(7))
             .unwrap();
-        assert_eq!(out2, [6, 5, 4, 3, 2, 1]);
+        assert_eq!(out, [6, 5, 4, 3, 2, 1]);
         assert_eq!((r.raw_bytes, r.wire_bytes, r.compressed()), (6, 6, false));
-        assert_eq!(c.compress_stats().calls, 1);
-        c.all_gather_in_place(&mut out, 3, DType::BF16).unwrap();
-        c.barrier().unwrap();
-        let e = c
-            .all_gather(&[1, 2, 3], &mut out, 3, DType::BF16)
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::LengthMismatch {
-                    expected: 6,
-                    found: 3,
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        c.abort_handle().abort();
-        assert!(matches!(c.barrier(), Err(Error::Aborted { .. })));
-        assert!(matches!(c.barrier(), Err(Error::Aborted { .. })));
+        let s = c.compress_stats();
+        assert_eq!((s.calls, s.raw_calls, s.raw_bytes), (1, 1, 6));
     }
 }

@@ -499,14 +499,6 @@ mod tests {
     }
 
     #[test]
-    fn handles_cross_threads() {
-        fn send_sync<T: Send + Sync + Clone>() {}
-        fn send<T: Send>() {}
-        send_sync::<AbortHandle>();
-        send::<Engine>();
-    }
-
-    #[test]
     fn single_rank_gathers_its_own_shard_and_aborts_for_good() {
         let mut e = single();
         let mut out = [0u8; 6];

@@ -79,10 +79,7 @@ impl<P: Payloads> Exec<'_, P> {
                         return Ok(moved);
                     }
                     moved = true;
-                    if let Some(u) = dec.payload(n) {
-                        self.payloads.finish_recv(u)?;
-                        self.progress.received(li);
-                    }
+                    self.payload_moved(li, peer, n)?;
                 }
                 Need::Reference {
                     unit,
@@ -101,14 +98,21 @@ impl<P: Payloads> Exec<'_, P> {
                         return Ok(moved);
                     }
                     moved = true;
-                    if let Some(u) = dec.payload(n) {
-                        self.payloads.finish_recv(u)?;
-                        self.progress.received(li);
-                    }
+                    self.payload_moved(li, peer, n)?;
                 }
                 Need::Notice => return Err(self.notice_error(peer)),
             }
         }
+    }
+
+    /// `n` payload bytes for receive lane `li` (from `peer`) were moved: tell the decoder, and
+    /// finish the unit if that was its last byte.
+    fn payload_moved(&mut self, li: usize, peer: usize, n: usize) -> Result<()> {
+        if let Some(u) = self.rx[peer].dec.payload(n) {
+            self.payloads.finish_recv(u)?;
+            self.progress.received(li);
+        }
+        Ok(())
     }
 
     /// Read headers on links this call does not receive from: an abort notice there fails the

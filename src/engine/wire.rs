@@ -92,21 +92,36 @@ pub struct CallSig {
 
 impl CallSig {
     pub fn describe(&self) -> String {
-        format!(
-            "{} call #{} (count {} of {}, algorithm {}, {} chunk(s) per block, {})",
+        describe_call(
             self.op.name(),
             self.seq,
             self.count,
-            self.dtype,
-            self.algo,
+            &self.dtype.to_string(),
+            self.algo.name(),
             self.nchunks,
-            if self.format == 0 {
-                "raw".to_string()
-            } else {
-                format!("codec format {}", self.format)
-            }
+            self.format,
         )
     }
+}
+
+/// A call in words, the same for this rank's call and a peer's header.
+fn describe_call(
+    op: &str,
+    seq: u64,
+    count: u64,
+    dtype: &str,
+    algo: &str,
+    nchunks: u32,
+    format: u8,
+) -> String {
+    let payload = if format == 0 {
+        "raw".to_string()
+    } else {
+        format!("codec format {format}")
+    };
+    format!(
+        "{op} call #{seq} (count {count} of {dtype}, algorithm {algo}, {nchunks} chunk(s) per block, {payload})"
+    )
 }
 
 /// A parsed message header.
@@ -190,16 +205,14 @@ impl MsgHeader {
             let algo = Algo::from_code(self.algo)
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| format!("algorithm code {}", self.algo));
-            format!(
-                "{op} call #{} (count {} of {dtype}, algorithm {algo}, {} chunk(s) per block, {})",
+            describe_call(
+                &op,
                 self.seq,
                 self.count,
+                &dtype,
+                &algo,
                 self.nchunks,
-                if self.format == 0 {
-                    "raw".to_string()
-                } else {
-                    format!("codec format {}", self.format)
-                }
+                self.format,
             )
         };
         let same = self.version == WIRE_VERSION

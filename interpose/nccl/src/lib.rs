@@ -445,50 +445,45 @@ fn guarded(name: &str, f: impl FnOnce() -> c_int) -> c_int {
     }
 }
 
-/// # Safety
-/// NCCL's contract for `ncclAllGather`.
-#[no_mangle]
-pub unsafe extern "C" fn ncclAllGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: c_int,
-    comm: NcclComm,
-    stream: *mut c_void,
-) -> c_int {
-    guarded("ncclAllGather", || {
-        all_gather_entry(
-            real().all_gather,
-            sendbuff,
-            recvbuff,
-            sendcount,
-            datatype,
-            comm,
-            stream,
-        )
-    })
+/// Defines an exported NCCL all-gather entry point (`$name`) that serves host memory with
+/// CIERA and passes everything else to the real library's `$real` function.
+macro_rules! all_gather_export {
+    ($(#[$doc:meta])* $name:ident, $real:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// NCCL's contract for `ncclAllGather`.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            sendbuff: *const c_void,
+            recvbuff: *mut c_void,
+            sendcount: usize,
+            datatype: c_int,
+            comm: NcclComm,
+            stream: *mut c_void,
+        ) -> c_int {
+            guarded(stringify!($name), || {
+                all_gather_entry(
+                    real().$real,
+                    sendbuff,
+                    recvbuff,
+                    sendcount,
+                    datatype,
+                    comm,
+                    stream,
+                )
+            })
+        }
+    };
 }
 
-/// # Safety
-/// NCCL's contract for `pncclAllGather` (the profiling interface's name for ncclAllGather).
-#[no_mangle]
-pub unsafe extern "C" fn pncclAllGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: c_int,
-    comm: NcclComm,
-    stream: *mut c_void,
-) -> c_int {
-    guarded("pncclAllGather", || {
-        all_gather_entry(
-            real().p_all_gather,
-            sendbuff,
-            recvbuff,
-            sendcount,
-            datatype,
-            comm,
-            stream,
-        )
-    })
-}
+all_gather_export!(
+    /// `ncclAllGather`.
+    ncclAllGather,
+    all_gather
+);
+all_gather_export!(
+    /// `pncclAllGather`, the profiling interface's name for `ncclAllGather`.
+    pncclAllGather,
+    p_all_gather
+);
