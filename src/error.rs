@@ -77,6 +77,12 @@ pub enum Error {
         peer: Option<usize>,
         after: Duration,
     },
+    /// Shards from these source ranks arrived different from what they sent (`CIERA_VERIFY`),
+    /// again after the call was redone: the output is not to be trusted.
+    Corrupted {
+        sources: Vec<usize>,
+        detail: String,
+    },
     /// Ranks called the collective with different arguments.
     CallMismatch {
         detail: String,
@@ -129,6 +135,10 @@ impl fmt::Display for Error {
                 Some(p) => write!(f, "timed out after {after:?} in {op}, waiting for rank {p}"),
                 None => write!(f, "timed out after {after:?} in {op}"),
             },
+            Error::Corrupted { sources, detail } => write!(
+                f,
+                "data from rank(s) {sources:?} arrived corrupted ({detail})"
+            ),
             Error::CallMismatch { detail } => write!(f, "mismatched collective calls: {detail}"),
             Error::Aborted { detail } => write!(f, "communicator aborted: {detail}"),
             Error::Bootstrap(s) => write!(f, "bootstrap: {s}"),

@@ -130,6 +130,7 @@ pub fn result_code(e: &Error) -> ResultCode {
         | Error::Checksum { .. }
         | Error::VersionMismatch { .. }
         | Error::PeerFailed { .. }
+        | Error::Corrupted { .. }
         | Error::Aborted { .. } => ResultCode::RemoteError,
         Error::Io { .. }
         | Error::Format { .. }

@@ -277,8 +277,8 @@ impl Communicator {
     // ---- raw collectives -----------------------------------------------------------------
 
     /// Gather every rank's `send` (`count` elements of `dtype`) into `recv`, rank r's at
-    /// element r*count, uncompressed (no cache is touched). `send.len() == count*dtype.size()`,
-    /// `recv.len() == size()*send.len()`.
+    /// element r*count, uncompressed (no cache is touched; checked end to end with
+    /// `CIERA_VERIFY`). `send.len() == count*dtype.size()`, `recv.len() == size()*send.len()`.
     pub fn all_gather(
         &mut self,
         send: &[u8],
@@ -286,7 +286,7 @@ impl Communicator {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.engine.all_gather(Some(send), recv, count, dtype)
+        self.all_gather_raw(Some(send), recv, count, dtype)
     }
 
     /// As [`Communicator::all_gather`], in place: this rank's shard is already at
@@ -297,7 +297,7 @@ impl Communicator {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.engine.all_gather(None, recv, count, dtype)
+        self.all_gather_raw(None, recv, count, dtype)
     }
 
     /// [`Communicator::all_gather`] (`send` Some) or [`Communicator::all_gather_in_place`]
@@ -309,7 +309,8 @@ impl Communicator {
         count: usize,
         dtype: DType,
     ) -> Result<()> {
-        self.engine.all_gather(send, recv, count, dtype)
+        self.compress
+            .all_gather_uncompressed(&mut self.engine, send, recv, count, dtype)
     }
 
     /// Allgather through a codec of the caller's (the engine's hook; the compressed Allgather

@@ -33,11 +33,12 @@
 mod config;
 mod group_codec;
 mod stats;
+mod verify;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::codec::{checksum, CacheMode, CacheSlot, FrameInfo, Mode};
+use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::DType;
@@ -220,6 +221,27 @@ impl Compressor {
         self.framed(engine, skey, mode, send, recv, count, dtype)
     }
 
+    /// An uncompressed allgather that touches no cache, checked end to end when
+    /// `CIERA_VERIFY` is on (a call redone because a shard arrived different counts as a
+    /// repair).
+    pub fn all_gather_uncompressed(
+        &mut self,
+        engine: &mut Engine,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        if self.config.verify {
+            if verify::raw_all_gather(engine, send, recv, count, dtype)? {
+                self.stats.repairs += 1;
+            }
+            Ok(())
+        } else {
+            engine.all_gather(send, recv, count, dtype)
+        }
+    }
+
     fn raw(
         &mut self,
         engine: &mut Engine,
@@ -232,7 +254,7 @@ impl Compressor {
         let bytes = recv.len() as u64;
         self.stats.raw_bytes += bytes;
         self.stats.wire_bytes += bytes;
-        engine.all_gather(send, recv, count, dtype)?;
+        self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
         Ok(CallReport::raw(bytes))
     }
 
@@ -307,11 +329,7 @@ impl Compressor {
         let shard_bytes = count * dtype.size();
         let verify = self.config.verify;
         let own_hash = if verify {
-            let own = match send {
-                Some(s) => s,
-                None => &recv[me * shard_bytes..(me + 1) * shard_bytes],
-            };
-            checksum::sh64(own)
+            verify::own_hash(engine, send, recv, shard_bytes)
         } else {
             0
         };
@@ -372,34 +390,16 @@ impl Compressor {
         mine[2] = decode_ns;
         mine[3] = own_hash;
         mine[4] = g.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
-        let mut all = vec![0u8; n * words * 8];
-        let collect_status =
-            |mine: &Vec<u64>, all: &mut Vec<u8>, engine: &mut Engine| -> Result<Vec<Vec<u64>>> {
-                let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
-                engine.all_gather(Some(&bytes), all, words * 8, DType::U8)?;
-                Ok(all
-                    .chunks(words * 8)
-                    .map(|r| {
-                        r.chunks(8)
-                            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-                            .collect()
-                    })
-                    .collect())
-            };
         if verify {
             // Hashes must be known before this rank can report a mismatch, so verification
             // takes a first exchange of the hashes alone when it is on.
-            let status = collect_status(&mine, &mut all, engine)?;
-            for src in 0..n {
-                if src != me && failed[src].is_none() {
-                    let got = checksum::sh64(&recv[src * shard_bytes..(src + 1) * shard_bytes]);
-                    if got != status[src][3] {
-                        failed[src] = Some(format!(
-                            "CIERA_VERIFY: decoded shard hashes to {got:#018x}, rank {src} sent {:#018x}",
-                            status[src][3]
-                        ));
-                    }
-                }
+            let hashes: Vec<u64> = verify::exchange_words(engine, &mine)?
+                .iter()
+                .map(|r| r[3])
+                .collect();
+            let skip: Vec<bool> = failed.iter().map(Option::is_some).collect();
+            for (src, why) in verify::mismatches(me, recv, shard_bytes, &hashes, &skip) {
+                failed[src] = Some(why);
             }
         }
         for (src, f) in failed.iter().enumerate() {
@@ -408,7 +408,7 @@ impl Compressor {
             }
         }
         let t_status = Instant::now();
-        let status = collect_status(&mine, &mut all, engine)?;
+        let status = verify::exchange_words(engine, &mine)?;
         let status_time = t_status.elapsed();
         let slowest = Duration::from_nanos(status.iter().map(|s| s[0]).max().unwrap_or(0));
         let probe = status.iter().map(|s| s[4]).max().unwrap_or(0);
@@ -490,8 +490,9 @@ impl Compressor {
             self.stats.repairs += 1;
             g.state = GroupState::Cold;
             // Redo raw: the own shard is intact (send buffer, or recv's own block, which no
-            // decoder writes), so the result is exact on every rank.
-            engine.all_gather(send, recv, count, dtype)?;
+            // decoder writes), so the result is exact on every rank (and checked again when
+            // verifying: a detected corruption never leaves wrong bytes behind).
+            self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
             return Ok(report(true));
         }
         // Decide what the next call on this group does, from agreed values only.
