@@ -1,10 +1,12 @@
 //! libciera_mpi.so under Open MPI: an unmodified MPI program (tests/c/mpi_app.c) run by
 //! `mpirun -np 3 -x LD_PRELOAD=...` gathers fp32 and bf16-in-uint16 data exactly, its
 //! MPI_COMM_WORLD and split-communicator gathers are served by CIERA (its statistics, printed
-//! at MPI_Finalize / MPI_Comm_free with CIERA_STATS=1, say so), the calls CIERA must not take
-//! (derived types, a one-rank communicator) go to MPI, and CIERA_DISABLE=1 passes everything
-//! through. Skipped, with the reason printed, where mpicc or mpirun is missing (CI installs
-//! openmpi-bin and libopenmpi-dev).
+//! at MPI_Finalize / MPI_Comm_free with CIERA_STATS=1, say so, one line per communicator), the
+//! calls CIERA must not take (a heterogeneous struct, MPI_Iallgather, a one-rank communicator)
+//! go to MPI and are counted by reason, and CIERA_DISABLE=1 passes everything through. Ranks
+//! describing the same data with different datatypes (tests/c/mpi_mixed.c: legal MPI) are
+//! served exactly. Skipped, with the reason printed, where mpicc or mpirun is missing (CI
+//! installs openmpi-bin and libopenmpi-dev).
 
 #[path = "c/support.rs"]
 mod support;
@@ -32,19 +34,20 @@ fn mpi_missing() -> Option<String> {
         .then(|| format!("mpirun is not Open MPI's (the interposer speaks Open MPI's ABI): {v}"))
 }
 
-fn build_app() -> PathBuf {
+fn build(name: &str) -> PathBuf {
     let dir = scratch("mpi");
-    let exe = dir.join("mpi_app");
+    let exe = dir.join(name);
     cc_with(
         "mpicc",
         &exe,
-        &[c_dir().join("mpi_app.c")],
+        &[c_dir().join(format!("{name}.c"))],
         &[format!("-I{}", c_dir().display()), "-lm".into()],
     );
     exe
 }
 
-fn mpirun(app: &PathBuf, env: &[(&str, String)]) -> (String, String) {
+/// `mpirun -np RANKS` of `app args...` with `env`; must succeed.
+fn mpirun_with(app: &PathBuf, args: &[String], env: &[(&str, String)]) -> (String, String) {
     let mut cmd = Command::new("mpirun");
     cmd.args([
         "--allow-run-as-root",
@@ -55,12 +58,19 @@ fn mpirun(app: &PathBuf, env: &[(&str, String)]) -> (String, String) {
     for (k, v) in env {
         cmd.args(["-x", &format!("{k}={v}")]);
     }
-    cmd.arg(app).arg(ITERS.to_string());
+    cmd.arg(app).args(args);
     let o = run_limited(cmd, Duration::from_secs(180));
     assert_success("mpirun", &o);
-    let (out, err) = text(&o);
+    text(&o)
+}
+
+/// World allgathers mpi_app serves: two per iteration, a double, two of a float pair type.
+const WORLD_SERVED: usize = 2 * ITERS + 3;
+
+fn mpirun(app: &PathBuf, env: &[(&str, String)]) -> (String, String) {
+    let (out, err) = mpirun_with(app, &[ITERS.to_string()], env);
     for r in 0..RANKS {
-        let want = format!("mpi_app rank {r}: OK {} world allgathers", 2 * ITERS + 1);
+        let want = format!("mpi_app rank {r}: OK {WORLD_SERVED} world allgathers");
         assert!(out.contains(&want), "no '{want}':\n{out}\n{err}");
     }
     (out, err)
@@ -82,7 +92,7 @@ fn prepare(test: &str) -> Option<(PathBuf, String)> {
     }
     build_libs(&["ciera-mpi"]);
     let preload = lib_path("libciera_mpi.so").display().to_string();
-    Some((build_app(), preload))
+    Some((build("mpi_app"), preload))
 }
 
 #[test]
@@ -99,47 +109,37 @@ fn mpi_allgathers_are_served_by_ciera() {
             ("CIERA_TIMEOUT", "60".into()),
         ],
     );
-    // MPI_COMM_WORLD: every float, uint16 and double gather was CIERA's.
+    // MPI_COMM_WORLD: every float, uint16, double and float-pair gather was CIERA's; the
+    // struct of a float and an int and the MPI_Iallgather went to MPI, and the line says why.
     for r in 0..RANKS {
         let line = stats_line(&err, r, RANKS);
         assert!(
-            line.contains(&format!(": {} allgathers served by CIERA", 2 * ITERS + 1)),
+            line.contains(&format!(": {WORLD_SERVED} allgathers served by CIERA")),
             "{line}"
         );
         assert!(
-            line.contains(" 0 failed") && line.ends_with(", 0 passed to MPI"),
+            line.contains(" 0 failed")
+                && line.ends_with(", 2 passed to MPI (datatype not served: 1, MPI_Iallgather: 1)"),
             "{line}"
         );
         // malloc'd buffers: nothing to map.
         assert_eq!(shared_read(&err, r), 0, "{line}");
     }
     // The split communicator of the even ranks {0, 2} (size 2) was served too; the odd rank is
-    // alone in its half, and a one-rank gather is left to MPI.
+    // alone in its half, and a one-rank gather is left to MPI: its line says so.
     for r in [0, 1] {
         let line = stats_line(&err, r, 2);
-        assert!(line.contains(": 10 allgathers served by CIERA"), "{line}");
+        assert!(
+            line.contains(": 10 allgathers served by CIERA") && line.ends_with(", 0 passed to MPI"),
+            "{line}"
+        );
     }
-    // Derived types (2 calls) always go to MPI; rank 1 also passes its 10 one-rank gathers.
-    let passed: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("CIERA does not serve"))
-        .collect();
-    assert_eq!(passed.len(), RANKS, "{err}");
-    assert_eq!(
-        passed
-            .iter()
-            .filter(|l| l.starts_with("ciera-mpi: 2 allgathers"))
-            .count(),
-        2,
-        "{err}"
-    );
-    assert_eq!(
-        passed
-            .iter()
-            .filter(|l| l.starts_with("ciera-mpi: 12 allgathers"))
-            .count(),
-        1,
-        "{err}"
+    let alone = stats_line(&err, 0, 1);
+    assert!(
+        alone.contains(
+            ": 0 allgathers served by CIERA, 10 passed to MPI (one-rank communicator: 10)"
+        ),
+        "{alone}"
     );
     eprintln!("{out}{err}");
 
@@ -196,10 +196,88 @@ fn mpi_alloc_mem_gives_shared_buffers_that_peers_read() {
 }
 
 #[test]
-fn mpi_interposer_exports_only_its_three_functions() {
+fn mpi_interposer_exports_only_its_four_functions() {
     build_libs(&["ciera-mpi"]);
     assert_eq!(
         exported_symbols(&lib_path("libciera_mpi.so")),
-        ["MPI_Allgather", "MPI_Alloc_mem", "MPI_Free_mem"]
+        [
+            "MPI_Allgather",
+            "MPI_Alloc_mem",
+            "MPI_Free_mem",
+            "MPI_Iallgather"
+        ]
     );
+}
+
+#[test]
+fn ranks_with_different_datatypes_for_one_signature_are_served_exactly() {
+    let Some((_, preload)) =
+        prepare("ranks_with_different_datatypes_for_one_signature_are_served_exactly")
+    else {
+        return;
+    };
+    let app = build("mpi_mixed");
+    // 16 elements: latency-bound, raw; 262144: the ring, compressed (drifting floats).
+    for count in [16usize, 262_144] {
+        let (out, err) = mpirun_with(
+            &app,
+            &[count.to_string(), "4".into()],
+            &[
+                ("LD_PRELOAD", preload.clone()),
+                ("CIERA_STATS", "1".into()),
+                ("CIERA_TIMEOUT", "60".into()),
+            ],
+        );
+        for r in 0..RANKS {
+            let ok = format!("mpi_mixed rank {r}: OK 12 allgathers of {count} elements");
+            assert!(out.contains(&ok), "no '{ok}':\n{out}\n{err}");
+            let line = stats_line(&err, r, RANKS);
+            assert!(
+                line.contains(": 12 allgathers served by CIERA")
+                    && line.ends_with(", 0 passed to MPI"),
+                "count {count}: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn stats_show_every_communicator_even_when_nothing_was_served() {
+    let Some((app, preload)) =
+        prepare("stats_show_every_communicator_even_when_nothing_was_served")
+    else {
+        return;
+    };
+    let (out, err) = mpirun_with(
+        &app,
+        &[ITERS.to_string()],
+        &[
+            ("LD_PRELOAD", preload),
+            ("CIERA_STATS", "1".into()),
+            ("MPI_APP_UNSERVED_ONLY", "1".into()),
+        ],
+    );
+    for r in 0..RANKS {
+        assert!(
+            out.contains(&format!("mpi_app rank {r}: OK 3 unserved calls")),
+            "{out}\n{err}"
+        );
+        let world = stats_line(&err, r, RANKS);
+        assert!(
+            world.ends_with(
+                ": 0 allgathers served by CIERA, 2 passed to MPI (datatype not served: 1, MPI_Iallgather: 1)"
+            ),
+            "{world}"
+        );
+    }
+    let selves = err
+        .lines()
+        .filter(|l| {
+            l.starts_with("ciera-mpi: rank 0/1 comm ")
+                && l.ends_with(
+                    ": 0 allgathers served by CIERA, 1 passed to MPI (one-rank communicator: 1)",
+                )
+        })
+        .count();
+    assert_eq!(selves, RANKS, "{err}");
 }

@@ -156,7 +156,10 @@ fn corrupted_rings_never_give_wrong_bytes(role: &str) {
         );
         let repairs: u64 = field(&res[0], "repairs").parse().unwrap();
         detected += repairs + u64::from(field(&res[0], "ended") != "none");
-        assert!(!err.contains("panicked"), "{role} rank {rank} panicked:\n{err}");
+        assert!(
+            !err.contains("panicked"),
+            "{role} rank {rank} panicked:\n{err}"
+        );
     }
     // The injector did hit bytes in flight (else this test proves nothing).
     assert!(detected > 0, "{role}: no corruption was detected at all");

@@ -3,12 +3,16 @@
  *   mpirun -np N mpi_app ITERS
  *
  * ITERS iterations of MPI_Allgather on MPI_COMM_WORLD: fp32 data (MPI_FLOAT) and bf16 bit
- * patterns (MPI_UINT16_T), drifting slowly, in and out of place, odd counts; then some calls
- * the interposer must leave to MPI (a derived type, differing send/recv types) and gathers on a
- * sub-communicator from MPI_Comm_split, which is freed before MPI_Finalize. Every received
- * element is checked. Prints "mpi_app rank R: OK ..." or what differed (exit 1).
- * MPI_APP_ALLOC_MEM=1 takes the buffers from MPI_Alloc_mem instead of malloc. */
+ * patterns (MPI_UINT16_T), drifting slowly, in and out of place, odd counts; then a double,
+ * a derived type of floats (served: its signature is floats), a heterogeneous struct and an
+ * MPI_Iallgather (both left to MPI), and gathers on a sub-communicator from MPI_Comm_split,
+ * which is freed before MPI_Finalize. Every received element is checked. Prints
+ * "mpi_app rank R: OK ..." or what differed (exit 1).
+ * MPI_APP_ALLOC_MEM=1 takes the buffers from MPI_Alloc_mem instead of malloc.
+ * MPI_APP_UNSERVED_ONLY=1 makes only calls the interposer leaves to MPI (the struct, the
+ * MPI_Iallgather, a gather on MPI_COMM_SELF) and exits: its statistics must still show. */
 #include <mpi.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +29,34 @@ static int g_rank = -1;
         fprintf(stderr, "\n");                         \
         MPI_Abort(MPI_COMM_WORLD, 1);                  \
     } while (0)
+
+/* Calls CIERA leaves to MPI: a struct of a float and an int (two basic types), and a
+ * nonblocking allgather. Returns the calls made. */
+static int unserved_calls(MPI_Comm comm) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    struct fi {
+        float f;
+        int i;
+    } mine = {(float)rank * 0.5f, rank * 3}, all[64];
+    int lens[2] = {1, 1};
+    MPI_Aint disp[2] = {offsetof(struct fi, f), offsetof(struct fi, i)};
+    MPI_Datatype kinds[2] = {MPI_FLOAT, MPI_INT}, fi_type;
+    MPI_Type_create_struct(2, lens, disp, kinds, &fi_type);
+    MPI_Type_commit(&fi_type);
+    if (MPI_Allgather(&mine, 1, fi_type, all, 1, fi_type, comm) != MPI_SUCCESS) FAIL("struct allgather failed");
+    for (int r = 0; r < size; r++)
+        if (all[r].f != (float)r * 0.5f || all[r].i != r * 3) FAIL("struct from rank %d differs", r);
+    MPI_Type_free(&fi_type);
+    int v = rank + 7, vall[64];
+    MPI_Request req;
+    if (MPI_Iallgather(&v, 1, MPI_INT, vall, 1, MPI_INT, comm, &req) != MPI_SUCCESS) FAIL("MPI_Iallgather failed");
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    for (int r = 0; r < size; r++)
+        if (vall[r] != r + 7) FAIL("MPI_Iallgather: int from rank %d is %d", r, vall[r]);
+    return 2;
+}
 
 static float f32_value(int rank, size_t i, int iter) {
     return sinf(0.011f * (float)i + 0.3f * (float)rank) * (1.0f + 0.0007f * (float)iter) + 0.00003f * (float)iter;
@@ -66,6 +98,17 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     g_rank = rank;
     int iters = argc > 1 ? atoi(argv[1]) : 50;
+    const char* uo = getenv("MPI_APP_UNSERVED_ONLY");
+    if (uo && strcmp(uo, "1") == 0) {
+        int calls = unserved_calls(MPI_COMM_WORLD);
+        int self_one = rank, self_all = -1;
+        MPI_Allgather(&self_one, 1, MPI_INT, &self_all, 1, MPI_INT, MPI_COMM_SELF);
+        if (self_all != rank) FAIL("MPI_COMM_SELF gather gave %d", self_all);
+        printf("mpi_app rank %d: OK %d unserved calls\n", rank, calls + 1);
+        fflush(stdout);
+        MPI_Finalize();
+        return 0;
+    }
     const int max_count = 30011;
     /* MPI_APP_ALLOC_MEM=1: the buffers come from MPI_Alloc_mem (the interposer's shared buffers). */
     const char* am = getenv("MPI_APP_ALLOC_MEM");
@@ -91,8 +134,8 @@ int main(int argc, char** argv) {
         world_calls += gather_both(MPI_COMM_WORLD, it, counts[it % 6], it % 2, fsend, frecv, hsend, hrecv);
     double t1 = MPI_Wtime();
 
-    /* A double (served raw), then calls that must go to MPI: a derived type, and differing
-     * (but matching in signature) send and recv types. */
+    /* A double (served raw); a derived type of floats and differing (but matching in
+     * signature) send and recv types, both served; then calls left to MPI. */
     double d = rank + 0.25, dall[64];
     MPI_Allgather(&d, 1, MPI_DOUBLE, dall, 1, MPI_DOUBLE, MPI_COMM_WORLD);
     world_calls++;
@@ -107,6 +150,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < size; r++)
         if (pall[2 * r] != (float)r || pall[2 * r + 1] != -(float)r) FAIL("pair from rank %d differs", r);
     MPI_Type_free(&pair);
+    world_calls += 2;
+    int unserved = unserved_calls(MPI_COMM_WORLD);
 
     /* A sub-communicator of the even and the odd ranks, freed before MPI_Finalize. */
     MPI_Comm half;
@@ -115,8 +160,9 @@ int main(int argc, char** argv) {
     for (int it = 0; it < 5; it++) half_calls += gather_both(half, 1000 + it, 777, it % 2, fsend, frecv, hsend, hrecv);
     MPI_Comm_free(&half);
 
-    printf("mpi_app rank %d: OK %d world allgathers, %d on the split communicator, %.1f us per allgather\n", rank,
-           world_calls, half_calls, iters ? (t1 - t0) * 1e6 / (2.0 * iters) : 0.0);
+    printf("mpi_app rank %d: OK %d world allgathers, %d left to MPI, %d on the split communicator, %.1f us per "
+           "allgather\n",
+           rank, world_calls, unserved, half_calls, iters ? (t1 - t0) * 1e6 / (2.0 * iters) : 0.0);
     fflush(stdout);
     if (alloc_mem) {
         if (MPI_Free_mem(fsend) != MPI_SUCCESS || MPI_Free_mem(frecv) != MPI_SUCCESS || MPI_Free_mem(hsend) != MPI_SUCCESS ||

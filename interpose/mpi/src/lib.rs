@@ -8,10 +8,16 @@
 //! link-time dependency on libmpi: every PMPI function is looked up with dlsym, so the crate
 //! builds without MPI installed.
 //!
-//! Served: sendtype == recvtype (or MPI_IN_PLACE), sendcount == recvcount, a predefined
-//! contiguous type from the table in `type_table`, an intracommunicator of at least 2 ranks,
-//! host memory. The element type the codec is told: MPI_FLOAT → fp32, MPI_DOUBLE and the
-//! integer types → raw (exact) bytes, 16-bit types (MPI_UINT16_T, MPI_INT16_T, MPI_SHORT,
+//! Which calls are served is decided from what MPI guarantees equal on every rank of a call:
+//! the type signature (the sequence of basic types one rank's block holds). A call is served
+//! when that signature is one basic type from the table in `type_table` (any number of them,
+//! however the rank's datatype lays them out: predefined, contiguous, vector, indexed, struct
+//! of that one type, resized...), on an intracommunicator of at least 2 ranks, in host memory.
+//! Ranks may describe the same data with different datatypes (legal MPI): each decodes its own
+//! (`signature`), all reach the same answer, and a rank whose layout is not dense packs its
+//! shard and unpacks the gathered blocks itself (PMPI_Pack/PMPI_Unpack through reused staging
+//! buffers). The element type the codec is told: MPI_FLOAT → fp32, MPI_DOUBLE and the integer
+//! types → raw (exact) bytes, 16-bit types (MPI_UINT16_T, MPI_INT16_T, MPI_SHORT,
 //! MPI_UNSIGNED_SHORT) → `CIERA_MPI_16BIT=bf16|fp16|raw` (default raw), since MPI has no bf16.
 //!
 //! One CIERA communicator per MPI communicator, made on the first served call: rank 0 makes a
@@ -27,14 +33,17 @@
 //! are ordinary memory to MPI. `CIERA_MPI_ALLOC_MEM=0` leaves both to MPI; a pointer that is
 //! not one of ours goes to `PMPI_Free_mem`.
 //!
-//! Exports only MPI_Allgather, MPI_Alloc_mem and MPI_Free_mem (tests/capi_mpi.rs checks
-//! `nm -D`). MPI_Iallgather is not interposed. `CIERA_DISABLE=1` passes every call to MPI
-//! untouched.
+//! Exports only MPI_Allgather, MPI_Iallgather (passed to MPI, counted for the statistics),
+//! MPI_Alloc_mem and MPI_Free_mem (tests/capi_mpi.rs checks `nm -D`). `CIERA_DISABLE=1`
+//! passes every call to MPI untouched. `CIERA_STATS=1` prints, at MPI_Finalize (or
+//! MPI_Comm_free), one line per communicator that called MPI_Allgather or MPI_Iallgather:
+//! what CIERA served and what went to MPI, and why.
 //!
 //! Every rank of a communicator must make the same choice for a call or the CIERA ranks wait
-//! for the others until `CIERA_TIMEOUT`: the choice depends on the type handles and counts,
-//! which MPI requires to match (a rank using an equivalent derived type where the others use a
-//! predefined one is the case that breaks this), and on the memory kind (host everywhere).
+//! for the others until `CIERA_TIMEOUT`: the choice depends only on the type signature and
+//! count (equal on every rank by MPI's rules), the communicator, and the memory kind (host
+//! everywhere). MPI_PACKED, which matches any signature, is the one legal mix this cannot see;
+//! it goes to MPI, as do types it cannot decode (Fortran parameterized types).
 
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -91,6 +100,52 @@ type CreateKeyvalFn =
 type GetAttrFn = unsafe extern "C" fn(MpiComm, c_int, *mut c_void, *mut c_int) -> c_int;
 type SetAttrFn = unsafe extern "C" fn(MpiComm, c_int, *mut c_void) -> c_int;
 type CallErrhandlerFn = unsafe extern "C" fn(MpiComm, c_int) -> c_int;
+type EnvelopeFn =
+    unsafe extern "C" fn(MpiDatatype, *mut c_int, *mut c_int, *mut c_int, *mut c_int) -> c_int;
+type ContentsFn = unsafe extern "C" fn(
+    MpiDatatype,
+    c_int,
+    c_int,
+    c_int,
+    *mut c_int,
+    *mut MpiAint,
+    *mut MpiDatatype,
+) -> c_int;
+type ExtentFn = unsafe extern "C" fn(MpiDatatype, *mut MpiAint, *mut MpiAint) -> c_int;
+type TypeFreeFn = unsafe extern "C" fn(*mut MpiDatatype) -> c_int;
+type PackFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    MpiDatatype,
+    *mut c_void,
+    c_int,
+    *mut c_int,
+    MpiComm,
+) -> c_int;
+type UnpackFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    *mut c_int,
+    *mut c_void,
+    c_int,
+    MpiDatatype,
+    MpiComm,
+) -> c_int;
+type IallgatherFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    MpiDatatype,
+    *mut c_void,
+    c_int,
+    MpiDatatype,
+    MpiComm,
+    *mut c_void,
+) -> c_int;
+
+/// `MPI_COMBINER_NAMED` (the first of Open MPI's combiner enum): a predefined type.
+const MPI_COMBINER_NAMED: c_int = 0;
+/// `MPI_Aint` of Open MPI on LP64 (`ptrdiff_t`).
+type MpiAint = isize;
 
 /// The PMPI functions and predefined handles of the Open MPI in this process.
 struct Mpi {
@@ -104,11 +159,20 @@ struct Mpi {
     get_attr: GetAttrFn,
     set_attr: SetAttrFn,
     call_errhandler: CallErrhandlerFn,
+    envelope: EnvelopeFn,
+    contents: ContentsFn,
+    extent: ExtentFn,
+    true_extent: ExtentFn,
+    type_free: TypeFreeFn,
+    pack: PackFn,
+    unpack: UnpackFn,
+    iallgather: IallgatherFn,
     byte: MpiDatatype,
     comm_null: MpiComm,
     comm_self: MpiComm,
-    /// (datatype handle, what its elements are) for the types served.
-    types: Vec<(usize, Elem)>,
+    /// (datatype handle, what its elements are, how many per element) for the predefined
+    /// types served: the basic ones, and pairs of one basic type (MPI_2INT, ...).
+    types: Vec<(usize, Elem, usize)>,
 }
 
 // SAFETY: the raw pointers are addresses of MPI's predefined objects, constant for the life of
@@ -184,14 +248,15 @@ fn sixteen_bit() -> Result<Option<DType>, String> {
     }
 }
 
-/// The predefined types served, by Open MPI global name, with their element meaning.
-fn type_table() -> Result<Vec<(&'static CStr, Elem)>, String> {
+/// The predefined types served, by Open MPI global name, with their element meaning and how
+/// many basic elements one of them is (2 for the pair types).
+fn type_table() -> Result<Vec<(&'static CStr, Elem, usize)>, String> {
     let e = |dtype, per_mpi| Elem { dtype, per_mpi };
     let b16 = match sixteen_bit()? {
         Some(d) => e(d, 1),
         None => e(DType::U8, 2),
     };
-    Ok(vec![
+    let basic = [
         (c"ompi_mpi_float", e(DType::F32, 1)),
         (c"ompi_mpi_double", e(DType::F64, 1)),
         (c"ompi_mpi_uint16_t", b16),
@@ -214,7 +279,20 @@ fn type_table() -> Result<Vec<(&'static CStr, Elem)>, String> {
         (c"ompi_mpi_unsigned_char", e(DType::U8, 1)),
         (c"ompi_mpi_uint8_t", e(DType::U8, 1)),
         (c"ompi_mpi_byte", e(DType::U8, 1)),
-    ])
+    ];
+    // Predefined pairs of one basic type: their signature is two of it (a rank may gather
+    // 2n x MPI_INT where another gathers n x MPI_2INT).
+    let pairs = [
+        (c"ompi_mpi_2int", e(DType::I32, 1)),
+        (c"ompi_mpi_2integer", e(DType::I32, 1)),
+        (c"ompi_mpi_2real", e(DType::F32, 1)),
+        (c"ompi_mpi_2dblprec", e(DType::F64, 1)),
+    ];
+    Ok(basic
+        .into_iter()
+        .map(|(n, e)| (n, e, 1))
+        .chain(pairs.into_iter().map(|(n, e)| (n, e, 2)))
+        .collect())
 }
 
 fn load() -> Result<Mpi, String> {
@@ -236,19 +314,27 @@ fn load() -> Result<Mpi, String> {
         get_attr: f!(c"PMPI_Comm_get_attr", GetAttrFn),
         set_attr: f!(c"PMPI_Comm_set_attr", SetAttrFn),
         call_errhandler: f!(c"PMPI_Comm_call_errhandler", CallErrhandlerFn),
+        envelope: f!(c"PMPI_Type_get_envelope", EnvelopeFn),
+        contents: f!(c"PMPI_Type_get_contents", ContentsFn),
+        extent: f!(c"PMPI_Type_get_extent", ExtentFn),
+        true_extent: f!(c"PMPI_Type_get_true_extent", ExtentFn),
+        type_free: f!(c"PMPI_Type_free", TypeFreeFn),
+        pack: f!(c"PMPI_Pack", PackFn),
+        unpack: f!(c"PMPI_Unpack", UnpackFn),
+        iallgather: f!(c"PMPI_Iallgather", IallgatherFn),
         byte: object(c"ompi_mpi_byte").ok_or("ompi_mpi_byte not found")?,
         comm_null: object(c"ompi_mpi_comm_null").ok_or("ompi_mpi_comm_null not found")?,
         comm_self: object(c"ompi_mpi_comm_self").ok_or("ompi_mpi_comm_self not found")?,
         types: Vec::new(),
     };
-    for (name, elem) in type_table()? {
+    for (name, elem, per) in type_table()? {
         let Some(handle) = object(name) else { continue };
         let mut size: c_int = 0;
         // SAFETY: a predefined datatype handle and an int slot; PMPI_Type_size only reads the type.
         let rc = unsafe { (m.type_size)(handle, &mut size) };
         // Serve a type only if its size is what the table assumes (MPI_LONG is 8 bytes on LP64).
-        if rc == MPI_SUCCESS && size as usize == elem.dtype.size() * elem.per_mpi {
-            m.types.push((handle as usize, elem));
+        if rc == MPI_SUCCESS && size as usize == elem.dtype.size() * elem.per_mpi * per {
+            m.types.push((handle as usize, elem, per));
         }
     }
     Ok(m)
@@ -260,6 +346,119 @@ fn mpi() -> &'static Result<Mpi, String> {
     MPI.get_or_init(load)
 }
 
+// ---- type signatures ---------------------------------------------------------------------------
+
+/// A datatype as CIERA serves it, from its type signature: one kind of basic element, how many
+/// of them one element of the datatype holds, and whether this rank's datatype lays them out
+/// densely (no gaps, starting at the buffer, elements back to back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sig {
+    elem: Elem,
+    per_type: usize,
+    dense: bool,
+}
+
+/// How deep a derived datatype may nest before it is left to MPI.
+const MAX_TYPE_DEPTH: usize = 16;
+
+/// The signature of `t`, or None when it is not one basic type CIERA serves (heterogeneous,
+/// a type it does not know, MPI_DATATYPE_NULL, MPI_PACKED). A function of the type signature
+/// only (plus the layout, `dense`), so ranks describing the same data differently agree.
+fn signature(m: &Mpi, t: MpiDatatype) -> Option<Sig> {
+    let (elem, basic) = basic_elements(m, t, 0)?;
+    let size = type_size(m, t)?;
+    let unit = elem.dtype.size() * elem.per_mpi;
+    if size % unit != 0 || size / unit != basic {
+        return None;
+    }
+    let (mut lb, mut extent, mut tlb, mut textent): (MpiAint, MpiAint, MpiAint, MpiAint) =
+        (0, 0, 0, 0);
+    // SAFETY: a datatype handle of the application's call and writable MPI_Aint slots.
+    let ok = unsafe {
+        (m.extent)(t, &mut lb, &mut extent) == MPI_SUCCESS
+            && (m.true_extent)(t, &mut tlb, &mut textent) == MPI_SUCCESS
+    };
+    if !ok {
+        return None;
+    }
+    let size = size as MpiAint;
+    Some(Sig {
+        elem,
+        per_type: basic,
+        dense: lb == 0 && extent == size && tlb == 0 && textent == size,
+    })
+}
+
+fn type_size(m: &Mpi, t: MpiDatatype) -> Option<usize> {
+    let mut size: c_int = 0;
+    // SAFETY: a datatype handle and an int slot; PMPI_Type_size only reads the type.
+    (unsafe { (m.type_size)(t, &mut size) } == MPI_SUCCESS && size >= 0).then_some(size as usize)
+}
+
+/// The one basic element kind of `t`'s signature and how many of them one `t` holds.
+fn basic_elements(m: &Mpi, t: MpiDatatype, depth: usize) -> Option<(Elem, usize)> {
+    if let Some(&(_, elem, per)) = m.types.iter().find(|(h, _, _)| *h == t as usize) {
+        return Some((elem, per));
+    }
+    if depth >= MAX_TYPE_DEPTH || t.is_null() {
+        return None;
+    }
+    let (mut ni, mut na, mut nd, mut combiner) = (0, 0, 0, -1);
+    // SAFETY: the application's datatype handle and writable int slots.
+    if unsafe { (m.envelope)(t, &mut ni, &mut na, &mut nd, &mut combiner) } != MPI_SUCCESS
+        || combiner == MPI_COMBINER_NAMED
+        || nd <= 0
+        || ni < 0
+        || na < 0
+    {
+        // A predefined type not in the table, or a Fortran parameterized one: not served.
+        return None;
+    }
+    let mut ints = vec![0 as c_int; ni as usize];
+    let mut addrs = vec![0 as MpiAint; na as usize];
+    let mut types = vec![std::ptr::null_mut::<c_void>(); nd as usize];
+    // SAFETY: arrays of exactly the lengths the envelope gave.
+    if unsafe {
+        (m.contents)(
+            t,
+            ni,
+            na,
+            nd,
+            ints.as_mut_ptr(),
+            addrs.as_mut_ptr(),
+            types.as_mut_ptr(),
+        )
+    } != MPI_SUCCESS
+    {
+        return None;
+    }
+    let mut found: Option<Elem> = None;
+    let mut homogeneous = true;
+    for &child in &types {
+        match basic_elements(m, child, depth + 1) {
+            Some((e, _)) if found.map_or(true, |f| f == e) => found = Some(e),
+            _ => homogeneous = false,
+        }
+        free_if_derived(m, child);
+    }
+    let elem = found.filter(|_| homogeneous)?;
+    let unit = elem.dtype.size() * elem.per_mpi;
+    let size = type_size(m, t)?;
+    (size % unit == 0).then_some((elem, size / unit))
+}
+
+/// Datatypes MPI_Type_get_contents returns for derived types are new handles the caller frees.
+fn free_if_derived(m: &Mpi, t: MpiDatatype) {
+    let (mut ni, mut na, mut nd, mut combiner) = (0, 0, 0, MPI_COMBINER_NAMED);
+    // SAFETY: a handle MPI just returned, and int slots.
+    let rc = unsafe { (m.envelope)(t, &mut ni, &mut na, &mut nd, &mut combiner) };
+    if rc == MPI_SUCCESS && combiner != MPI_COMBINER_NAMED {
+        let mut t = t;
+        // SAFETY: a derived datatype handle returned to us by MPI_Type_get_contents.
+        unsafe { (m.type_free)(&mut t) };
+    }
+}
+
 use ciera::capi::interpose::{disabled, env_flag, Twin};
 
 /// Prints `msg` to stderr the first time a given `reason` comes up in this process.
@@ -269,44 +468,112 @@ fn log_once(reason: &'static str, msg: impl FnOnce() -> String) {
 
 // ---- per-communicator twins ------------------------------------------------------------------
 
-/// What the attribute on an MPI communicator points to (a leaked `Arc`, reclaimed by the
-/// attribute's delete callback).
-struct TwinCell {
-    twin: Twin,
-    rank: c_int,
-    size: c_int,
-    comm_addr: usize,
-    passed_through: AtomicU64,
-    reported: AtomicBool,
+/// Why a call went to MPI, as the statistics name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Passed {
+    /// The type signature is not one basic type CIERA serves (or not decodable).
+    Type,
+    /// Send and receive signatures differ, or counts are negative (MPI reports the error).
+    Args,
+    Intercommunicator,
+    OneRank,
+    DeviceMemory,
+    Nonblocking,
+    /// CIERA could not start on every rank of the communicator.
+    NotStarted,
+    /// A shard too big for MPI_Pack's int sizes, in a layout that needs packing.
+    TooBig,
 }
 
-impl TwinCell {
-    fn report(&self) {
-        if !env_flag("CIERA_STATS") || self.reported.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let passed = self.passed_through.load(Ordering::Relaxed);
-        match &self.twin {
-            Twin::Serving(live) => {
-                say!(
-                    "ciera-mpi: rank {}/{} comm {:#x}: {}, {passed} passed to MPI",
-                    self.rank,
-                    self.size,
-                    self.comm_addr,
-                    live.stats().summary()
-                );
-            }
-            Twin::PassThrough(why) => say!(
-                "ciera-mpi: rank {}/{} comm {:#x}: 0 served by CIERA ({why}), {passed} passed to MPI",
-                self.rank, self.size, self.comm_addr
-            ),
+impl Passed {
+    const ALL: [Passed; 8] = [
+        Passed::Type,
+        Passed::Args,
+        Passed::Intercommunicator,
+        Passed::OneRank,
+        Passed::DeviceMemory,
+        Passed::Nonblocking,
+        Passed::NotStarted,
+        Passed::TooBig,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Passed::Type => "datatype not served",
+            Passed::Args => "send/recv signatures differ",
+            Passed::Intercommunicator => "intercommunicator",
+            Passed::OneRank => "one-rank communicator",
+            Passed::DeviceMemory => "device memory",
+            Passed::Nonblocking => "MPI_Iallgather",
+            Passed::NotStarted => "CIERA not started",
+            Passed::TooBig => "too big to pack",
         }
     }
 }
 
-/// Every twin made and not yet freed, for the report at MPI_Finalize.
-static TWINS: Mutex<Vec<Arc<TwinCell>>> = Mutex::new(Vec::new());
-static PASSED_UNSERVABLE: AtomicU64 = AtomicU64::new(0);
+/// What the attribute on an MPI communicator points to (a leaked `Arc`, reclaimed by the
+/// attribute's delete callback): made by the communicator's first MPI_Allgather or
+/// MPI_Iallgather, with the CIERA communicator serving it (its twin) made by its first call
+/// CIERA can serve.
+struct CommCell {
+    twin: OnceLock<Twin>,
+    rank: c_int,
+    size: c_int,
+    comm_addr: usize,
+    /// Calls that went to MPI, per reason (`Passed::ALL` order).
+    passed: [AtomicU64; 8],
+    /// Packing buffers for ranks whose datatypes are not dense, reused call after call (their
+    /// addresses name the tensor for the caches).
+    staging: Mutex<(Vec<u8>, Vec<u8>)>,
+    reported: AtomicBool,
+}
+
+impl CommCell {
+    fn pass(&self, why: Passed) {
+        let i = Passed::ALL.iter().position(|&p| p == why).unwrap_or(0);
+        self.passed[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One line per communicator, always (`CIERA_STATS=1`): what CIERA served, what went to
+    /// MPI and why.
+    fn report(&self) {
+        if !env_flag("CIERA_STATS") || self.reported.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let counts: Vec<(Passed, u64)> = Passed::ALL
+            .iter()
+            .zip(&self.passed)
+            .map(|(&p, n)| (p, n.load(Ordering::Relaxed)))
+            .collect();
+        let total: u64 = counts.iter().map(|c| c.1).sum();
+        let reasons: Vec<String> = counts
+            .iter()
+            .filter(|c| c.1 > 0)
+            .map(|(p, n)| format!("{}: {n}", p.name()))
+            .collect();
+        let passed = if reasons.is_empty() {
+            format!("{total} passed to MPI")
+        } else {
+            format!("{total} passed to MPI ({})", reasons.join(", "))
+        };
+        let served = match self.twin.get() {
+            Some(Twin::Serving(live)) => live.stats().summary(),
+            Some(Twin::PassThrough(why)) => format!("0 allgathers served by CIERA ({why})"),
+            None => "0 allgathers served by CIERA".to_string(),
+        };
+        say!(
+            "ciera-mpi: rank {}/{} comm {:#x}: {served}, {passed}",
+            self.rank,
+            self.size,
+            self.comm_addr
+        );
+    }
+}
+
+/// Every communicator cell made and not yet freed, for the report at MPI_Finalize.
+static CELLS: Mutex<Vec<Arc<CommCell>>> = Mutex::new(Vec::new());
+/// Calls on no communicator CIERA can attach to (MPI_COMM_NULL, a failed query), by reason.
+static PASSED_ELSEWHERE: AtomicU64 = AtomicU64::new(0);
 
 /// The copy callback of the per-communicator attribute (MPI_Comm_dup).
 ///
@@ -339,9 +606,9 @@ unsafe extern "C" fn free_twin(_: MpiComm, _: c_int, value: *mut c_void, _: *mut
         }
         // SAFETY: `value` is what `Arc::into_raw` gave `set_attr`, reclaimed exactly once: MPI
         // calls the delete callback once per attribute.
-        let cell = unsafe { Arc::from_raw(value as *const TwinCell) };
+        let cell = unsafe { Arc::from_raw(value as *const CommCell) };
         cell.report();
-        TWINS
+        CELLS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|c| !Arc::ptr_eq(c, &cell));
@@ -358,13 +625,13 @@ unsafe extern "C" fn at_finalize(_: MpiComm, _: c_int, _: *mut c_void, _: *mut c
         // Report and let go; a communicator goes when the attribute on its MPI communicator is
         // deleted too (Open MPI deletes MPI_COMM_WORLD's during finalize) or at exit. Not
         // aborted: a peer may still be reading the last chunks this rank sent.
-        let twins = std::mem::take(&mut *TWINS.lock().unwrap_or_else(|p| p.into_inner()));
-        for t in &twins {
-            t.report();
+        let cells = std::mem::take(&mut *CELLS.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in &cells {
+            c.report();
         }
-        let early = PASSED_UNSERVABLE.load(Ordering::Relaxed);
-        if env_flag("CIERA_STATS") && early > 0 {
-            say!("ciera-mpi: {early} allgathers CIERA does not serve (types, counts, communicators) passed to MPI");
+        let elsewhere = PASSED_ELSEWHERE.load(Ordering::Relaxed);
+        if env_flag("CIERA_STATS") && elsewhere > 0 {
+            say!("ciera-mpi: {elsewhere} allgathers on no valid communicator passed to MPI");
         }
     });
     MPI_SUCCESS
@@ -445,8 +712,8 @@ fn bootstrap(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Twin {
     }
 }
 
-/// The twin of `comm`, made on first use.
-fn twin(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<TwinCell>, String> {
+/// The cell of `comm`, made on its first call (not collective: no twin yet).
+fn cell(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<CommCell>, String> {
     let kv = keyval(m)?;
     let mut value: *mut c_void = std::ptr::null_mut();
     let mut flag: c_int = 0;
@@ -463,28 +730,23 @@ fn twin(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<TwinCell
         return Err("PMPI_Comm_get_attr failed".into());
     }
     if flag != 0 && !value.is_null() {
-        let p = value as *const TwinCell;
+        let p = value as *const CommCell;
         // SAFETY: the attribute holds one strong count from `Arc::into_raw` (released only by
         // the delete callback); add one for the caller.
         unsafe { Arc::increment_strong_count(p) };
         // SAFETY: as above.
         return Ok(unsafe { Arc::from_raw(p) });
     }
-    let t = bootstrap(m, comm, rank, size);
-    if let Twin::PassThrough(why) = &t {
-        log_once("bootstrap", || {
-            format!("CIERA did not start for a communicator ({why}); its allgathers go to MPI")
-        });
-    }
-    let cell = Arc::new(TwinCell {
-        twin: t,
+    let cell = Arc::new(CommCell {
+        twin: OnceLock::new(),
         rank,
         size,
         comm_addr: comm as usize,
-        passed_through: AtomicU64::new(0),
+        passed: Default::default(),
+        staging: Mutex::new((Vec::new(), Vec::new())),
         reported: AtomicBool::new(false),
     });
-    TWINS
+    CELLS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(cell.clone());
@@ -492,10 +754,24 @@ fn twin(m: &Mpi, comm: MpiComm, rank: c_int, size: c_int) -> Result<Arc<TwinCell
     // SAFETY: stores the pointer as the attribute value; the delete callback reclaims it.
     if unsafe { (m.set_attr)(comm, kv, raw) } != MPI_SUCCESS {
         // SAFETY: not stored, so reclaim it here.
-        drop(unsafe { Arc::from_raw(raw as *const TwinCell) });
+        drop(unsafe { Arc::from_raw(raw as *const CommCell) });
         return Err("PMPI_Comm_set_attr failed".into());
     }
     Ok(cell)
+}
+
+/// The twin of a cell's communicator, made by the first call CIERA can serve (every rank
+/// makes that call, by the signature rule, so the bootstrap is collective).
+fn twin<'c>(m: &Mpi, comm: MpiComm, cell: &'c CommCell) -> &'c Twin {
+    cell.twin.get_or_init(|| {
+        let t = bootstrap(m, comm, cell.rank, cell.size);
+        if let Twin::PassThrough(why) = &t {
+            log_once("bootstrap", || {
+                format!("CIERA did not start for a communicator ({why}); its allgathers go to MPI")
+            });
+        }
+        t
+    })
 }
 
 struct Call {
@@ -523,6 +799,29 @@ fn pmpi(m: &Mpi, c: &Call) -> c_int {
     }
 }
 
+/// The communicator's cell, or None (counted) when the call is on no communicator CIERA can
+/// attach to.
+fn cell_of(m: &Mpi, comm: MpiComm) -> Option<Arc<CommCell>> {
+    let fail = || {
+        PASSED_ELSEWHERE.fetch_add(1, Ordering::Relaxed);
+        None
+    };
+    if comm.is_null() || comm == m.comm_null {
+        return fail();
+    }
+    let (Some(rank), Some(size)) = (comm_int(m.comm_rank, comm), comm_int(m.comm_size, comm))
+    else {
+        return fail();
+    };
+    match cell(m, comm, rank, size) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            log_once("attr", || format!("{e}; allgathers go to MPI"));
+            fail()
+        }
+    }
+}
+
 fn all_gather(c: Call) -> c_int {
     let m = match mpi() {
         Ok(m) => m,
@@ -535,31 +834,44 @@ fn all_gather(c: Call) -> c_int {
     if disabled() {
         return pmpi(m, &c);
     }
-    // Everything CIERA does not take goes to MPI (counted for the CIERA_STATS report).
-    let unservable = |_why: &'static str| {
-        PASSED_UNSERVABLE.fetch_add(1, Ordering::Relaxed);
+    let Some(cell) = cell_of(m, c.comm) else {
+        return pmpi(m, &c);
+    };
+    // Everything CIERA does not take goes to MPI, counted per reason for CIERA_STATS.
+    let pass = |why: Passed| {
+        cell.pass(why);
         pmpi(m, &c)
     };
     let in_place = c.send == MPI_IN_PLACE;
-    let Some(&(_, elem)) = m.types.iter().find(|(h, _)| *h == c.recv_type as usize) else {
-        return unservable("type");
+    // The decision reads only what MPI guarantees equal on every rank: the type signature and
+    // count of a block, and the communicator.
+    let Some(rsig) = signature(m, c.recv_type) else {
+        return pass(Passed::Type);
     };
-    if !in_place && (c.send_type != c.recv_type || c.send_count != c.recv_count) {
-        return unservable("signature");
+    if c.recv_count < 0 {
+        return pass(Passed::Args);
     }
-    if c.recv_count < 0 || c.comm.is_null() || c.comm == m.comm_null {
-        return unservable("args");
-    }
+    let basic = c.recv_count as usize * rsig.per_type;
+    let ssig = if in_place {
+        None
+    } else {
+        let Some(ssig) = signature(m, c.send_type) else {
+            return pass(Passed::Type);
+        };
+        if c.send_count < 0
+            || ssig.elem != rsig.elem
+            || c.send_count as usize * ssig.per_type != basic
+        {
+            return pass(Passed::Args);
+        }
+        Some(ssig)
+    };
     match comm_int(m.comm_test_inter, c.comm) {
         Some(0) => {}
-        _ => return unservable("intercomm"),
+        _ => return pass(Passed::Intercommunicator),
     }
-    let (Some(rank), Some(size)) = (comm_int(m.comm_rank, c.comm), comm_int(m.comm_size, c.comm))
-    else {
-        return unservable("comm");
-    };
-    if size < 2 {
-        return unservable("size");
+    if cell.size < 2 {
+        return pass(Passed::OneRank);
     }
     for p in [
         if in_place {
@@ -573,35 +885,38 @@ fn all_gather(c: Call) -> c_int {
             log_once("device", || {
                 "device or managed buffers go to MPI (CUDA-aware MPI handles them)".into()
             });
-            return unservable("device");
+            return pass(Passed::DeviceMemory);
         }
     }
-    let cell = match twin(m, c.comm, rank, size) {
-        Ok(t) => t,
-        Err(e) => {
-            log_once("attr", || format!("{e}; allgathers go to MPI"));
-            return unservable("attr");
-        }
-    };
-    let live = match &cell.twin {
-        Twin::Serving(live) => live,
-        Twin::PassThrough(_) => {
-            cell.passed_through.fetch_add(1, Ordering::Relaxed);
-            return pmpi(m, &c);
-        }
-    };
-    let count = c.recv_count as usize * elem.per_mpi;
+    let elem = rsig.elem;
+    let count = basic * elem.per_mpi;
     let block = count * elem.dtype.size();
-    let send = if in_place {
-        (c.recv as usize + rank as usize * block) as *const c_void
-    } else {
-        c.send
+    // In place there is no send type: the shard is in the receive layout.
+    let dense_send = ssig.map_or(true, |s| s.dense);
+    if (!rsig.dense || !dense_send)
+        && block.saturating_mul(cell.size as usize) > c_int::MAX as usize
+    {
+        return pass(Passed::TooBig);
+    }
+    let live = match twin(m, c.comm, &cell) {
+        Twin::Serving(live) => live,
+        Twin::PassThrough(_) => return pass(Passed::NotStarted),
     };
-    // SAFETY: MPI's contract for MPI_Allgather's buffers: recvbuf holds size*recvcount elements
-    // and sendbuf sendcount (= recvcount) elements of a contiguous type; host memory (checked).
-    let served =
+    let rank = cell.rank as usize;
+    let served = if rsig.dense && dense_send {
+        let send = if in_place {
+            (c.recv as usize + rank * block) as *const c_void
+        } else {
+            c.send
+        };
+        // SAFETY: MPI's contract for MPI_Allgather's buffers: recvbuf holds size*recvcount
+        // elements and sendbuf sendcount elements of dense types of `block` bytes per rank;
+        // host memory (checked).
         unsafe { gather_buffers(send, c.recv, count, elem.dtype, live.rank(), live.size()) }
-            .and_then(|bufs| live.all_gather(bufs, count, elem.dtype, None));
+            .and_then(|bufs| live.all_gather(bufs, count, elem.dtype, None))
+    } else {
+        staged(m, &c, &cell, live, rsig, count, block)
+    };
     match served {
         Ok(()) => MPI_SUCCESS,
         Err(Failure { code, message }) => {
@@ -617,6 +932,100 @@ fn all_gather(c: Call) -> c_int {
             err
         }
     }
+}
+
+/// An allgather where this rank's send or receive datatype is not dense: its shard is packed
+/// into a staging buffer, the blocks are gathered densely (into a second staging buffer when
+/// the receive layout has gaps) and unpacked into the caller's layout. The other ranks do not
+/// know or care: on the wire every block is the same signature.
+fn staged(
+    m: &Mpi,
+    c: &Call,
+    cell: &CommCell,
+    live: &ciera::capi::LiveComm,
+    rsig: Sig,
+    count: usize,
+    block: usize,
+) -> Result<(), Failure> {
+    let size = cell.size as usize;
+    let rank = cell.rank as usize;
+    let mut staging = cell.staging.lock().unwrap_or_else(|p| p.into_inner());
+    let (send_buf, recv_buf) = &mut *staging;
+    let pack_failed = |what: &str| Failure::invalid_argument(format!("PMPI_{what} failed"));
+    // This rank's shard, packed (in place: its block of recvbuf, in the receive layout).
+    send_buf.resize(block, 0);
+    let (src, src_count, src_type) = if c.send == MPI_IN_PLACE {
+        let mut lb: MpiAint = 0;
+        let mut extent: MpiAint = 0;
+        // SAFETY: the application's receive datatype and MPI_Aint slots.
+        if unsafe { (m.extent)(c.recv_type, &mut lb, &mut extent) } != MPI_SUCCESS {
+            return Err(pack_failed("Type_get_extent"));
+        }
+        let at = c.recv as isize + rank as isize * c.recv_count as isize * extent;
+        (at as *const c_void, c.recv_count, c.recv_type)
+    } else {
+        (c.send, c.send_count, c.send_type)
+    };
+    let mut pos: c_int = 0;
+    // SAFETY: MPI's contract for the caller's buffer and datatype; `send_buf` holds `block`
+    // bytes, exactly the packed size of the shard (the signature says so).
+    if unsafe {
+        (m.pack)(
+            src,
+            src_count,
+            src_type,
+            send_buf.as_mut_ptr() as *mut c_void,
+            block as c_int,
+            &mut pos,
+            c.comm,
+        )
+    } != MPI_SUCCESS
+        || pos as usize != block
+    {
+        return Err(pack_failed("Pack"));
+    }
+    let total = block * size;
+    let into_user = rsig.dense;
+    let recv_ptr = if into_user {
+        c.recv
+    } else {
+        recv_buf.resize(total, 0);
+        recv_buf.as_mut_ptr() as *mut c_void
+    };
+    // SAFETY: `send_buf` holds this rank's packed shard (`block` bytes); the destination is the
+    // caller's dense receive buffer (MPI's contract: size*recvcount elements) or `recv_buf`,
+    // `total` bytes; the two do not overlap.
+    unsafe {
+        gather_buffers(
+            send_buf.as_ptr() as *const c_void,
+            recv_ptr,
+            count,
+            rsig.elem.dtype,
+            live.rank(),
+            live.size(),
+        )
+    }
+    .and_then(|bufs| live.all_gather(bufs, count, rsig.elem.dtype, None))?;
+    if !into_user {
+        let mut pos: c_int = 0;
+        // SAFETY: `recv_buf` holds `total` packed bytes: size*recvcount elements of the
+        // receive datatype, unpacked into the caller's buffer by MPI's contract.
+        if unsafe {
+            (m.unpack)(
+                recv_buf.as_ptr() as *const c_void,
+                total as c_int,
+                &mut pos,
+                c.recv,
+                cell.size * c.recv_count,
+                c.recv_type,
+                c.comm,
+            )
+        } != MPI_SUCCESS
+        {
+            return Err(pack_failed("Unpack"));
+        }
+    }
+    Ok(())
 }
 
 /// # Safety
@@ -649,10 +1058,50 @@ pub unsafe extern "C" fn MPI_Allgather(
     }
 }
 
+/// Passed to MPI (CIERA has no nonblocking allgather yet), and counted, so `CIERA_STATS`
+/// shows a communicator that only uses it.
+///
+/// # Safety
+/// MPI's contract for `MPI_Iallgather`.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Iallgather(
+    sendbuf: *const c_void,
+    sendcount: c_int,
+    sendtype: MpiDatatype,
+    recvbuf: *mut c_void,
+    recvcount: c_int,
+    recvtype: MpiDatatype,
+    comm: MpiComm,
+    request: *mut c_void,
+) -> c_int {
+    let body = || {
+        let m = match mpi() {
+            Ok(m) => m,
+            Err(e) => {
+                say!("ciera-mpi: {e}");
+                return MPI_ERR_INTERN;
+            }
+        };
+        if !disabled() {
+            if let Some(cell) = cell_of(m, comm) {
+                cell.pass(Passed::Nonblocking);
+            }
+        }
+        // SAFETY: the application's own arguments, to the function it meant to call.
+        unsafe {
+            (m.iallgather)(
+                sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request,
+            )
+        }
+    };
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        say!("ciera-mpi: internal error (panic) in MPI_Iallgather");
+        MPI_ERR_INTERN
+    })
+}
+
 // ---- MPI_Alloc_mem / MPI_Free_mem: shared buffers --------------------------------------------
 
-/// `MPI_Aint` of Open MPI on LP64 (`ptrdiff_t`).
-type MpiAint = isize;
 type AllocMemFn = unsafe extern "C" fn(MpiAint, *mut c_void, *mut c_void) -> c_int;
 type FreeMemFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 
