@@ -1,49 +1,27 @@
 //! The error type of the communicator and everything above it. Every variant names the
 //! operation and, where there is one, the peer rank, the cache slot and the sizes involved. The
-//! transport's errors come wrapped with the operation and peer (`Error::Transport`); the C ABI
+//! codec's errors come wrapped whole (`Error::Codec`), the transport's with the operation and the
+//! peer (`Error::Transport`); the C ABI
 //! maps every variant to its result codes (`capi::result_code`).
 #![forbid(unsafe_code)]
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::DType;
+use crate::codec::CodecError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    // ---- codec -------------------------------------------------------------------------
-    /// A frame could not be parsed: `what` names the field or section, `detail` the numbers.
-    CorruptFrame {
-        what: &'static str,
-        detail: String,
-    },
-    /// The frame's checksum does not match its bytes.
-    Checksum {
-        expected: u64,
-        actual: u64,
-    },
-    /// The frame was encoded against another version of the cache slot.
-    VersionMismatch {
-        slot_version: u64,
-        frame_version: u64,
-    },
-    /// The frame is for another element type than the caller or the slot expects.
-    DTypeMismatch {
-        expected: DType,
-        found: DType,
-    },
-    /// A length that must agree does not (elements, bytes, offsets).
+    /// A frame or cache slot the codec refused (see [`CodecError`]).
+    Codec(CodecError),
+    /// A length that must agree does not (buffer sizes of a call).
     LengthMismatch {
         what: &'static str,
         expected: usize,
         found: usize,
-    },
-    /// The cache slot cannot decode this frame (cold, poisoned, or in the other mode).
-    SlotState {
-        detail: String,
     },
 
     // ---- arguments and files -------------------------------------------------------------
@@ -97,35 +75,21 @@ pub enum Error {
     Unsupported(String),
 }
 
-impl Error {
-    pub(crate) fn corrupt(what: &'static str, detail: impl Into<String>) -> Error {
-        Error::CorruptFrame {
-            what,
-            detail: detail.into(),
-        }
+impl From<CodecError> for Error {
+    fn from(e: CodecError) -> Error {
+        Error::Codec(e)
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::CorruptFrame { what, detail } => write!(f, "corrupt frame: {what}: {detail}"),
-            Error::Checksum { expected, actual } => write!(
-                f,
-                "frame checksum mismatch: header says {expected:#018x}, bytes hash to {actual:#018x}"
-            ),
-            Error::VersionMismatch { slot_version, frame_version } => write!(
-                f,
-                "cache slot is at version {slot_version} but the frame was encoded against version \
-                 {frame_version}; refusing to decode (the sender must resend raw)"
-            ),
-            Error::DTypeMismatch { expected, found } => {
-                write!(f, "element type mismatch: expected {expected}, found {found}")
-            }
-            Error::LengthMismatch { what, expected, found } => {
-                write!(f, "{what}: expected {expected}, found {found}")
-            }
-            Error::SlotState { detail } => write!(f, "cache slot: {detail}"),
+            Error::Codec(e) => e.fmt(f),
+            Error::LengthMismatch {
+                what,
+                expected,
+                found,
+            } => write!(f, "{what}: expected {expected}, found {found}"),
             Error::InvalidArgument(s) => write!(f, "invalid argument: {s}"),
             Error::Io { what, source } => write!(f, "{what}: {source}"),
             Error::Format { path, detail } => write!(f, "{path}: {detail}"),
@@ -150,6 +114,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
+            Error::Codec(e) => Some(e),
             Error::Io { source, .. } => Some(source),
             Error::Transport { source, .. } => Some(source),
             _ => None,

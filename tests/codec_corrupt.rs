@@ -21,36 +21,18 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
 use ciera::codec::bitmask::MaskCoding;
+use ciera::codec::CodecError;
 use ciera::codec::{
     bitmask, decode_raw, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode,
 };
 use ciera::safetensors::SafeTensors;
-use ciera::{DType, Error};
+use ciera::DType;
 
 #[path = "common/frame_support.rs"]
 mod frame_support;
-use frame_support::{mask_is_canonical, reseal, section_lens, set_section_lens, slot_at};
+use frame_support::{mask_is_canonical, reseal, section_lens, set_section_lens, slot_at, Rng};
 
 // ---- helpers -------------------------------------------------------------------------------
-
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -270,7 +252,7 @@ fn make_base(rng: &mut Rng, trajs: &[Trajectory]) -> Base {
 // ---- decoding a (damaged) frame ----------------------------------------------------------------
 
 struct Decoded {
-    result: Result<FrameInfo, Error>,
+    result: Result<FrameInfo, CodecError>,
     out: Vec<u8>,
     rx: CacheSlot,
 }
@@ -989,19 +971,19 @@ fn damage_reports_a_codec_error() {
         g[last] ^= 0x40;
         let d = decode_on_copy(&b, &g);
         match d.result {
-            Err(Error::Checksum { .. }) => {}
+            Err(CodecError::Checksum { .. }) => {}
             other => panic!("{}: last byte flipped: {other:?}", b.desc),
         }
         let d = decode_on_copy(&b, &b.frame[..b.frame.len() - 1]);
         assert!(
-            matches!(d.result, Err(Error::LengthMismatch { .. })),
+            matches!(d.result, Err(CodecError::LengthMismatch { .. })),
             "{}: truncated: {:?}",
             b.desc,
             d.result
         );
         let d = decode_on_copy(&b, &b.frame[..10.min(b.frame.len())]);
         assert!(
-            matches!(d.result, Err(Error::LengthMismatch { .. })),
+            matches!(d.result, Err(CodecError::LengthMismatch { .. })),
             "{}: 10 bytes: {:?}",
             b.desc,
             d.result
@@ -1010,14 +992,14 @@ fn damage_reports_a_codec_error() {
         g[0] = b'X';
         assert!(matches!(
             decode_on_copy(&b, &g).result,
-            Err(Error::CorruptFrame { what: "magic", .. })
+            Err(CodecError::CorruptFrame { what: "magic", .. })
         ));
         let mut g = b.frame.clone();
         g[4] = 2;
         reseal(&mut g);
         assert!(matches!(
             decode_on_copy(&b, &g).result,
-            Err(Error::CorruptFrame {
+            Err(CodecError::CorruptFrame {
                 what: "format version",
                 ..
             })

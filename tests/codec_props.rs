@@ -18,46 +18,17 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 
+use ciera::codec::CodecError;
 use ciera::codec::{
     checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode, SlotChunk,
 };
-use ciera::{DType, Error};
+use ciera::DType;
 
 #[path = "common/frame_support.rs"]
 mod frame_support;
-use frame_support::{reseal, slot_at};
+use frame_support::{reseal, slot_at, Rng};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
-
-// ---- deterministic randomness -------------------------------------------------------------
-
-/// SplitMix64: the data of a case is derived from one proptest-chosen seed, so a persisted
-/// regression replays exactly.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in 0..n (n > 0).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && ((self.next() >> 11) as f64) / ((1u64 << 53) as f64) < p
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i + 1);
-            v.swap(i, j);
-        }
-    }
-}
 
 // ---- element bit layouts, written from the IEEE / OCP definitions (not from the codec) -----
 
@@ -266,7 +237,7 @@ struct Pair {
     bytes: usize,
 }
 
-fn assert_kind(r: Result<FrameInfo, Error>, what: &str, ok: impl Fn(&Error) -> bool) {
+fn assert_kind(r: Result<FrameInfo, CodecError>, what: &str, ok: impl Fn(&CodecError) -> bool) {
     match r {
         Err(e) if ok(&e) => {}
         Err(e) => panic!("{what}: wrong error {e:?}"),
@@ -436,7 +407,7 @@ impl Pair {
                 assert_kind(
                     r,
                     &ctx,
-                    |e| matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == v.wrapping_add(1) && *frame_version == v),
+                    |e| matches!(e, CodecError::VersionMismatch { slot_version, frame_version } if *slot_version == v.wrapping_add(1) && *frame_version == v),
                 );
                 assert!(!copy.is_warm(), "{ctx}: a refused frame poisons the slot");
             }
@@ -473,7 +444,7 @@ impl Pair {
             assert_kind(
                 r,
                 &ctx,
-                |e| matches!(e, Error::DTypeMismatch { expected, found } if *expected == other && *found == dtype),
+                |e| matches!(e, CodecError::DTypeMismatch { expected, found } if *expected == other && *found == dtype),
             );
         }
         if probes.wrong_count {
@@ -486,7 +457,7 @@ impl Pair {
                 assert_kind(
                     r,
                     &ctx,
-                    |e| matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("count") && *expected == n && *found == len),
+                    |e| matches!(e, CodecError::LengthMismatch { what, expected, found } if what.contains("count") && *expected == n && *found == len),
                 );
             }
         }
@@ -496,7 +467,7 @@ impl Pair {
             assert_kind(
                 r,
                 &ctx,
-                |e| matches!(e, Error::LengthMismatch { what, .. } if what.contains("output")),
+                |e| matches!(e, CodecError::LengthMismatch { what, .. } if what.contains("output")),
             );
             assert!(!s.is_warm());
         }
@@ -505,7 +476,7 @@ impl Pair {
             let mut out = buf();
             let r = s.decode(f, &mut out);
             if delta {
-                assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
+                assert_kind(r, &ctx, |e| matches!(e, CodecError::SlotState { .. }));
             } else {
                 assert!(
                     r.is_ok() && out == input,
@@ -522,7 +493,7 @@ impl Pair {
                     assert_kind(
                         r,
                         &ctx,
-                        |e| matches!(e, Error::VersionMismatch { slot_version, frame_version } if *slot_version == w && *frame_version == v),
+                        |e| matches!(e, CodecError::VersionMismatch { slot_version, frame_version } if *slot_version == w && *frame_version == v),
                     );
                 } else {
                     // A raw FILL resynchronises a slot at any version.
@@ -544,7 +515,7 @@ impl Pair {
             let mut out = buf();
             let r = s.decode(f, &mut out);
             if info.mode == Mode::Hybrid {
-                assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
+                assert_kind(r, &ctx, |e| matches!(e, CodecError::SlotState { .. }));
             } else {
                 assert!(
                     r.is_ok() && out == input,
@@ -629,7 +600,7 @@ impl Pair {
                 assert_kind(
                     r,
                     &ctx,
-                    |e| matches!(e, Error::LengthMismatch { what, expected, found } if what.contains("offset") && *expected == chunk && *found == 0),
+                    |e| matches!(e, CodecError::LengthMismatch { what, expected, found } if what.contains("offset") && *expected == chunk && *found == 0),
                 );
             }
             let mut jobs: Vec<(usize, &mut SlotChunk<'_>, &mut [u8])> = chunks
@@ -759,7 +730,7 @@ impl Pair {
             self.rx_last = out;
             return;
         } else {
-            assert_kind(r, &ctx, |e| matches!(e, Error::SlotState { .. }));
+            assert_kind(r, &ctx, |e| matches!(e, CodecError::SlotState { .. }));
         }
         assert!(
             !self.rx.is_warm(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ciera_transport::TransportChoice;
 
+use crate::codec::CodecError;
 use crate::coded_enum::coded_enum;
 use crate::comm::Config;
 use crate::compress::{cache_mb_to_bytes, CompressMode};
@@ -120,15 +121,15 @@ coded_enum! {
 /// the API, a peer (or what it sent), or the system (files, network, time).
 pub fn result_code(e: &Error) -> ResultCode {
     match e {
-        Error::InvalidArgument(_) | Error::DTypeMismatch { .. } | Error::LengthMismatch { .. } => {
+        Error::InvalidArgument(_)
+        | Error::LengthMismatch { .. }
+        | Error::Codec(CodecError::DTypeMismatch { .. } | CodecError::LengthMismatch { .. }) => {
             ResultCode::InvalidArgument
         }
-        Error::CallMismatch { .. } | Error::SlotState { .. } | Error::Unsupported(_) => {
-            ResultCode::InvalidUsage
-        }
-        Error::CorruptFrame { .. }
-        | Error::Checksum { .. }
-        | Error::VersionMismatch { .. }
+        Error::CallMismatch { .. }
+        | Error::Codec(CodecError::SlotState { .. })
+        | Error::Unsupported(_) => ResultCode::InvalidUsage,
+        Error::Codec(_)
         | Error::PeerFailed { .. }
         | Error::Corrupted { .. }
         | Error::Aborted { .. } => ResultCode::RemoteError,

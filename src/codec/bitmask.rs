@@ -16,16 +16,19 @@
 //! Decoding is strict: bits past `m`, zero bytes that Hier says are non-zero, and unconsumed
 //! payload are errors, so every accepted mask has exactly one encoding per method.
 
+use super::error::{CodecError, Result};
 use super::rans;
-use crate::error::{Error, Result};
+use crate::coded_enum::coded_enum;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum MaskCoding {
-    Zero = 0,
-    Flat = 1,
-    Hier = 2,
-    Rans = 3,
+coded_enum! {
+    #[repr(u8)]
+    /// How a mask section is coded (its first byte).
+    pub enum MaskCoding {
+        Zero = 0,
+        Flat = 1,
+        Hier = 2,
+        Rans = 3,
+    }
 }
 
 /// Number of u64 words holding `m` bits.
@@ -132,7 +135,7 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
 /// Append the mask in `coding` to `out`.
 pub fn encode(words: &[u64], m: usize, coding: MaskCoding, out: &mut Vec<u8>) {
     debug_assert_eq!(words.len(), words_for(m));
-    out.push(coding as u8);
+    out.push(coding.code());
     match coding {
         MaskCoding::Zero => {}
         MaskCoding::Flat => out.extend_from_slice(&mask_bytes(words, m)),
@@ -167,17 +170,23 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
     words.resize(nwords, 0);
     let (&method, payload) = input
         .split_first()
-        .ok_or_else(|| Error::corrupt("mask", "empty section (no coding byte)"))?;
+        .ok_or_else(|| CodecError::corrupt("mask", "empty section (no coding byte)"))?;
     let nbytes = m.div_ceil(8);
-    match method {
-        0 => {
+    let Some(coding) = MaskCoding::from_code(method) else {
+        return Err(CodecError::corrupt(
+            "mask",
+            format!("unknown coding {method}"),
+        ));
+    };
+    match coding {
+        MaskCoding::Zero => {
             if !payload.is_empty() {
-                return Err(Error::corrupt("mask", "zero mask with a payload"));
+                return Err(CodecError::corrupt("mask", "zero mask with a payload"));
             }
         }
-        1 => {
+        MaskCoding::Flat => {
             if payload.len() != nbytes {
-                return Err(Error::corrupt(
+                return Err(CodecError::corrupt(
                     "mask",
                     format!(
                         "flat mask of {m} bits needs {nbytes} bytes, has {}",
@@ -187,22 +196,21 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
             }
             bytes_to_words(payload, words);
         }
-        2 => decode_hier(payload, words)?,
-        3 => {
+        MaskCoding::Hier => decode_hier(payload, words)?,
+        MaskCoding::Rans => {
             if nbytes == 0 {
-                return Err(Error::corrupt("mask", "rans coding of an empty mask"));
+                return Err(CodecError::corrupt("mask", "rans coding of an empty mask"));
             }
             let mut bytes = vec![0u8; nbytes];
             rans::decode(payload, &mut bytes)?;
             bytes_to_words(&bytes, words);
         }
-        other => return Err(Error::corrupt("mask", format!("unknown coding {other}"))),
     }
     // Bits past m must be clear.
     if m % 64 != 0 {
         if let Some(&last) = words.last() {
             if last >> (m % 64) != 0 {
-                return Err(Error::corrupt(
+                return Err(CodecError::corrupt(
                     "mask",
                     format!("bits set past the mask's {m} bits"),
                 ));
@@ -211,7 +219,7 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
     }
     let ones: usize = words.iter().map(|w| w.count_ones() as usize).sum();
     if method != 0 && ones == 0 {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "mask",
             "non-zero coding of an all-zero mask",
         ));
@@ -229,7 +237,7 @@ fn bytes_to_words(bytes: &[u8], words: &mut [u64]) {
 
 fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
     let l1_len = words.len().div_ceil(8);
-    let too_short = || Error::corrupt("mask", "hierarchical mask ends early");
+    let too_short = || CodecError::corrupt("mask", "hierarchical mask ends early");
     let l1 = payload.get(..l1_len).ok_or_else(too_short)?;
     let nz_words: usize = l1.iter().map(|b| b.count_ones() as usize).sum();
     let l2 = payload
@@ -244,7 +252,7 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
         let map = l2[k];
         k += 1;
         if map == 0 {
-            return Err(Error::corrupt(
+            return Err(CodecError::corrupt(
                 "mask",
                 format!("word {g} marked non-zero has no bytes"),
             ));
@@ -254,7 +262,7 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
             if map >> j & 1 == 1 {
                 let v = *payload.get(l3_pos).ok_or_else(too_short)?;
                 if v == 0 {
-                    return Err(Error::corrupt(
+                    return Err(CodecError::corrupt(
                         "mask",
                         format!("byte {j} of word {g} is zero"),
                     ));
@@ -267,13 +275,13 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
     }
     // L1 bits for words that do not exist (padding of the last byte) must be clear.
     if words.len() % 8 != 0 && l1_len > 0 && l1[l1_len - 1] >> (words.len() % 8) != 0 {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "mask",
             "level-1 bits set past the last word",
         ));
     }
     if l3_pos != payload.len() {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "mask",
             format!(
                 "{} trailing bytes after the hierarchical mask",

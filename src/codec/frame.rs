@@ -18,7 +18,8 @@
 use xxhash_rust::xxh3::Xxh3;
 
 use super::checksum;
-use crate::error::{Error, Result};
+use super::error::{CodecError, Result};
+use crate::coded_enum::coded_enum;
 use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"CIRF";
@@ -26,18 +27,20 @@ pub const FORMAT_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 64;
 pub const FLAG_FILL: u8 = 1;
 
-/// How a frame's payload is coded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Mode {
-    /// The values themselves (s0). With FLAG_FILL the receiver also refills its cache slot.
-    Raw = 0,
-    /// Exponent delta against an exponent (or full-value) cache: s0 sign+mantissa of every
-    /// element, s1 mask of exponent changes, s2 the new exponents.
-    Exp = 1,
-    /// Value delta against a full-value cache: s0 sign+mantissa of changed values, s1 mask of
-    /// changed values, s2 mask (over the changed ones) of exponent changes, s3 new exponents.
-    Hybrid = 2,
+coded_enum! {
+    #[repr(u8)]
+    /// How a frame's payload is coded (the number is header byte 6).
+    pub enum Mode {
+        /// The values themselves (s0). With FLAG_FILL the receiver also refills its cache slot.
+        Raw = 0,
+        /// Exponent delta against an exponent (or full-value) cache: s0 sign+mantissa of every
+        /// element, s1 mask of exponent changes, s2 the new exponents.
+        Exp = 1,
+        /// Value delta against a full-value cache: s0 sign+mantissa of changed values, s1 mask
+        /// of changed values, s2 mask (over the changed ones) of exponent changes, s3 new
+        /// exponents.
+        Hybrid = 2,
+    }
 }
 
 impl Mode {
@@ -75,7 +78,7 @@ impl Frame<'_> {
     /// Compare a SH64 computed elsewhere (a fused decoder) with the header's.
     pub fn check_s0(&self, actual: u64) -> Result<()> {
         if actual != self.s0_hash {
-            return Err(Error::Checksum {
+            return Err(CodecError::Checksum {
                 expected: self.s0_hash,
                 actual,
             });
@@ -116,7 +119,7 @@ pub fn finish(
     hdr[0..4].copy_from_slice(&MAGIC);
     hdr[4] = FORMAT_VERSION;
     hdr[5] = h.dtype.code();
-    hdr[6] = h.mode as u8;
+    hdr[6] = h.mode.code();
     hdr[7] = h.flags;
     hdr[8..16].copy_from_slice(&(h.count as u64).to_le_bytes());
     hdr[16..24].copy_from_slice(&(h.offset as u64).to_le_bytes());
@@ -150,14 +153,14 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 /// Total length of the frame starting at `bytes`, from its header alone (for stream framing).
 pub fn peek_len(bytes: &[u8]) -> Result<usize> {
     if bytes.len() < HEADER_LEN {
-        return Err(Error::LengthMismatch {
+        return Err(CodecError::LengthMismatch {
             what: "frame header bytes",
             expected: HEADER_LEN,
             found: bytes.len(),
         });
     }
     if bytes[0..4] != MAGIC {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "magic",
             format!("{:02x?} is not \"CIRF\"", &bytes[0..4]),
         ));
@@ -179,7 +182,7 @@ pub fn peek_len(bytes: &[u8]) -> Result<usize> {
 pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     let len = peek_len(bytes)?;
     if bytes[4] != FORMAT_VERSION {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "format version",
             format!(
                 "frame has version {}, this build reads {FORMAT_VERSION}",
@@ -188,7 +191,7 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
         ));
     }
     if len > bytes.len() {
-        return Err(Error::LengthMismatch {
+        return Err(CodecError::LengthMismatch {
             what: "frame bytes",
             expected: len,
             found: bytes.len(),
@@ -198,30 +201,27 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     let sum = header_checksum(&bytes[..56], &bytes[HEADER_LEN + s0_len..len]);
     let stored = u64_at(bytes, 56);
     if sum != stored {
-        return Err(Error::Checksum {
+        return Err(CodecError::Checksum {
             expected: stored,
             actual: sum,
         });
     }
-    let dtype = DType::from_code(bytes[5])
-        .ok_or_else(|| Error::corrupt("dtype", format!("unknown element type {}", bytes[5])))?;
-    let mode = match bytes[6] {
-        0 => Mode::Raw,
-        1 => Mode::Exp,
-        2 => Mode::Hybrid,
-        m => return Err(Error::corrupt("mode", format!("unknown mode {m}"))),
-    };
+    let dtype = DType::from_code(bytes[5]).ok_or_else(|| {
+        CodecError::corrupt("dtype", format!("unknown element type {}", bytes[5]))
+    })?;
+    let mode = Mode::from_code(bytes[6])
+        .ok_or_else(|| CodecError::corrupt("mode", format!("unknown mode {}", bytes[6])))?;
     let flags = bytes[7];
     if flags & !FLAG_FILL != 0 || (flags & FLAG_FILL != 0 && mode != Mode::Raw) {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "flags",
             format!("invalid flags {flags:#x} for mode {}", mode.name()),
         ));
     }
     let count = usize::try_from(u64_at(bytes, 8))
-        .map_err(|_| Error::corrupt("count", "element count does not fit this machine"))?;
+        .map_err(|_| CodecError::corrupt("count", "element count does not fit this machine"))?;
     let offset = usize::try_from(u64_at(bytes, 16))
-        .map_err(|_| Error::corrupt("offset", "element offset does not fit this machine"))?;
+        .map_err(|_| CodecError::corrupt("offset", "element offset does not fit this machine"))?;
     let version = u64_at(bytes, 24);
     let mut sections: [&[u8]; 4] = [&[]; 4];
     let mut pos = HEADER_LEN;

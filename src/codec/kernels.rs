@@ -2,8 +2,8 @@
 //! of 64 elements: one mask word per block. The AVX2 path in `simd.rs` is checked against
 //! these bit for bit.
 
+use super::error::{CodecError, Result};
 use super::float::{Layout, BLOCK};
-use crate::error::{Error, Result};
 
 /// The cache range a kernel reads and updates.
 pub enum CacheRef<'a> {
@@ -73,9 +73,9 @@ pub fn encode_exp<L: Layout>(
     }
 }
 
-fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> Error {
+fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> CodecError {
     if e > L::EXP_MAX {
-        Error::corrupt(
+        CodecError::corrupt(
             "exponent section",
             format!(
                 "element {i}: exponent {e} exceeds the {} maximum {}",
@@ -84,7 +84,7 @@ fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> Error {
             ),
         )
     } else {
-        Error::corrupt(
+        CodecError::corrupt(
             "exponent section",
             format!("element {i}: exception repeats the cached exponent {cached}"),
         )
@@ -104,7 +104,7 @@ pub fn decode_exp<L: Layout>(
     let n = out.len() / L::BYTES;
     let mut words = [0u32; BLOCK];
     let mut k = 0usize;
-    let pad_err = || Error::corrupt("sign+mantissa section", "non-zero padding bits");
+    let pad_err = || CodecError::corrupt("sign+mantissa section", "non-zero padding bits");
     match cache {
         CacheRef::Exp(ce) => {
             for (bi, b) in (0..n).step_by(BLOCK).enumerate() {
@@ -246,7 +246,7 @@ pub fn decode_hybrid<L: Layout>(
     vals.clear();
     vals.resize(k, 0);
     if !L::unpack(sm, vals) {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "sign+mantissa section",
             "non-zero padding bits",
         ));
@@ -274,7 +274,7 @@ pub fn decode_hybrid<L: Layout>(
             } else {
                 let w = L::with_exp(vals[idx], L::exp(p));
                 if w == p {
-                    return Err(Error::corrupt(
+                    return Err(CodecError::corrupt(
                         "value section",
                         format!("element {i} is marked changed but repeats the cached value"),
                     ));

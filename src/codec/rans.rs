@@ -16,7 +16,7 @@
 //! stream that ends early, bytes left over, or a final state other than the encoder's initial
 //! one are all errors. No input can make it panic or read out of bounds.
 
-use crate::error::{Error, Result};
+use super::error::{CodecError, Result};
 
 const PROB_BITS: u32 = 12;
 const PROB_SCALE: u32 = 1 << PROB_BITS;
@@ -132,7 +132,7 @@ impl FreqTable {
             let mut prev: i32 = -1;
             for &s in syms {
                 if (s as i32) <= prev {
-                    return Err(Error::corrupt(
+                    return Err(CodecError::corrupt(
                         "rans table",
                         "symbols not strictly increasing",
                     ));
@@ -150,7 +150,7 @@ impl FreqTable {
                 }
             }
             if count != n {
-                return Err(Error::corrupt(
+                return Err(CodecError::corrupt(
                     "rans table",
                     format!("presence bitmap has {count} symbols, header says {n}"),
                 ));
@@ -162,7 +162,7 @@ impl FreqTable {
             if present[s] {
                 let f = read_varint(input, pos)? as u64 + 1;
                 if f > PROB_SCALE as u64 {
-                    return Err(Error::corrupt(
+                    return Err(CodecError::corrupt(
                         "rans table",
                         format!("frequency {f} > {PROB_SCALE}"),
                     ));
@@ -172,7 +172,7 @@ impl FreqTable {
             }
         }
         if sum != PROB_SCALE as u64 {
-            return Err(Error::corrupt(
+            return Err(CodecError::corrupt(
                 "rans table",
                 format!("frequencies sum to {sum}, expected {PROB_SCALE}"),
             ));
@@ -292,7 +292,7 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
     ];
     for s in x {
         if s < RANS_L || (s as u64) >= (RANS_L as u64) << 8 {
-            return Err(Error::corrupt(
+            return Err(CodecError::corrupt(
                 "rans stream",
                 format!("initial state {s:#x} out of range"),
             ));
@@ -300,7 +300,7 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
     }
     let bytes = &input[pos..];
     let mut bi = 0usize;
-    let ends_early = || Error::corrupt("rans stream", "ends before all symbols are decoded");
+    let ends_early = || CodecError::corrupt("rans stream", "ends before all symbols are decoded");
     let step = |x: &mut u32, o: &mut u8, bi: &mut usize| -> Result<()> {
         let slot = *x & (PROB_SCALE - 1);
         let s = slot_sym[slot as usize];
@@ -327,13 +327,13 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
         step(&mut x[0], o, &mut bi)?;
     }
     if bi != bytes.len() {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "rans stream",
             format!("{} trailing bytes after the last symbol", bytes.len() - bi),
         ));
     }
     if x != [RANS_L; 2] {
-        return Err(Error::corrupt(
+        return Err(CodecError::corrupt(
             "rans stream",
             format!("final states {x:#x?} != {RANS_L:#x}"),
         ));
@@ -358,7 +358,10 @@ fn read_varint(input: &[u8], pos: &mut usize) -> Result<u32> {
             return Ok(v);
         }
     }
-    Err(Error::corrupt("rans table", "varint longer than 3 bytes"))
+    Err(CodecError::corrupt(
+        "rans table",
+        "varint longer than 3 bytes",
+    ))
 }
 
 fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
@@ -366,7 +369,7 @@ fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
         .checked_add(n)
         .filter(|&e| e <= input.len())
         .ok_or_else(|| {
-            Error::corrupt(
+            CodecError::corrupt(
                 "rans block",
                 format!("needs {n} bytes at offset {pos}, has {}", input.len()),
             )

@@ -5,11 +5,12 @@
 //!
 //! Dispatch returns `false` when this path does not apply, so callers fall back to the plain
 //! kernel. `CIERA_NO_SIMD=1` disables it (for diff-testing and for bisecting a suspected bug).
+#![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
 
 use super::checksum::StripeHash;
+use super::error::Result;
 use super::float::{Layout, BLOCK};
 use super::kernels::{self, CacheRef};
-use crate::error::Result;
 use crate::DType;
 
 fn enabled() -> bool {
@@ -212,7 +213,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use crate::codec::checksum::{StripeHash, KEY, P2};
-    use crate::error::{Error, Result};
+    use crate::codec::error::{CodecError, Result};
 
     /// One SH64 stripe step on 32 bytes held in a register (see checksum.rs).
     #[inline]
@@ -441,7 +442,7 @@ mod avx2 {
                 let e = exps[k];
                 k += 1;
                 if e == cache[b + j] {
-                    return Err(Error::corrupt(
+                    return Err(CodecError::corrupt(
                         "exponent section",
                         format!(
                             "element {}: exception repeats the cached exponent {e}",

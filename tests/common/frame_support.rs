@@ -133,3 +133,35 @@ pub fn mask_is_canonical(section: &[u8], m: usize, words: &[u64]) -> Result<(), 
     }
     Ok(())
 }
+
+/// SplitMix64: the data of a case is derived from one seed, so a failure (or a persisted
+/// proptest regression) replays exactly.
+#[derive(Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in 0..n (0 for n = 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next() >> 11) as f64) / ((1u64 << 53) as f64) < p
+    }
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}

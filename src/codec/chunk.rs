@@ -1,0 +1,463 @@
+//! One chunk of a cache slot: encoding and decoding its frame (Raw/FILL, Exp, Hybrid), with
+//! the delta kernels of `kernels.rs` (and their AVX2 twins in `simd.rs`).
+
+use super::error::{CodecError, Result};
+use super::float::{Bf16, Layout, F16, F32};
+use super::frame::{self, Frame, Mode};
+use super::kernels::{self, CacheRef};
+use super::scratch::{with_scratch, Scratch};
+use super::slot::{CacheMode, FrameChoice, FrameInfo};
+use super::{bitmask, simd};
+use crate::DType;
+
+/// One chunk of a [`CacheSlot`]: encodes or decodes elements `offset..offset+len`.
+pub struct SlotChunk<'a> {
+    pub(super) dtype: DType,
+    pub(super) mode: CacheMode,
+    pub(super) choice: FrameChoice,
+    pub(super) version: u64,
+    pub(super) warm: bool,
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) state: &'a mut [u8],
+}
+
+impl SlotChunk<'_> {
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Encode this chunk's `input` (exactly `len` elements) as one frame appended to `out`.
+    pub fn encode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<FrameInfo> {
+        let expect = self.len * self.dtype.size();
+        if input.len() != expect {
+            return Err(CodecError::LengthMismatch {
+                what: "encoder input bytes",
+                expected: expect,
+                found: input.len(),
+            });
+        }
+        let start = out.len();
+        let (mode, fill, sections, exp_changes, value_changes, s0_hash) =
+            if !self.dtype.is_compressible() {
+                raw_sections(input, out);
+                (Mode::Raw, false, [input.len(), 0, 0, 0], 0, None, None)
+            } else if !self.warm {
+                raw_sections(input, out);
+                self.fill(input);
+                (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
+            } else {
+                let d = match self.dtype {
+                    DType::BF16 => encode_delta::<Bf16>(self, input, out),
+                    DType::F16 => encode_delta::<F16>(self, input, out),
+                    DType::F32 => encode_delta::<F32>(self, input, out),
+                    _ => unreachable!("is_compressible covers exactly these"),
+                };
+                if out.len() - start > frame::HEADER_LEN + input.len() {
+                    // A delta larger than the values (tiny chunks, or values that changed
+                    // wholesale): send the values instead, as a FILL. The cache already holds
+                    // `input`, which is what a FILL leaves on both sides, so a frame is never
+                    // longer than the raw bytes plus the header.
+                    out.truncate(start);
+                    raw_sections(input, out);
+                    self.fill(input);
+                    (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
+                } else {
+                    (
+                        d.mode,
+                        false,
+                        d.sections,
+                        d.exp_changes,
+                        d.value_changes,
+                        d.s0_hash,
+                    )
+                }
+            };
+        let h = frame::Header {
+            dtype: self.dtype,
+            mode,
+            flags: if fill { frame::FLAG_FILL } else { 0 },
+            count: self.len,
+            offset: self.offset,
+            version: self.version,
+        };
+        frame::finish(out, start, &h, sections, s0_hash);
+        Ok(FrameInfo {
+            mode,
+            fill,
+            dtype: self.dtype,
+            count: self.len,
+            offset: self.offset,
+            version: self.version,
+            raw_bytes: input.len(),
+            frame_bytes: out.len() - start,
+            exp_changes,
+            value_changes,
+        })
+    }
+
+    /// Decode a parsed frame for this chunk into `out` (exactly `len` elements).
+    pub fn decode(&mut self, f: &Frame<'_>, out: &mut [u8]) -> Result<FrameInfo> {
+        if f.dtype != self.dtype {
+            return Err(CodecError::DTypeMismatch {
+                expected: self.dtype,
+                found: f.dtype,
+            });
+        }
+        if f.count != self.len {
+            return Err(CodecError::LengthMismatch {
+                what: "frame element count",
+                expected: self.len,
+                found: f.count,
+            });
+        }
+        if f.offset != self.offset {
+            return Err(CodecError::LengthMismatch {
+                what: "frame element offset",
+                expected: self.offset,
+                found: f.offset,
+            });
+        }
+        let bytes = self.len * self.dtype.size();
+        if out.len() != bytes {
+            return Err(CodecError::LengthMismatch {
+                what: "decoder output bytes",
+                expected: bytes,
+                found: out.len(),
+            });
+        }
+        let mut info = FrameInfo::of(f, bytes);
+        match f.mode {
+            Mode::Raw => {
+                if self.dtype.is_compressible() && !info.fill {
+                    // Every encoder FILLs with raw frames of these types: a raw frame that
+                    // leaves the cache alone would desynchronise it from the sender's.
+                    return Err(CodecError::corrupt(
+                        "flags",
+                        format!("raw {} frame without FILL", self.dtype),
+                    ));
+                }
+                if f.sections[0].len() != bytes || f.sections[1..].iter().any(|s| !s.is_empty()) {
+                    return Err(CodecError::corrupt(
+                        "raw frame",
+                        format!(
+                            "sections {:?} for {bytes} value bytes",
+                            f.sections.map(|s| s.len())
+                        ),
+                    ));
+                }
+                f.verify_s0()?;
+                out.copy_from_slice(f.sections[0]);
+                if info.fill && self.dtype.is_compressible() {
+                    self.fill(out);
+                }
+            }
+            Mode::Exp | Mode::Hybrid => {
+                if !self.dtype.is_compressible() {
+                    return Err(CodecError::corrupt(
+                        "mode",
+                        format!("{} frame for {}", f.mode.name(), self.dtype),
+                    ));
+                }
+                if !self.warm {
+                    return Err(CodecError::SlotState {
+                        detail: format!(
+                            "{} frame (version {}) for a cold or reset slot; the sender must send raw",
+                            f.mode.name(),
+                            f.version
+                        ),
+                    });
+                }
+                if f.version != self.version {
+                    return Err(CodecError::VersionMismatch {
+                        slot_version: self.version,
+                        frame_version: f.version,
+                    });
+                }
+                let (e, v) = match self.dtype {
+                    DType::BF16 => decode_delta::<Bf16>(self, f, out)?,
+                    DType::F16 => decode_delta::<F16>(self, f, out)?,
+                    DType::F32 => decode_delta::<F32>(self, f, out)?,
+                    _ => unreachable!(),
+                };
+                info.exp_changes = e;
+                info.value_changes = v;
+            }
+        }
+        Ok(info)
+    }
+
+    fn fill(&mut self, values: &[u8]) {
+        match (self.mode, self.dtype) {
+            (CacheMode::FullValue, _) => self.state.copy_from_slice(values),
+            (CacheMode::Exponent, DType::BF16) => fill_exps::<Bf16>(values, self.state),
+            (CacheMode::Exponent, DType::F16) => fill_exps::<F16>(values, self.state),
+            (CacheMode::Exponent, DType::F32) => fill_exps::<F32>(values, self.state),
+            _ => {}
+        }
+    }
+}
+
+fn fill_exps<L: Layout>(values: &[u8], exps: &mut [u8]) {
+    for (i, e) in exps.iter_mut().enumerate() {
+        *e = L::exp(L::load(values, i));
+    }
+}
+
+fn raw_sections(input: &[u8], out: &mut Vec<u8>) {
+    frame::begin(out);
+    out.extend_from_slice(input);
+}
+
+struct Delta {
+    mode: Mode,
+    s0_hash: Option<u64>,
+    sections: [usize; 4],
+    exp_changes: usize,
+    value_changes: Option<usize>,
+}
+
+/// rANS is worth its codec time in an `Exp` frame only when it saves this share of the frame.
+const EXP_RANS_MIN_GAIN: usize = 50; // 1/50 = 2%
+
+fn encode_delta<L: Layout>(c: &mut SlotChunk<'_>, input: &[u8], out: &mut Vec<u8>) -> Delta {
+    with_scratch(|s| encode_delta_with::<L>(c, input, out, s))
+}
+
+fn encode_delta_with<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    s: &mut Scratch,
+) -> Delta {
+    let n = c.len;
+    frame::begin(out);
+    let choice = if c.mode == CacheMode::Exponent {
+        FrameChoice::Exp
+    } else {
+        c.choice
+    };
+    let Scratch {
+        masks,
+        exps,
+        changed,
+        exp_changed,
+        sm,
+        exp_sub,
+        vals,
+    } = s;
+    exps.clear();
+    if choice == FrameChoice::Exp {
+        return write_exp::<L>(c, input, out, masks, exps);
+    }
+    // Full-value cache: which values and which exponents changed.
+    if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
+        kernels::scan_full::<L>(input, c.state, changed, exp_changed);
+    }
+    let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
+    if choice == FrameChoice::Auto {
+        // Estimate both frames from the counts alone (the hybrid masks near their entropy),
+        // and take Hybrid only where it saves at least a fifth of the bytes: it costs several
+        // times the codec time of Exp, which must be paid back on the wire.
+        let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
+        let pe = bitmask::plan(exp_changed, n, None);
+        let exp_bytes = L::sm_len(n) + pe.bytes + ke;
+        let h = |x: usize, m: usize| {
+            if m == 0 {
+                0.0
+            } else {
+                m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0
+            }
+        };
+        let hybrid_est = L::sm_len(k) as f64 + h(k, n) + h(ke, k) + ke as f64 + 300.0;
+        if hybrid_est * 1.25 >= exp_bytes as f64 {
+            return write_exp::<L>(c, input, out, masks, exps);
+        }
+    }
+    sm.clear();
+    kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
+    let pa = bitmask::plan(changed, n, Some(0));
+    let pb = bitmask::plan(exp_sub, k, Some(0));
+    c.state.copy_from_slice(input);
+    out.extend_from_slice(sm);
+    let s1 = out.len();
+    bitmask::encode(changed, n, pa.coding, out);
+    let s2 = out.len();
+    bitmask::encode(exp_sub, k, pb.coding, out);
+    let s3 = out.len();
+    out.extend_from_slice(exps);
+    Delta {
+        mode: Mode::Hybrid,
+        s0_hash: None,
+        sections: [sm.len(), s2 - s1, s3 - s2, exps.len()],
+        exp_changes: exps.len(),
+        value_changes: Some(k),
+    }
+}
+
+fn write_exp<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    input: &[u8],
+    out: &mut Vec<u8>,
+    masks: &mut Vec<u64>,
+    exps: &mut Vec<u8>,
+) -> Delta {
+    let n = c.len;
+    let dense_len = L::sm_len(n);
+    let d0 = out.len();
+    let mut cache = match c.mode {
+        CacheMode::Exponent => CacheRef::Exp(c.state),
+        CacheMode::FullValue => CacheRef::Full(c.state),
+    };
+    let s0_hash = simd::encode_exp::<L>(input, &mut cache, out, masks, exps);
+    if s0_hash.is_none() {
+        out.resize(d0 + dense_len, 0);
+        kernels::encode_exp::<L>(input, cache, &mut out[d0..], masks, exps);
+    }
+    let budget = (dense_len + exps.len()) / EXP_RANS_MIN_GAIN;
+    let p = bitmask::plan(masks, n, Some(budget));
+    let s1 = out.len();
+    bitmask::encode(masks, n, p.coding, out);
+    let s2 = out.len();
+    out.extend_from_slice(exps);
+    Delta {
+        mode: Mode::Exp,
+        s0_hash,
+        sections: [dense_len, s2 - s1, exps.len(), 0],
+        exp_changes: exps.len(),
+        value_changes: None,
+    }
+}
+
+fn decode_delta<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    f: &Frame<'_>,
+    out: &mut [u8],
+) -> Result<(usize, Option<usize>)> {
+    with_scratch(|s| decode_delta_with::<L>(c, f, out, s))
+}
+
+fn decode_delta_with<L: Layout>(
+    c: &mut SlotChunk<'_>,
+    f: &Frame<'_>,
+    out: &mut [u8],
+    scratch: &mut Scratch,
+) -> Result<(usize, Option<usize>)> {
+    let n = c.len;
+    let [s0, s1, s2, s3] = f.sections;
+    let Scratch {
+        masks,
+        exp_sub: sub,
+        vals,
+        ..
+    } = scratch;
+    match f.mode {
+        Mode::Exp => {
+            if s0.len() != L::sm_len(n) {
+                return Err(CodecError::LengthMismatch {
+                    what: "sign+mantissa section bytes",
+                    expected: L::sm_len(n),
+                    found: s0.len(),
+                });
+            }
+            let ones = bitmask::decode(s1, n, masks)?;
+            if s2.len() != ones || !s3.is_empty() {
+                return Err(CodecError::corrupt(
+                    "exponent section",
+                    format!(
+                        "{} exponents (+{} extra bytes) for {ones} marked changes",
+                        s2.len(),
+                        s3.len()
+                    ),
+                ));
+            }
+            let mut cache = match c.mode {
+                CacheMode::Exponent => CacheRef::Exp(c.state),
+                CacheMode::FullValue => CacheRef::Full(c.state),
+            };
+            // The fused path checks s0 as it decodes (the slot is poisoned if that fails);
+            // the plain path checks first.
+            match simd::decode_exp::<L>(s0, masks, s2, &mut cache, out)? {
+                Some(h) => f.check_s0(h)?,
+                None => {
+                    f.verify_s0()?;
+                    kernels::decode_exp::<L>(s0, masks, s2, cache, out)?;
+                }
+            }
+            Ok((ones, None))
+        }
+        Mode::Hybrid => {
+            if c.mode != CacheMode::FullValue {
+                return Err(CodecError::SlotState {
+                    detail: "hybrid frame for an exponent-only slot (cache modes disagree)".into(),
+                });
+            }
+            let k = bitmask::decode(s1, n, masks)?;
+            let ke = bitmask::decode(s2, k, sub)?;
+            if s0.len() != L::sm_len(k) {
+                return Err(CodecError::LengthMismatch {
+                    what: "sign+mantissa section bytes",
+                    expected: L::sm_len(k),
+                    found: s0.len(),
+                });
+            }
+            if s3.len() != ke {
+                return Err(CodecError::corrupt(
+                    "exponent section",
+                    format!("{} exponents for {ke} marked changes", s3.len()),
+                ));
+            }
+            f.verify_s0()?;
+            kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
+            Ok((ke, Some(k)))
+        }
+        Mode::Raw => unreachable!(),
+    }
+}
+
+/// Decode a frame that needs no cache (a raw frame) into `out`.
+pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
+    let f = frame::parse(frame_bytes)?;
+    if f.mode != Mode::Raw {
+        return Err(CodecError::SlotState {
+            detail: format!("{} frame needs a cache slot", f.mode.name()),
+        });
+    }
+    let bytes = f
+        .count
+        .checked_mul(f.dtype.size())
+        .filter(|&b| b == f.sections[0].len())
+        .ok_or_else(|| {
+            CodecError::corrupt(
+                "raw frame",
+                format!(
+                    "{} elements of {} in a {}-byte section",
+                    f.count,
+                    f.dtype,
+                    f.sections[0].len()
+                ),
+            )
+        })?;
+    if out.len() != bytes {
+        return Err(CodecError::LengthMismatch {
+            what: "decoder output bytes",
+            expected: bytes,
+            found: out.len(),
+        });
+    }
+    if f.sections[1..].iter().any(|s| !s.is_empty()) {
+        return Err(CodecError::corrupt(
+            "raw frame",
+            "raw frames have one section",
+        ));
+    }
+    f.verify_s0()?;
+    out.copy_from_slice(f.sections[0]);
+    Ok(FrameInfo::of(&f, bytes))
+}

@@ -1,0 +1,271 @@
+//! A cache slot: one source shard's cache, identical on the sender and on every receiver, its
+//! versions, and what one frame did ([`FrameInfo`]).
+
+use super::chunk::SlotChunk;
+use super::error::{CodecError, Result};
+use super::frame::{self, Frame, Mode};
+use crate::DType;
+
+/// What a cache slot remembers per element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheMode {
+    /// The exponent field: 1 byte per element. Enables `Exp` frames.
+    Exponent,
+    /// The whole previous value: element size per element. Enables `Exp` and `Hybrid` frames.
+    FullValue,
+}
+
+impl CacheMode {
+    /// Cache bytes per element for `dtype` (0 for types that travel raw).
+    pub fn bytes_per_element(self, dtype: DType) -> usize {
+        if !dtype.is_compressible() {
+            return 0;
+        }
+        match self {
+            CacheMode::Exponent => 1,
+            CacheMode::FullValue => dtype.size(),
+        }
+    }
+}
+
+/// Which delta frame a full-value slot sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameChoice {
+    Exp,
+    Hybrid,
+    /// Per chunk: Hybrid where it saves at least a fifth of the bytes of Exp (it costs
+    /// several times the codec time), else Exp.
+    Auto,
+}
+
+/// What one frame did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameInfo {
+    pub mode: Mode,
+    pub fill: bool,
+    pub dtype: DType,
+    pub count: usize,
+    pub offset: usize,
+    /// The slot version the frame was coded against.
+    pub version: u64,
+    pub raw_bytes: usize,
+    pub frame_bytes: usize,
+    /// Elements whose exponent changed (delta frames).
+    pub exp_changes: usize,
+    /// Elements whose value changed (hybrid frames).
+    pub value_changes: Option<usize>,
+}
+
+impl FrameInfo {
+    /// What a parsed frame says of itself (change counts filled in by the decoder).
+    pub(super) fn of(f: &Frame<'_>, raw_bytes: usize) -> FrameInfo {
+        FrameInfo {
+            mode: f.mode,
+            fill: f.flags & frame::FLAG_FILL != 0,
+            dtype: f.dtype,
+            count: f.count,
+            offset: f.offset,
+            version: f.version,
+            raw_bytes,
+            frame_bytes: f.len,
+            exp_changes: 0,
+            value_changes: None,
+        }
+    }
+}
+
+/// One source shard's cache, identical on the sender and on every receiver.
+pub struct CacheSlot {
+    dtype: DType,
+    mode: CacheMode,
+    choice: FrameChoice,
+    len: usize,
+    version: u64,
+    warm: bool,
+    state: Vec<u8>,
+}
+
+/// A fresh random slot version. A slot takes one whenever it becomes cold, and its FILL frames
+/// carry it: a receiver then adopts it. So a delta frame decoded against the wrong slot (say,
+/// ranks that inferred different cache keys) fails the version check instead of producing
+/// wrong bits, except with probability 2^-64.
+fn random_version() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS once per thread and stepped per call.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x9E37_79B9_7F4A_7C15);
+    h.finish()
+}
+
+impl CacheSlot {
+    /// A cold slot for `len` elements, at a random version. Types the codec does not compress
+    /// get an empty state.
+    pub fn new(dtype: DType, mode: CacheMode, len: usize) -> CacheSlot {
+        CacheSlot::with_version(dtype, mode, len, random_version())
+    }
+
+    /// A cold slot at a given version (reproducible frames, e.g. golden tests).
+    pub fn with_version(dtype: DType, mode: CacheMode, len: usize, version: u64) -> CacheSlot {
+        CacheSlot {
+            dtype,
+            mode,
+            choice: FrameChoice::Auto,
+            len,
+            version,
+            warm: false,
+            state: Vec::new(),
+        }
+    }
+
+    /// Which delta frames a full-value slot sends (default `Auto`; exponent slots always `Exp`).
+    pub fn set_frame_choice(&mut self, choice: FrameChoice) {
+        self.choice = choice;
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn mode(&self) -> CacheMode {
+        self.mode
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+    /// Whether the slot holds a complete previous iteration (delta frames possible).
+    pub fn is_warm(&self) -> bool {
+        self.warm
+    }
+    /// Bytes of cache memory this slot holds (or will once filled).
+    pub fn memory_bytes(&self) -> usize {
+        self.len * self.mode.bytes_per_element(self.dtype)
+    }
+
+    /// Forget the cached values: the next frame for this slot must be a raw FILL. The slot takes
+    /// a fresh random version, so no delta frame made against the old state can match it.
+    pub fn poison(&mut self) {
+        self.warm = false;
+        self.version = random_version();
+    }
+
+    fn ensure_state(&mut self) {
+        let want = self.memory_bytes();
+        if self.state.len() != want {
+            self.state = vec![0u8; want];
+        }
+    }
+
+    /// Split the slot into chunks of `chunk_elems` elements (the last may be shorter), each able
+    /// to encode or decode its range independently of the others (e.g. on worker threads).
+    /// After every chunk of an iteration has been coded, call [`commit`](Self::commit).
+    pub fn chunks(&mut self, chunk_elems: usize) -> Vec<SlotChunk<'_>> {
+        if chunk_elems >= self.len {
+            return vec![self.chunk(0..self.len)];
+        }
+        assert!(chunk_elems > 0, "chunk_elems must be positive");
+        self.ensure_state();
+        let per = self.mode.bytes_per_element(self.dtype);
+        let (dtype, mode, choice, version, warm, len) = (
+            self.dtype,
+            self.mode,
+            self.choice,
+            self.version,
+            self.warm,
+            self.len,
+        );
+        let mut out = Vec::with_capacity(len.div_ceil(chunk_elems));
+        let mut rest: &mut [u8] = &mut self.state;
+        let mut offset = 0;
+        while offset < len {
+            let n = chunk_elems.min(len - offset);
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(n * per);
+            rest = tail;
+            out.push(SlotChunk {
+                dtype,
+                mode,
+                choice,
+                version,
+                warm,
+                offset,
+                len: n,
+                state: head,
+            });
+            offset += n;
+        }
+        out
+    }
+
+    /// The chunk of elements `elems` (within `0..len`), to code on its own.
+    pub fn chunk(&mut self, elems: std::ops::Range<usize>) -> SlotChunk<'_> {
+        assert!(
+            elems.start <= elems.end && elems.end <= self.len,
+            "chunk {elems:?} of a {}-element slot",
+            self.len
+        );
+        self.ensure_state();
+        let per = self.mode.bytes_per_element(self.dtype);
+        SlotChunk {
+            dtype: self.dtype,
+            mode: self.mode,
+            choice: self.choice,
+            version: self.version,
+            warm: self.warm,
+            offset: elems.start,
+            len: elems.len(),
+            state: &mut self.state[elems.start * per..elems.end * per],
+        }
+    }
+
+    /// End an iteration whose chunks produced `infos` (all chunks, each exactly once). Both
+    /// sides advance to `version + 1`; the slot is warm if it was, or if every chunk filled it.
+    pub fn commit(&mut self, infos: &[FrameInfo]) -> Result<()> {
+        let base = infos.first().map_or(self.version, |i| i.version);
+        let covered: usize = infos.iter().map(|i| i.count).sum();
+        if covered != self.len || infos.iter().any(|i| i.version != base) {
+            self.poison();
+            return Err(CodecError::SlotState {
+                detail: format!(
+                    "commit of {} chunk(s) covering {covered} of {} elements at versions {:?}",
+                    infos.len(),
+                    self.len,
+                    infos.iter().map(|i| i.version).collect::<Vec<_>>()
+                ),
+            });
+        }
+        // A warm slot stays warm: deltas and fills update both sides alike, and a raw frame
+        // without FILL leaves both sides untouched. A cold slot warms only if every chunk filled.
+        let all_fill = infos.iter().all(|i| i.fill);
+        self.warm = self.dtype.is_compressible() && (self.warm || all_fill);
+        self.version = base.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Encode the whole slot as one frame and commit. Cold slots send a raw FILL frame.
+    pub fn encode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<FrameInfo> {
+        let info = self.chunk(0..self.len).encode(input, out)?;
+        self.commit(std::slice::from_ref(&info))?;
+        Ok(info)
+    }
+
+    /// Decode one whole-slot frame into `out` and commit. On error the slot is poisoned (the
+    /// next frame it accepts is a raw FILL) and `out` holds unspecified bytes.
+    pub fn decode(&mut self, frame: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
+        let len = self.len;
+        let r = frame::parse(frame).and_then(|f| self.chunk(0..len).decode(&f, out));
+        match r {
+            Ok(info) => {
+                self.commit(std::slice::from_ref(&info))?;
+                Ok(info)
+            }
+            Err(e) => {
+                self.poison();
+                Err(e)
+            }
+        }
+    }
+}
