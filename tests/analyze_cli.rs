@@ -1,6 +1,9 @@
 //! `ciera analyze` end to end: the bundled real-trace slice is exact and near the bounds, and
 //! bad input gets an error that says what is wrong.
 
+#[path = "common/skip.rs"]
+mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -169,7 +172,10 @@ fn bad_mode() {
 fn full_trace_meets_bounds() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/olmoe-mini-s0");
     if !dir.is_dir() {
-        eprintln!("skipping: {} not present", dir.display());
+        skip::skip(
+            "full_trace_meets_bounds",
+            &format!("{} not present", dir.display()),
+        );
         return;
     }
     let rows = analyze_json(&dir);

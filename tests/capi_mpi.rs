@@ -8,6 +8,8 @@
 //! served exactly. Skipped, with the reason printed, where mpicc or mpirun is missing (CI
 //! installs openmpi-bin and libopenmpi-dev).
 
+#[path = "common/skip.rs"]
+mod skip;
 #[path = "c/support.rs"]
 mod support;
 
@@ -87,7 +89,7 @@ fn stats_line(err: &str, rank: usize, size: usize) -> &str {
 /// without MPI.
 fn prepare(test: &str) -> Option<(PathBuf, String)> {
     if let Some(why) = mpi_missing() {
-        println!("SKIPPED {test}: {why}");
+        skip::skip(test, &why);
         return None;
     }
     build_libs(&["ciera-mpi"]);

@@ -842,7 +842,7 @@ fn hex(b: &[u8]) -> String {
 
 fn unhex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().filter(|t| *t != "-").collect();
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit"))

@@ -5,6 +5,8 @@
 
 #[path = "common/comm_harness.rs"]
 mod harness;
+#[path = "common/skip.rs"]
+mod skip;
 
 use ciera::comm::Communicator;
 use harness::*;
@@ -195,12 +197,13 @@ fn job_started_by_mpirun() {
         .args(["-c", "command -v mpirun"])
         .output()
     else {
-        println!("SKIPPED job_started_by_mpirun: cannot run sh");
+        skip::skip("job_started_by_mpirun", "cannot run sh");
         return;
     };
     if !which.status.success() {
-        println!(
-            "SKIPPED job_started_by_mpirun: mpirun is not installed (apt-get install openmpi-bin)"
+        skip::skip(
+            "job_started_by_mpirun",
+            "mpirun is not installed (apt-get install openmpi-bin)",
         );
         return;
     }

@@ -5,6 +5,8 @@
 
 #[path = "common/comm_harness.rs"]
 mod harness;
+#[path = "common/skip.rs"]
+mod skip;
 
 use std::io::{Seek, SeekFrom, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,7 +132,10 @@ fn corrupted_rings_never_give_wrong_bytes(role: &str) {
         .open("/proc/self/mem")
         .is_err()
     {
-        skip("this process may not write /proc/self/mem (the fault injector needs it)");
+        skip::skip(
+            role,
+            "this process may not write /proc/self/mem (the fault injector needs it)",
+        );
         return;
     }
     let id = UniqueId::new().unwrap();
@@ -173,14 +178,4 @@ fn verify_catches_corrupted_raw_calls() {
 #[test]
 fn verify_catches_corrupted_compressed_calls_and_their_repairs() {
     corrupted_rings_never_give_wrong_bytes("corrupt_compressed");
-}
-
-/// Say why a test did nothing, in `cargo test`'s normal output (libtest captures only the
-/// print macros, not writes to the stderr handle).
-fn skip(reason: &str) {
-    let name = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    let _ = writeln!(std::io::stderr(), "SKIPPED {name}: {reason}");
 }

@@ -162,3 +162,156 @@ fn perf_reports_single_copy_and_shared_buffer_bytes() {
         );
     }
 }
+
+/// Runs `ciera ARGS` with `env`; returns (exit code, stderr lines).
+fn run_err(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, Vec<String>) {
+    let mut cmd = ciera();
+    cmd.args(args).stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run ciera");
+    let err = String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), err.lines().map(str::to_string).collect())
+}
+
+/// Mistakes a user makes get one clear line (not one per rank, not someone else's name) and
+/// the usual exit codes: 2 for a bad argument or setting, 127 for a program that is not there.
+#[test]
+fn bad_input_is_one_clear_line() {
+    for (args, env, code, want) in [
+        (
+            &["launch", "-n", "2", "--", "/nonexistent"][..],
+            &[][..],
+            127,
+            "ciera launch: cannot run /nonexistent: No such file or directory",
+        ),
+        (
+            &["launch", "-n", "2", "--", "no-such-program-here"][..],
+            &[][..],
+            127,
+            "ciera launch: cannot run no-such-program-here: not found in PATH",
+        ),
+        (
+            &["perf", "-n", "2", "--trace", "/nonexistent"][..],
+            &[][..],
+            2,
+            "ciera perf: trace folder /nonexistent: No such file or directory",
+        ),
+        (
+            &[
+                "perf",
+                "-n",
+                "2",
+                "--trace",
+                "tests/data/olmoe-slice",
+                "--tensor",
+                "nope",
+            ][..],
+            &[][..],
+            2,
+            "no tensor named \"nope\"",
+        ),
+        (
+            &["perf", "-n", "2"][..],
+            &[("CIERA_ALGO", "bogus")][..],
+            2,
+            "CIERA_ALGO=\"bogus\": expected auto, ring, rd, bruck or direct",
+        ),
+        (
+            &["perf", "-n", "2", "--trace", "tests/data/olmoe-slice"][..],
+            &[("CIERA_COMPRESS", "maybe")][..],
+            2,
+            "CIERA_COMPRESS=\"maybe\": expected auto, on or off",
+        ),
+        (
+            &["perf", "-n", "2", "--trace", "tests/data/olmoe-slice"][..],
+            &[("CIERA_CACHE_MB", "99999999999999999999")][..],
+            2,
+            "CIERA_CACHE_MB=\"99999999999999999999\" is not a number of MiB",
+        ),
+        (
+            &["perf", "-n", "2"][..],
+            &[("CIERA_TIMEOUT", "1e20")][..],
+            2,
+            "CIERA_TIMEOUT=\"1e20\" is not a positive number of seconds",
+        ),
+        (
+            &["launch", "--grace", "1e20", "-n", "2", "--", "true"][..],
+            &[][..],
+            2,
+            "--grace 100000000000000000000: expected seconds from 0 to",
+        ),
+    ] {
+        let (got, lines) = run_err(args, env);
+        assert_eq!(got, Some(code), "{args:?} {env:?}: {lines:?}");
+        assert!(
+            lines.first().is_some_and(|l| l.contains(want)),
+            "{args:?} {env:?}: the first line should say {want:?}: {lines:?}"
+        );
+        // The usage text may follow an argument error; nothing else does.
+        let usage = lines.iter().position(|l| l.starts_with("usage:"));
+        assert!(
+            lines[1..usage.unwrap_or(lines.len())]
+                .iter()
+                .all(|l| l.trim().is_empty()),
+            "{args:?} {env:?}: more than one line: {lines:?}"
+        );
+    }
+}
+
+/// A send buffer this machine cannot hold is an error naming the size, not an abort.
+#[test]
+fn perf_too_big_for_memory_is_an_error() {
+    let (code, lines) = run_err(&["perf", "-b", "1000000G", "-e", "1000000G"], &[]);
+    assert_eq!(code, Some(1), "{lines:?}");
+    assert!(
+        lines.len() == 1 && lines[0].contains("allocating the send buffer of"),
+        "{lines:?}"
+    );
+}
+
+/// `ciera perf -n 4 | head -1`: the output closes under rank 0; the job stops with one line
+/// from the launcher, not an error chain from every rank.
+#[test]
+fn closing_perf_output_stops_the_job_with_one_line() {
+    use std::io::{BufRead, BufReader};
+    let mut child = ciera()
+        .args([
+            "perf", "-n", "4", "-b", "1K", "-e", "64M", "-f", "4", "-i", "50",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ciera perf");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader (and with it the pipe) is dropped here, as `head -1` would exit.
+    assert!(first.starts_with("# ciera perf"), "{first}");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 13), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines,
+        ["ciera launch: the output of rank 0 was closed (SIGPIPE); stopping the job"],
+        "{err}"
+    );
+}
+
+#[test]
+fn help_texts_name_the_real_options() {
+    let out = ciera().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("-i ITERS") && !help.contains("-n ITERS"),
+        "{help}"
+    );
+    assert!(help.contains("--mode exp|hybrid|auto|all"), "{help}");
+    assert!(help.contains("perf --trace DIR"), "{help}");
+    let out = ciera().args(["perf", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--trace DIR"), "{help}");
+}

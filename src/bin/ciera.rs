@@ -5,10 +5,12 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: ciera <command> [args]
 
 commands:
-  analyze DIR [--mode exp|hybrid|auto] [--json]
+  analyze DIR [--mode exp|hybrid|auto|all] [--json]
         what CIERA would save on consecutive safetensors snapshots in DIR (checks every bit)
-  perf [-n N] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c CHECK] [--json] ...
+  perf [-n N] [-b MIN] [-e MAX] [-f FACTOR] [-i ITERS] [-w WARMUP] [-c CHECK] [-R 0|1] [--json]
         nccl-tests style Allgather timings (run `ciera perf --help`)
+  perf --trace DIR [-n N] [--modes raw,exp,full,...] ...
+        the compressed Allgather replaying a real training trace, every bit checked
   launch -n N [--] PROGRAM [ARGS...]
         run N ranks of PROGRAM on this machine
 ";

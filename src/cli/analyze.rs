@@ -1,4 +1,4 @@
-//! `ciera analyze DIR [--mode exp|hybrid|auto] [--json]`: what would CIERA save on these
+//! `ciera analyze DIR [--mode exp|hybrid|auto|all] [--json]`: what would CIERA save on these
 //! checkpoints? Pairs consecutive snapshots, runs the real encoder and decoder over the
 //! iterations as one source rank would (one sender slot and one receiver slot per tensor and
 //! mode), checks every decoded bit, and prints per pair and tensor the change rates, the ratio

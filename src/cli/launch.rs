@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use super::args::Args;
 use crate::comm::bootstrap::{spawn_root, RootMode};
 use crate::comm::id::{hex, random_secret, round_timeout};
-use crate::comm::{Config, DEFAULT_TIMEOUT};
+use crate::comm::Config;
+use crate::parse::MAX_WAIT;
 
 const USAGE: &str =
     "usage: ciera launch -n N [--grace SECONDS] [--bind auto|none] [--] PROGRAM [ARGS...]
@@ -73,8 +74,11 @@ fn parse(args: &[String]) -> Result<Option<(LaunchSpec, bool)>, String> {
             "-n" | "-np" | "--nranks" => nranks = Some(a.value_parsed::<usize>(&flag)?),
             "--grace" => {
                 let s: f64 = a.value_parsed(&flag)?;
-                if !(s.is_finite() && s >= 0.0) {
-                    return Err(format!("--grace {s}: expected seconds >= 0"));
+                if !(s.is_finite() && s >= 0.0 && s <= MAX_WAIT.as_secs_f64()) {
+                    return Err(format!(
+                        "--grace {s}: expected seconds from 0 to {}",
+                        MAX_WAIT.as_secs()
+                    ));
                 }
                 grace = Duration::from_secs_f64(s);
             }
@@ -126,8 +130,47 @@ pub fn run(spec: &LaunchSpec) -> i32 {
     run_with(spec, bind_from_env())
 }
 
+/// The program to run, as a path: one with a `/` must name an executable file; a bare name
+/// is looked up in PATH (so a missing program is reported as such, not as a failure of
+/// `taskset`, which starts it when ranks are bound to CPUs).
+fn resolve_program(program: &str) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = std::path::Path::new(program);
+        return match std::fs::metadata(p) {
+            Err(e) => Err(format!("cannot run {program}: {e}")),
+            Ok(_) if !executable(p) => Err(format!("cannot run {program}: not an executable file")),
+            Ok(_) => Ok(program.to_string()),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| executable(p))
+        .map(|p| p.to_string_lossy().into_owned())
+        .ok_or_else(|| format!("cannot run {program}: not found in PATH"))
+}
+
 /// As [`run`], binding ranks to CPUs when `bind` (and there are enough CPUs).
 pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
+    // What every rank would otherwise fail on, once: the program, and CIERA_* settings.
+    let program = match resolve_program(&spec.program) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ciera launch: {e}");
+            return 127;
+        }
+    };
+    let timeout = match Config::from_env() {
+        Ok(c) => c.timeout,
+        Err(e) => {
+            eprintln!("ciera launch: {e}");
+            return 2;
+        }
+    };
     let secret = match random_secret() {
         Ok(s) => s,
         Err(e) => {
@@ -135,9 +178,6 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
             return 1;
         }
     };
-    let timeout = Config::from_env()
-        .map(|c| c.timeout)
-        .unwrap_or(DEFAULT_TIMEOUT);
     let root = TcpListener::bind(("127.0.0.1", 0))
         .map_err(|e| format!("binding the bootstrap root on 127.0.0.1: {e}"))
         .and_then(|l| {
@@ -163,10 +203,10 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
         let mut cmd = match &cpus {
             Some(cpus) => {
                 let mut c = Command::new("taskset");
-                c.args(["-c", &cpus[rank].to_string(), &spec.program]);
+                c.args(["-c", &cpus[rank].to_string(), &program]);
                 c
             }
-            None => Command::new(&spec.program),
+            None => Command::new(&program),
         };
         cmd.args(&spec.args)
             .env("CIERA_ROOT", root.to_string())
@@ -210,6 +250,7 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
     let mut first_failure: Option<(usize, ExitStatus)> = None;
     let mut kill_at: Option<Instant> = None;
     let mut killed: Vec<usize> = Vec::new();
+    let mut quiet_stop = false;
     let mut live = spec.nranks;
     while live > 0 {
         let mut reaped = false;
@@ -221,13 +262,23 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
                     live -= 1;
                     reaped = true;
                     if !status.success() && !killed.contains(&rank) && first_failure.is_none() {
-                        eprintln!(
-                            "ciera launch: rank {rank} (pid {}) {}; stopping the other ranks",
-                            pids[rank],
-                            describe(status)
-                        );
                         first_failure = Some((rank, status));
-                        kill_at = Some(Instant::now() + spec.grace);
+                        if status.signal() == Some(libc::SIGPIPE) {
+                            // Its output was closed (`ciera perf | head`): nothing to wait for.
+                            eprintln!(
+                                "ciera launch: the output of rank {rank} was closed (SIGPIPE); \
+                                 stopping the job"
+                            );
+                            quiet_stop = true;
+                            kill_at = Some(Instant::now());
+                        } else {
+                            eprintln!(
+                                "ciera launch: rank {rank} (pid {}) {}; stopping the other ranks",
+                                pids[rank],
+                                describe(status)
+                            );
+                            kill_at = Some(Instant::now() + spec.grace);
+                        }
                     }
                 }
                 Ok(None) => {}
@@ -247,7 +298,7 @@ pub fn run_with(spec: &LaunchSpec, bind: bool) -> i32 {
                     }
                 }
             }
-            if !killed.is_empty() {
+            if !killed.is_empty() && !quiet_stop {
                 eprintln!(
                     "ciera launch: killed rank(s) {killed:?}, still running {:?} after rank {} failed",
                     spec.grace,

@@ -9,8 +9,7 @@ use std::ops::DerefMut;
 use std::time::Instant;
 
 use super::args::Args;
-use super::launch::{self, LaunchSpec};
-use crate::comm::env::{real_env, LaunchEnv};
+use super::ranks;
 use crate::comm::{Communicator, Config};
 use crate::error::{Error, Result};
 use crate::DType;
@@ -35,6 +34,8 @@ Allgather timings, nccl-tests all_gather_perf style.
                        (ciera::SharedBuffer, like nccl-tests -R with ncclMemAlloc): same-host
                        peers then copy straight out of them, no kernel copy (default 0)
       --json           one JSON object per size: size count type time_us algbw busbw wrong
+      --trace DIR      replay a real training trace through the compressed Allgather instead
+                       (every bit checked; `ciera perf --trace DIR --help` for its options)
   -h, --help
 
 Environment: CIERA_TRANSPORT=auto|shm|tcp, CIERA_ALGO=auto|ring|rd|bruck,
@@ -92,49 +93,17 @@ pub fn main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let launch_env = match LaunchEnv::detect(&real_env) {
-        Ok(l) => l,
+    let rank = match ranks::start("perf", opts.nranks, &rank_args) {
+        Ok(ranks::Start::Here { rank }) => rank,
+        Ok(ranks::Start::Done(code)) => return code,
         Err(e) => {
             eprintln!("ciera perf: {e}");
             return 2;
         }
     };
-    if launch_env.launcher == "none" && opts.nranks.unwrap_or(1) > 1 {
-        // Launch our own ranks: this same program, same options, minus -n.
-        let exe = match std::env::current_exe() {
-            Ok(p) => p.to_string_lossy().into_owned(),
-            Err(e) => {
-                eprintln!("ciera perf: cannot find my own executable to launch ranks: {e}");
-                return 1;
-            }
-        };
-        let mut a = vec!["perf".to_string()];
-        a.extend(rank_args);
-        let spec = LaunchSpec {
-            nranks: opts.nranks.unwrap_or(1),
-            program: exe,
-            args: a,
-            env: Vec::new(),
-            grace: std::time::Duration::from_secs(3),
-        };
-        return launch::run(&spec);
-    }
-    if let Some(n) = opts.nranks {
-        if launch_env.launcher != "none" && n != launch_env.nranks {
-            eprintln!(
-                "ciera perf: -n {n}, but {} started {} ranks; drop -n under a launcher",
-                launch_env.launcher, launch_env.nranks
-            );
-            return 2;
-        }
-    }
     match run_rank(&opts) {
         Ok(wrong) => i32::from(wrong > 0),
-        Err(e) => {
-            let rank = launch_env.rank;
-            eprintln!("ciera perf: rank {rank}: {e}");
-            1
-        }
+        Err(e) => ranks::rank_failed("ciera perf", rank, &e),
     }
 }
 
@@ -236,8 +205,8 @@ fn run_rank(o: &Opts) -> Result<u64> {
     let (rank, n) = (comm.rank(), comm.size());
     let ts = o.dtype.size();
     let max_count = o.max_bytes / ts / n;
-    let mut send = alloc(max_count * ts, o.registered)?;
-    let mut recv = alloc(max_count * ts * n, o.registered)?;
+    let mut send = alloc(max_count * ts, o.registered, "send")?;
+    let mut recv = alloc(max_count * ts * n, o.registered, "receive")?;
     fill(&mut send, ts, rank, 1_000_000);
     let print = rank == 0;
     if print && !o.json {
@@ -380,12 +349,19 @@ fn run_rank(o: &Opts) -> Result<u64> {
     Ok(wrong_total)
 }
 
-/// A zeroed buffer of `len` bytes: on the heap, or a shared buffer (`-R 1`).
-fn alloc(len: usize, shared: bool) -> Result<Box<dyn DerefMut<Target = [u8]>>> {
+/// A zeroed buffer of `len` bytes: on the heap, or a shared buffer (`-R 1`). A size this
+/// machine cannot hold is an error naming it, not an abort.
+fn alloc(len: usize, shared: bool, what: &str) -> Result<Box<dyn DerefMut<Target = [u8]>>> {
     Ok(if shared {
         Box::new(Communicator::alloc_shared(len)?)
     } else {
-        Box::new(vec![0u8; len])
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len).map_err(|e| Error::Io {
+            what: format!("allocating the {what} buffer of {len} bytes"),
+            source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, e.to_string()),
+        })?;
+        v.resize(len, 0);
+        Box::new(v)
     })
 }
 

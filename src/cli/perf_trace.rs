@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::args::Args;
-use super::launch::{self, LaunchSpec};
+use super::ranks;
 use crate::codec::CacheMode;
-use crate::comm::env::{real_env, LaunchEnv};
 use crate::comm::{Communicator, Config};
 use crate::compress::{CompressMode, GatherOptions};
 use crate::error::{Error, Result};
@@ -68,38 +67,24 @@ pub fn main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let env = match LaunchEnv::detect(&real_env) {
-        Ok(l) => l,
+    // The trace is checked here, before any rank starts: a wrong folder or tensor name is one
+    // line and exit 2, as for `ciera analyze`.
+    if let Err(e) = windows(&o.dir).and_then(|w| tensor_of(&w[0][0].1, o.tensor.as_deref())) {
+        eprintln!("ciera perf: {e}");
+        return 2;
+    }
+    let rank = match ranks::start("perf", o.nranks, &pass) {
+        Ok(ranks::Start::Here { rank }) => rank,
+        Ok(ranks::Start::Done(code)) => return code,
         Err(e) => {
             eprintln!("ciera perf: {e}");
             return 2;
         }
     };
-    if env.launcher == "none" && o.nranks.unwrap_or(1) > 1 {
-        let exe = match std::env::current_exe() {
-            Ok(p) => p.to_string_lossy().into_owned(),
-            Err(e) => {
-                eprintln!("ciera perf: cannot find my own executable: {e}");
-                return 1;
-            }
-        };
-        let mut a = vec!["perf".to_string()];
-        a.extend(pass);
-        return launch::run(&LaunchSpec {
-            nranks: o.nranks.unwrap_or(1),
-            program: exe,
-            args: a,
-            env: Vec::new(),
-            grace: std::time::Duration::from_secs(3),
-        });
-    }
     match run_rank(&o) {
         Ok(0) => 0,
         Ok(_) => 1,
-        Err(e) => {
-            eprintln!("ciera perf: rank {}: {e}", env.rank);
-            1
-        }
+        Err(e) => ranks::rank_failed("ciera perf", rank, &e),
     }
 }
 
@@ -205,6 +190,41 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
     Ok(Some((o, pass)))
 }
 
+/// The tensor to replay in `st`: the one named, else the first bf16 one, else the first.
+fn pick_tensor<'a>(
+    st: &'a SafeTensors,
+    want: Option<&str>,
+) -> Result<&'a crate::safetensors::TensorInfo> {
+    match want {
+        Some(want) => st.get(want).ok_or_else(|| Error::Format {
+            path: st.path.clone(),
+            detail: format!(
+                "no tensor named {want:?} (have: {})",
+                st.tensors
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+        None => st
+            .tensors
+            .iter()
+            .find(|t| t.dtype == DType::BF16)
+            .or(st.tensors.first())
+            .ok_or_else(|| Error::Format {
+                path: st.path.clone(),
+                detail: "holds no tensors".into(),
+            }),
+    }
+}
+
+/// Whether the snapshot at `path` has the tensor `want` (or any, when None).
+fn tensor_of(path: &Path, want: Option<&str>) -> Result<()> {
+    let st = SafeTensors::open(path)?;
+    pick_tensor(&st, want).map(|_| ())
+}
+
 /// The windows of consecutive steps in a trace folder, each a list of (step, path).
 fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     let shown = dir.display().to_string();
@@ -281,28 +301,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
         let mut steps: Vec<(u64, Vec<u8>)> = Vec::new();
         for (step, path) in win {
             let st = SafeTensors::open(path)?;
-            let t = match &o.tensor {
-                Some(want) => st.get(want).ok_or_else(|| Error::Format {
-                    path: st.path.clone(),
-                    detail: format!(
-                        "no tensor named {want:?} (have: {})",
-                        st.tensors
-                            .iter()
-                            .map(|t| t.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                })?,
-                None => st
-                    .tensors
-                    .iter()
-                    .find(|t| t.dtype == DType::BF16)
-                    .or(st.tensors.first())
-                    .ok_or_else(|| Error::Format {
-                        path: st.path.clone(),
-                        detail: "holds no tensors".into(),
-                    })?,
-            };
+            let t = pick_tensor(&st, o.tensor.as_deref())?;
             dtype = t.dtype;
             name = t.name.clone();
             steps.push((*step, st.bytes(t).to_vec()));

@@ -207,7 +207,7 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
         }
     }
     // Bits past m must be clear.
-    if m % 64 != 0 {
+    if !m.is_multiple_of(64) {
         if let Some(&last) = words.last() {
             if last >> (m % 64) != 0 {
                 return Err(CodecError::corrupt(
@@ -274,7 +274,7 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
         *w = u64::from_le_bytes(bytes);
     }
     // L1 bits for words that do not exist (padding of the last byte) must be clear.
-    if words.len() % 8 != 0 && l1_len > 0 && l1[l1_len - 1] >> (words.len() % 8) != 0 {
+    if !words.len().is_multiple_of(8) && l1_len > 0 && l1[l1_len - 1] >> (words.len() % 8) != 0 {
         return Err(CodecError::corrupt(
             "mask",
             "level-1 bits set past the last word",

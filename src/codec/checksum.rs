@@ -52,7 +52,7 @@ impl Default for StripeHash {
 impl StripeHash {
     /// Absorb whole stripes; `data.len()` must be a multiple of 32.
     pub fn update(&mut self, data: &[u8]) {
-        debug_assert!(data.len() % 32 == 0);
+        debug_assert!(data.len().is_multiple_of(32));
         for stripe in data.chunks_exact(32) {
             self.stripe(stripe);
         }

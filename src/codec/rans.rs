@@ -444,7 +444,7 @@ mod tests {
                     s = s
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
-                    if (s >> 33) % 10 == 0 {
+                    if (s >> 33).is_multiple_of(10) {
                         b |= 1 << i;
                     }
                 }

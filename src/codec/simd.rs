@@ -20,7 +20,7 @@ fn enabled() -> bool {
         static ON: OnceLock<bool> = OnceLock::new();
         *ON.get_or_init(|| {
             std::is_x86_feature_detected!("avx2")
-                && std::env::var_os("CIERA_NO_SIMD").map_or(true, |v| v == "0")
+                && std::env::var_os("CIERA_NO_SIMD").is_none_or(|v| v == "0")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -365,7 +365,7 @@ mod avx2 {
         let n = cache.len();
         let mut acc = load_acc(hash);
         let base = hash.stripes;
-        debug_assert!(n % 64 == 0 && input.len() == 2 * n);
+        debug_assert!(n.is_multiple_of(64) && input.len() == 2 * n);
         let ff = _mm256_set1_epi16(0xff);
         let mut tmp = [0u8; 32];
         for b in (0..n).step_by(64) {
@@ -430,7 +430,7 @@ mod avx2 {
         let mut acc = load_acc(hash);
         let base = hash.stripes;
         debug_assert!(
-            n % 64 == 0 && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64
+            n.is_multiple_of(64) && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64
         );
         let mut k = 0usize;
         for (bi, &mask) in masks.iter().enumerate() {
@@ -511,7 +511,7 @@ mod tests {
                 let prev: Vec<u8> = input
                     .iter()
                     .map(|&b| {
-                        if lcg(&mut s) % 3 == 0 {
+                        if lcg(&mut s).is_multiple_of(3) {
                             lcg(&mut s) as u8
                         } else {
                             b
@@ -546,7 +546,7 @@ mod tests {
             let input: Vec<u8> = (0..2 * n).map(|_| lcg(&mut s) as u8).collect();
             let cache0: Vec<u8> = (0..n)
                 .map(|i| {
-                    if lcg(&mut s) % 4 == 0 {
+                    if lcg(&mut s).is_multiple_of(4) {
                         lcg(&mut s) as u8
                     } else {
                         input[2 * i + 1]

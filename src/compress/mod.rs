@@ -209,7 +209,7 @@ impl Compressor {
         let probe = mode == CompressMode::Auto
             && g.state == GroupState::Warm
             && g.pending_raw.is_none()
-            && (g.raw_time.is_none() || g.stats.calls % RAW_PROBE_EVERY == 0);
+            && (g.raw_time.is_none() || g.stats.calls.is_multiple_of(RAW_PROBE_EVERY));
         if probe {
             g.stats.raw_calls += 1;
             let t = Instant::now();

@@ -200,7 +200,7 @@ impl<P: Payloads> Exec<'_, P> {
             // While spinning, read the clock only every few turns (it costs as much as a
             // poll of every link) and pause only briefly (a PAUSE can take ~100 cycles).
             idle_turns += 1;
-            if idle_since.is_some() && idle_turns % 16 != 0 && !in_slow_phase {
+            if idle_since.is_some() && !idle_turns.is_multiple_of(16) && !in_slow_phase {
                 std::hint::spin_loop();
                 continue;
             }
@@ -233,7 +233,7 @@ impl<P: Payloads> Exec<'_, P> {
             } else {
                 // Before sleeping, look for notices (or stray calls) from peers this call does
                 // not read from, at most every few milliseconds.
-                if last_scan.map_or(true, |t| now - t > Duration::from_millis(5)) {
+                if last_scan.is_none_or(|t| now - t > Duration::from_millis(5)) {
                     last_scan = Some(now);
                     self.scan_other_links()?;
                 }

@@ -112,7 +112,7 @@ impl RefChooser {
                 let other = 1 - best;
                 let stale = c.ways[other]
                     .last
-                    .map_or(true, |t| now.saturating_duration_since(t) >= REPROBE);
+                    .is_none_or(|t| now.saturating_duration_since(t) >= REPROBE);
                 let close = c.ways[other].est < CLOSE * c.ways[best].est;
                 let way = if stale || (close && c.since_other >= c.gap) {
                     other

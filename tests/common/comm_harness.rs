@@ -200,7 +200,7 @@ pub fn matrix_configs() -> Vec<Config> {
     let mut base = Config::from_env().unwrap();
     if std::env::var("CIERA_TEST_REFS").as_deref() == Ok("mixed") {
         let rank: usize = std::env::var("CIERA_RANK").unwrap().parse().unwrap();
-        base.single_copy = if rank % 2 == 0 {
+        base.single_copy = if rank.is_multiple_of(2) {
             SingleCopy::On
         } else {
             SingleCopy::Off
@@ -304,7 +304,7 @@ impl FrameEncoder for ToyEncoder {
         assert_eq!(raw.len(), c.elems.len() * c.dtype.size());
         out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
         out.extend(raw.iter().map(|b| b ^ (c.src as u8 + 1)));
-        out.extend(std::iter::repeat(0xAB).take((c.chunk + c.src) % 11));
+        out.extend(std::iter::repeat_n(0xAB, (c.chunk + c.src) % 11));
         self.encoded += 1;
         Ok(())
     }

@@ -328,7 +328,7 @@ impl ShmLink {
 
     fn note_idle(&mut self) {
         self.idle_calls = self.idle_calls.wrapping_add(1);
-        if self.idle_calls % IDLE_CALLS_PER_CONTROL_CHECK == 0 {
+        if self.idle_calls.is_multiple_of(IDLE_CALLS_PER_CONTROL_CHECK) {
             self.check_control();
         }
     }

@@ -220,7 +220,7 @@ impl ShmMapping {
     /// The `AtomicU32` at byte `offset`.
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         assert!(
-            offset % 4 == 0 && offset + 4 <= self.len,
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
             "atomic_u32 at {offset} in {} bytes",
             self.len
         );
@@ -232,7 +232,7 @@ impl ShmMapping {
     /// The `AtomicU64` at byte `offset`.
     pub fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len,
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
             "atomic_u64 at {offset} in {} bytes",
             self.len
         );

@@ -72,7 +72,7 @@ const MPI_SUCCESS: c_int = 0;
 const MPI_ERR_ARG: c_int = 13;
 const MPI_ERR_OTHER: c_int = 16;
 const MPI_ERR_INTERN: c_int = 17;
-const MPI_IN_PLACE: *const c_void = 1 as *const c_void;
+const MPI_IN_PLACE: *const c_void = std::ptr::dangling::<c_void>();
 
 type AllgatherFn = unsafe extern "C" fn(
     *const c_void,
@@ -436,7 +436,7 @@ fn basic_elements(m: &Mpi, t: MpiDatatype, depth: usize) -> Option<(Elem, usize)
     let mut homogeneous = true;
     for &child in &types {
         match basic_elements(m, child, depth + 1) {
-            Some((e, _)) if found.map_or(true, |f| f == e) => found = Some(e),
+            Some((e, _)) if found.is_none_or(|f| f == e) => found = Some(e),
             _ => homogeneous = false,
         }
         free_if_derived(m, child);
@@ -892,7 +892,7 @@ fn all_gather(c: Call) -> c_int {
     let count = basic * elem.per_mpi;
     let block = count * elem.dtype.size();
     // In place there is no send type: the shard is in the receive layout.
-    let dense_send = ssig.map_or(true, |s| s.dense);
+    let dense_send = ssig.is_none_or(|s| s.dense);
     if (!rsig.dense || !dense_send)
         && block.saturating_mul(cell.size as usize) > c_int::MAX as usize
     {
