@@ -34,7 +34,7 @@ const STAGE_MAX: usize = 128 * 1024;
 const MIN_FORWARD: usize = 64 * 1024;
 
 /// Segments at least this big go by reference over a shm link that can (single copy: the
-/// receiver copies them out of this process; see ciera-transport's shm.rs). Below it the
+/// receiver copies them out of this process; see ciera-transport's shm/). Below it the
 /// system call and the claim round trip cost more than the second copy saves.
 pub(crate) const REF_MIN: usize = 64 * 1024;
 

@@ -25,7 +25,7 @@
 //!   in the sender's process, then the shared buffer holding them if any (u64 buffer id,
 //!   0 for none; u64 address of the buffer in the sender; u32 the sender's descriptor for
 //!   it; 4 reserved); no bytes follow: the receiver copies them out of the sender (from its
-//!   mapping of that shared buffer, else with process_vm_readv; see ciera-transport's shm.rs
+//!   mapping of that shared buffer, else with process_vm_readv; see ciera-transport's shm/
 //!   and shared.rs), and the sender keeps them unchanged until the receiver has claimed them.
 //! abort notice, 8 bytes: tag 'A', reason (1 call mismatch, 2 peer failed, 3 aborted,
 //!   4 timeout, 5 other), 2 reserved, u32 length; then u32 culprit rank (u32::MAX: none) and

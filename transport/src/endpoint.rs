@@ -99,7 +99,7 @@ impl Link {
     }
 
     /// Whether the peer can copy large payloads straight out of this process's memory (shm
-    /// single copy; see `shm.rs`): then [`Link::offer`] may replace sending the bytes.
+    /// single copy; see `shm/`): then [`Link::offer`] may replace sending the bytes.
     #[inline]
     pub fn can_offer(&self) -> bool {
         match &self.inner {

@@ -5,7 +5,7 @@
 //!   [`Link`] to every other rank. Links never block: [`Link::try_send`] and
 //!   [`Link::try_recv`] move what they can and return `Ok(0)` otherwise;
 //!   [`Endpoint::wait`] sleeps until some link may make progress.
-//! * Shared memory (`shm.rs`): one segment per pair with two SPSC byte rings (and a single-copy
+//! * Shared memory (`shm/`: the rings in `mod.rs`, the segment layout in `segment.rs`, single copy in `offers.rs`): one segment per pair with two SPSC byte rings (and a single-copy
 //!   path: large payloads offered by address and copied by the receiver with
 //!   process_vm_readv, see [`Link::can_offer`], or with a plain copy out of a mapping when the
 //!   bytes lie in a [`SharedBuffer`], `shared.rs`), a futex doorbell

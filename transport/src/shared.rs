@@ -3,7 +3,7 @@
 //!
 //! A [`SharedBuffer`] is an anonymous memory file (`memfd_create`, named
 //! `ciera-<pid>-<id>`) mapped shared into its process and entered in a process-wide registry.
-//! When a collective offers a segment by reference (single copy, see `shm.rs`) whose bytes lie
+//! When a collective offers a segment by reference (single copy, see `shm/`) whose bytes lie
 //! in such a buffer, the offer also names the buffer (id, base address, descriptor number:
 //! [`SharedRegion`]). The receiving rank opens `/proc/<pid>/fd/<fd>` of the sender once, checks
 //! that what it opened is that very buffer (the memfd's name carries pid and id, so a

@@ -1,6 +1,6 @@
 //! Thin, checked wrappers over the system calls the transports need: futex, POSIX shared
 //! memory, poll, eventfd and socket options. All `unsafe` of the shm path lives here and in
-//! `shm.rs`/`doorbell.rs`.
+//! `shm/`/`doorbell.rs`.
 
 use std::ffi::CString;
 use std::io;
@@ -65,7 +65,7 @@ pub(crate) struct ShmMapping {
 }
 
 // SAFETY: the mapping is plain shared memory; every access through it goes through atomics or
-// through the SPSC ring discipline documented in shm.rs, so moving or sharing the handle
+// through the SPSC ring discipline documented in shm/mod.rs, so moving or sharing the handle
 // between threads is no different from moving a pointer to a static buffer.
 unsafe impl Send for ShmMapping {}
 // SAFETY: see Send; `&ShmMapping` only hands out atomics and raw pointers.
