@@ -93,18 +93,9 @@ pub fn main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let rank = match ranks::start("perf", opts.nranks, &rank_args) {
-        Ok(ranks::Start::Here { rank }) => rank,
-        Ok(ranks::Start::Done(code)) => return code,
-        Err(e) => {
-            eprintln!("ciera perf: {e}");
-            return 2;
-        }
-    };
-    match run_rank(&opts) {
-        Ok(wrong) => i32::from(wrong > 0),
-        Err(e) => ranks::rank_failed("ciera perf", rank, &e),
-    }
+    ranks::run("perf", opts.nranks, &rank_args, || {
+        run_rank(&opts).map(|wrong| wrong == 0)
+    })
 }
 
 /// Options, and the arguments to pass on to launched ranks (everything but -n).

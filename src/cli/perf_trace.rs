@@ -73,19 +73,9 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("ciera perf: {e}");
         return 2;
     }
-    let rank = match ranks::start("perf", o.nranks, &pass) {
-        Ok(ranks::Start::Here { rank }) => rank,
-        Ok(ranks::Start::Done(code)) => return code,
-        Err(e) => {
-            eprintln!("ciera perf: {e}");
-            return 2;
-        }
-    };
-    match run_rank(&o) {
-        Ok(0) => 0,
-        Ok(_) => 1,
-        Err(e) => ranks::rank_failed("ciera perf", rank, &e),
-    }
+    ranks::run("perf", o.nranks, &pass, || {
+        run_rank(&o).map(|wrong| wrong == 0)
+    })
 }
 
 fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, String> {

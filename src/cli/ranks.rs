@@ -8,7 +8,7 @@ use crate::comm::Config;
 use crate::error::Error;
 
 /// What the subcommand should do.
-pub enum Start {
+enum Start {
     /// Run as one rank here (under a launcher, or a single rank): this rank's number.
     Here { rank: usize },
     /// The job ran (launched here); exit with this code.
@@ -20,7 +20,7 @@ pub enum Start {
 /// launcher it checks `-n` matches. The environment (`CIERA_*`) is checked here, once, so a bad
 /// value is one line and exit 2 rather than one failure per rank. Err: the line to print
 /// (exit 2).
-pub fn start(sub: &str, nranks: Option<usize>, pass: &[String]) -> Result<Start, String> {
+fn start(sub: &str, nranks: Option<usize>, pass: &[String]) -> Result<Start, String> {
     let env = LaunchEnv::detect(&real_env).map_err(|e| e.to_string())?;
     Config::from_env().map_err(|e| e.to_string())?;
     if env.launcher == "none" && nranks.unwrap_or(1) > 1 {
@@ -45,6 +45,30 @@ pub fn start(sub: &str, nranks: Option<usize>, pass: &[String]) -> Result<Start,
         }
     }
     Ok(Start::Here { rank: env.rank })
+}
+
+/// `ciera <sub>` as a job of `nranks` ranks: start them (see [`start`]), then run `rank` as
+/// this rank; exit 0 when it returns true (everything checked out), 1 when false, and as
+/// [`rank_failed`] says on an error. A bad environment is one line and exit 2.
+pub fn run(
+    sub: &str,
+    nranks: Option<usize>,
+    pass: &[String],
+    rank: impl FnOnce() -> crate::error::Result<bool>,
+) -> i32 {
+    let cmd = format!("ciera {sub}");
+    let me = match start(sub, nranks, pass) {
+        Ok(Start::Here { rank }) => rank,
+        Ok(Start::Done(code)) => return code,
+        Err(e) => {
+            eprintln!("{cmd}: {e}");
+            return 2;
+        }
+    };
+    match rank() {
+        Ok(ok) => i32::from(!ok),
+        Err(e) => rank_failed(&cmd, me, &e),
+    }
 }
 
 /// The exit code of a rank that failed with `e`, after printing it, unless another rank is to
