@@ -240,6 +240,8 @@ pub struct Progress {
     send_lanes: Vec<Lane>,
     recv_lanes: Vec<Lane>,
     state: Vec<UnitState>,
+    /// How many sends of each unit the schedule has (unit index order).
+    sends_of: Vec<u32>,
     sends_left: usize,
     recvs_left: usize,
 }
@@ -270,7 +272,14 @@ impl Progress {
                 Step::Recv { peer, unit } => lane_for(&mut recv_lanes, peer).units.push(unit),
             }
         }
+        let mut sends_of = vec![0u32; schedule.nranks * schedule.nchunks];
+        for l in &send_lanes {
+            for u in &l.units {
+                sends_of[u.src as usize * schedule.nchunks + u.chunk as usize] += 1;
+            }
+        }
         let mut p = Progress {
+            sends_of,
             rank: schedule.rank,
             nranks: schedule.nranks,
             nchunks: schedule.nchunks,
@@ -348,12 +357,19 @@ impl Progress {
         l.units.get(l.next).copied()
     }
 
-    /// Lane `lane` handed its current unit to the transport in full.
-    pub fn sent(&mut self, lane: usize) {
+    /// Lane `lane` handed its current unit to the transport in full; returns that unit.
+    pub fn sent(&mut self, lane: usize) -> Unit {
         let l = &mut self.send_lanes[lane];
         debug_assert!(l.next < l.units.len());
+        let u = l.units[l.next];
         l.next += 1;
         self.sends_left -= 1;
+        u
+    }
+
+    /// How many times this rank's schedule sends `unit` (to how many peers it goes).
+    pub fn sends_of(&self, unit: Unit) -> usize {
+        self.sends_of[self.index(unit)] as usize
     }
 
     /// This rank's own unit `unit` has been produced (encoded) and may be sent.

@@ -47,6 +47,9 @@ use send::{SendLane, REF_MIN};
 use single_copy::RefChooser;
 use wire::{CallSig, Op};
 
+/// Frames the encoder worker may have made and the executor not yet taken.
+const OWN_FRAMES_AHEAD: usize = 4;
+
 /// How the engine runs calls (the communicator's `Config` says; `None` fields are chosen from
 /// this host when the engine is made).
 #[derive(Clone, Debug)]
@@ -104,6 +107,8 @@ pub struct Engine {
     rx: Vec<LinkRx>,
     lanes: Vec<SendLane>,
     frames: Vec<Vec<u8>>,
+    /// Frame buffers kept for the next framed call (a few chunks' worth).
+    spare_frames: Vec<Vec<u8>>,
     /// This rank's shard, copied for the encoder worker when a framed call is in place.
     own_copy: Vec<u8>,
     /// Encodes this rank's chunks while the executor moves frames; started by the first
@@ -153,6 +158,7 @@ impl Engine {
             rx: (0..nranks).map(|_| LinkRx::new()).collect(),
             lanes: Vec::new(),
             frames: Vec::new(),
+            spare_frames: Vec::new(),
             own_copy: Vec::new(),
             encoder: None,
             cached: None,
@@ -243,6 +249,7 @@ impl Engine {
         let pool = self.encoder_worker()?;
         let mut own_copy = std::mem::take(&mut self.own_copy);
         let mut frames = std::mem::take(&mut self.frames);
+        let mut spare = std::mem::take(&mut self.spare_frames);
         let own: &[u8] = match send {
             Some(s) => s,
             None => {
@@ -261,7 +268,9 @@ impl Engine {
             .map(|c| codec.max_frame_len(layout.chunk_range(c).len()))
             .collect();
         let r = pool.in_place_scope(|scope| {
-            let (tx, rx) = mpsc::channel();
+            // The worker stays at most this many frames ahead of the executor (their memory is
+            // held until sent).
+            let (tx, rx) = mpsc::sync_channel(OWN_FRAMES_AHEAD);
             scope.spawn(move |_| {
                 for (chunk, cap) in caps.into_iter().enumerate() {
                     let c = ChunkRef::new(&layout, dtype, Unit::new(layout.rank, chunk));
@@ -272,10 +281,20 @@ impl Engine {
                     }
                 }
             });
-            let payloads = FramedPayloads::new(layout, dtype, send, recv, codec, &mut frames, rx);
+            let payloads = FramedPayloads::new(
+                layout,
+                dtype,
+                send,
+                recv,
+                codec,
+                &mut frames,
+                &mut spare,
+                rx,
+            );
             self.execute(Op::AllGather, layout, dtype, payloads)
         });
         self.frames = frames;
+        self.spare_frames = spare;
         self.own_copy = own_copy;
         r
     }
@@ -374,7 +393,7 @@ impl Engine {
             self.algo.resolve(&self.topology, total)
         };
         let own_ready = payloads.own_ready();
-        let progress = match &mut self.cached {
+        let progress: &mut Progress = match &mut self.cached {
             Some((a, n, p)) if *a == algo && *n == layout.nchunks => {
                 p.reset(own_ready);
                 p
@@ -386,6 +405,7 @@ impl Engine {
                     .2
             }
         };
+        payloads.start(&|u| progress.sends_of(u));
         let sig = CallSig {
             op,
             seq: self.seq,

@@ -48,6 +48,11 @@ pub trait Payloads {
     fn dest(&mut self, unit: Unit) -> &mut [u8];
     /// All of `unit` has arrived.
     fn finish_recv(&mut self, unit: Unit) -> Result<()>;
+    /// The schedule is known: `sends_of(u)` is how many peers unit `u` goes to from here.
+    /// Called once, before anything moves.
+    fn start(&mut self, _sends_of: &dyn Fn(Unit) -> usize) {}
+    /// One send of `unit` went out in full (a unit may go to several peers).
+    fn sent(&mut self, _unit: Unit) {}
     /// Do a slice of local work that needs no peer (copying this rank's own shard into the
     /// output), when the executor would otherwise wait. Returns whether it did any.
     fn background(&mut self) -> bool {
@@ -262,8 +267,10 @@ pub trait FrameCodec {
 /// A frame made by the encoder worker: chunk index and frame bytes (or why it failed).
 pub type OwnFrame = (usize, Result<Vec<u8>>);
 
-/// Codec allgather: frames live in engine-owned vectors (reused across calls); this rank's
-/// arrive from the encoder worker.
+/// Codec allgather: frames live in engine-owned vectors; this rank's arrive from the encoder
+/// worker. A frame is let go as soon as it is no longer needed (sent to every peer the
+/// schedule sends it to, and, for another rank's, decoded), so a call holds only the frames in
+/// flight, whatever the size of the tensor; a few buffers are kept for the next frames.
 pub struct FramedPayloads<'a> {
     layout: Layout,
     dtype: DType,
@@ -275,8 +282,16 @@ pub struct FramedPayloads<'a> {
     own: Receiver<OwnFrame>,
     /// Own frames that came before the one asked for (an algorithm may send out of order).
     parked: Vec<Option<Result<Vec<u8>>>>,
+    /// Per unit: sends still to go, and whether it still has to be decoded.
+    sends_left: Vec<u32>,
+    undecoded: Vec<bool>,
+    /// Buffers of frames let go, for the next frames to arrive.
+    spare: &'a mut Vec<Vec<u8>>,
     own_copy: OwnCopy,
 }
+
+/// Buffers a framed call keeps for the next frames (one chunk each), beyond those in flight.
+const SPARE_FRAMES: usize = 8;
 
 impl<'a> FramedPayloads<'a> {
     pub fn new(
@@ -286,16 +301,27 @@ impl<'a> FramedPayloads<'a> {
         recv: &'a mut [u8],
         codec: &'a mut dyn FrameCodec,
         frames: &'a mut Vec<Vec<u8>>,
+        spare: &'a mut Vec<Vec<u8>>,
         own: Receiver<OwnFrame>,
     ) -> FramedPayloads<'a> {
         let units = layout.nranks * layout.nchunks;
-        if frames.len() < units {
-            frames.resize_with(units, Vec::new);
-        }
+        frames.truncate(units);
         for f in frames.iter_mut() {
-            f.clear();
+            let buf = std::mem::take(f);
+            if spare.len() < SPARE_FRAMES && buf.capacity() > 0 {
+                spare.push(buf);
+            }
         }
+        frames.resize_with(units, Vec::new);
+        // Until `start`, nothing is let go.
+        let sends_left = vec![u32::MAX; units];
+        let undecoded = (0..units)
+            .map(|i| i / layout.nchunks != layout.rank)
+            .collect();
         FramedPayloads {
+            sends_left,
+            undecoded,
+            spare,
             layout,
             dtype,
             send,
@@ -305,6 +331,17 @@ impl<'a> FramedPayloads<'a> {
             own,
             parked: (0..layout.nchunks).map(|_| None).collect(),
             own_copy: OwnCopy::default(),
+        }
+    }
+
+    /// Let the frame of unit index `i` go if nothing needs it any more.
+    fn maybe_release(&mut self, i: usize) {
+        if self.sends_left[i] == 0 && !self.undecoded[i] {
+            let mut buf = std::mem::take(&mut self.frames[i]);
+            if self.spare.len() < SPARE_FRAMES {
+                buf.clear();
+                self.spare.push(buf);
+            }
         }
     }
 
@@ -370,7 +407,10 @@ impl Payloads for FramedPayloads<'_> {
             });
         }
         let i = self.layout.unit_index(unit);
-        self.frames[i].resize(len, 0);
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(len, 0);
+        self.frames[i] = buf;
         Ok(())
     }
 
@@ -383,7 +423,23 @@ impl Payloads for FramedPayloads<'_> {
         let cref = ChunkRef::new(&self.layout, self.dtype, unit);
         let i = self.layout.unit_index(unit);
         let out = &mut self.recv[self.layout.recv_range(unit)];
-        self.codec.decode(&cref, &self.frames[i], out)
+        self.codec.decode(&cref, &self.frames[i], out)?;
+        self.undecoded[i] = false;
+        self.maybe_release(i);
+        Ok(())
+    }
+
+    fn start(&mut self, sends_of: &dyn Fn(Unit) -> usize) {
+        for (i, left) in self.sends_left.iter_mut().enumerate() {
+            let unit = Unit::new(i / self.layout.nchunks, i % self.layout.nchunks);
+            *left = sends_of(unit) as u32;
+        }
+    }
+
+    fn sent(&mut self, unit: Unit) {
+        let i = self.layout.unit_index(unit);
+        self.sends_left[i] = self.sends_left[i].saturating_sub(1);
+        self.maybe_release(i);
     }
 
     fn background(&mut self) -> bool {

@@ -135,7 +135,8 @@ impl<P: Payloads> Exec<'_, P> {
                 }
                 if m.sent == m.len {
                     lane.cur = None;
-                    self.progress.sent(li);
+                    let done = self.progress.sent(li);
+                    self.payloads.sent(done);
                     moved = true;
                     continue;
                 }
@@ -180,7 +181,8 @@ impl<P: Payloads> Exec<'_, P> {
                         lane.stage.extend_from_slice(&wire::segment_header(len));
                         lane.stage.extend_from_slice(self.payloads.bytes(unit));
                     }
-                    self.progress.sent(li);
+                    let done = self.progress.sent(li);
+                    self.payloads.sent(done);
                     let Some(next) = self.progress.next_send(li) else {
                         break;
                     };
