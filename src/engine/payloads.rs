@@ -294,6 +294,7 @@ pub struct FramedPayloads<'a> {
 const SPARE_FRAMES: usize = 8;
 
 impl<'a> FramedPayloads<'a> {
+    #[allow(clippy::too_many_arguments)] // the call's buffers, its codec and the engine's frame stores
     pub fn new(
         layout: Layout,
         dtype: DType,
