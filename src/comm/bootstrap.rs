@@ -1,9 +1,11 @@
 //! Bootstrap: the rendezvous that turns (root address, job secret, nranks, rank) into the table
 //! of every rank's transport address ([`PeerInfo`]).
 //!
-//! A root server listens on TCP. Each rank connects, both sides run `auth::handshake` with the
-//! job secret (mutual HMAC challenge: a process without the secret learns nothing and is
-//! refused), and the rank sends a hello: nranks, rank, its PeerInfo. When all nranks ranks of a
+//! A root server listens on TCP. Each rank connects and both sides run `auth::handshake` with
+//! the job secret (mutual HMAC challenge, the rank as client claiming
+//! `bootstrap rank <rank> of <nranks>`, the root as server claiming `bootstrap root`: a process
+//! without the secret learns nothing and is refused). The rank sends a hello: nranks, rank, its
+//! PeerInfo, which must name the rank the connection authenticated as. When all nranks ranks of a
 //! round have joined, the root sends every rank the table. It refuses a round where ranks
 //! disagree on nranks or two processes claim one rank — every joined rank gets the reason —
 //! and, after the timeout, tells the joined ranks which ranks never came.
@@ -20,7 +22,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ciera_transport::{auth, PeerInfo, TransportError};
+use ciera_transport::auth::{self, Role};
+use ciera_transport::{PeerInfo, TransportError};
 
 use crate::error::{Error, Result};
 
@@ -33,6 +36,13 @@ const KIND_REFUSE: u16 = 3;
 const MAX_FIELD: usize = 64 * 1024;
 /// How long the root gives one connection to authenticate and say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The root's identity in the auth handshake.
+const ROOT_IDENTITY: &str = "bootstrap root";
+
+/// A rank's identity in the auth handshake with the root.
+fn rank_identity(rank: usize, nranks: usize) -> String {
+    format!("bootstrap rank {rank} of {nranks}")
+}
 
 /// How many rounds a root server serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,10 +264,20 @@ fn greet(mut stream: TcpStream, from: SocketAddr, secret: [u8; 32], tx: mpsc::Se
     let deadline = Instant::now() + HELLO_TIMEOUT;
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_nodelay(true);
-    if let Err(e) = auth::handshake(&mut stream, &secret, deadline) {
-        eprintln!("ciera: bootstrap root: refused a connection from {from}: {e}");
-        return;
-    }
+    let identity = match auth::handshake(
+        &mut stream,
+        Role::Server,
+        &secret,
+        ROOT_IDENTITY,
+        None,
+        deadline,
+    ) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("ciera: bootstrap root: refused a connection from {from}: {e}");
+            return;
+        }
+    };
     let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
     let hello = (|| -> std::io::Result<(usize, usize, Vec<u8>)> {
         let kind = read_header(&mut stream)?;
@@ -273,6 +293,13 @@ fn greet(mut stream: TcpStream, from: SocketAddr, secret: [u8; 32], tx: mpsc::Se
         Ok((nranks, rank, info))
     })();
     match hello {
+        Ok((nranks, rank, _)) if identity != rank_identity(rank, nranks) => {
+            let reason = format!(
+                "it says rank {rank} of {nranks}, but the connection authenticated as {identity:?}"
+            );
+            eprintln!("ciera: bootstrap root: refused the hello from {from}: {reason}");
+            refuse(stream, &format!("bad hello: {reason}"));
+        }
         Ok((nranks, rank, info)) => {
             let _ = stream.set_read_timeout(None);
             let _ = tx.send(Joined {
@@ -340,9 +367,19 @@ pub fn join(
 ) -> Result<(Vec<PeerInfo>, [u8; 32])> {
     let started = Instant::now();
     let (mut stream, addr, secret) = connect_root(source, deadline)?;
-    if let Err(e) = auth::handshake(&mut stream, &secret, deadline) {
-        let hint = match e {
-            TransportError::Auth { .. } => " (do all ranks have the same CIERA_SECRET / UniqueId?)",
+    let me_id = rank_identity(rank, nranks);
+    if let Err(e) = auth::handshake(
+        &mut stream,
+        Role::Client,
+        &secret,
+        &me_id,
+        Some(ROOT_IDENTITY),
+        deadline,
+    ) {
+        let hint = match &e {
+            TransportError::Auth { detail } if detail.contains("secret") => {
+                " (do all ranks have the same CIERA_SECRET / UniqueId?)"
+            }
             _ => "",
         };
         return Err(Error::Bootstrap(format!(

@@ -14,7 +14,7 @@
 //!   have them mapped, so nothing is left in /dev/shm even if a rank is SIGKILLed.
 //! * TCP (`tcp.rs`): one non-blocking connection per pair, TCP_NODELAY, large buffers.
 //! * Authentication (`auth.rs`): mutual HMAC-SHA256 challenge-response with the job secret on
-//!   every connection.
+//!   every connection, each proof bound to its direction, the connection and both parties.
 //!
 //! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
 //! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1|auto: process_vm_readv single

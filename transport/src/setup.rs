@@ -5,8 +5,11 @@
 //! bounded by the deadline; the calling thread only accepts and collects results, so a stranger
 //! that connects and never speaks holds one thread until the deadline and delays nobody.
 //!
-//! After the auth handshake (`auth.rs`, connector proves first) the connector sends a
-//! `LinkHello` frame; the acceptor checks it against its own peer table and answers:
+//! Each connection starts with the auth handshake (`auth.rs`): the connector is the client and
+//! claims the identity `link rank <from> of <world> pid <pid>`, the acceptor the server with its
+//! own; the connector expects exactly the identity its peer table gives the rank it dialled.
+//! Then the connector sends a `LinkHello` frame; the acceptor checks it against the identity
+//! the connection proved and against its own peer table, and answers:
 //!
 //! ```text
 //! LinkHello (connector -> acceptor):
@@ -76,6 +79,11 @@ enum Event {
 
 fn desc(rank: usize, info: &PeerInfo) -> String {
     format!("rank {rank} (pid {}, {})", info.pid, info.addr)
+}
+
+/// Who one end of a link is, as its auth handshake claims and proves it.
+fn link_identity(rank: usize, world: usize, pid: u32) -> String {
+    format!("link rank {rank} of {world} pid {pid}")
 }
 
 /// Establishes a link to every other rank. Returns `links[rank]`, `None` at `my_rank`.
@@ -262,7 +270,15 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
     let me = &ctx.peers[ctx.my_rank];
     let kind = ctx.kinds[rank];
     let mut stream = connect_retry(peer.addr, ctx.deadline, &who)?;
-    auth::handshake_as(&mut stream, Role::Connector, &ctx.secret, ctx.deadline)?;
+    let world = ctx.peers.len();
+    auth::handshake(
+        &mut stream,
+        Role::Client,
+        &ctx.secret,
+        &link_identity(ctx.my_rank, world, me.pid),
+        Some(&link_identity(rank, world, peer.pid)),
+        ctx.deadline,
+    )?;
 
     let mut hello = Enc::default();
     hello
@@ -271,7 +287,7 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
         .u8(kind_code(kind))
         .u32(ctx.my_rank as u32)
         .u32(rank as u32)
-        .u32(ctx.peers.len() as u32)
+        .u32(world as u32)
         .u32(me.pid)
         .str(&me.host_id)
         .str(if kind == Kind::Shm {
@@ -334,10 +350,19 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
 }
 
 fn accept_from(ctx: &SetupContext, mut stream: TcpStream, from: SocketAddr) -> Event {
-    if let Err(error) = auth::handshake_as(&mut stream, Role::Acceptor, &ctx.secret, ctx.deadline) {
-        return Event::Stranger { from, error };
-    }
-    match accept_link(ctx, stream, from) {
+    let me = link_identity(ctx.my_rank, ctx.peers.len(), ctx.peers[ctx.my_rank].pid);
+    let proved = match auth::handshake(
+        &mut stream,
+        Role::Server,
+        &ctx.secret,
+        &me,
+        None,
+        ctx.deadline,
+    ) {
+        Ok(identity) => identity,
+        Err(error) => return Event::Stranger { from, error },
+    };
+    match accept_link(ctx, stream, from, &proved) {
         Ok((rank, link)) => Event::Linked { rank, link },
         Err(e) => Event::Failed(e),
     }
@@ -388,10 +413,17 @@ fn parse_hello(body: &[u8], what: &str) -> Result<LinkHello> {
     Ok(hello)
 }
 
-/// Why this rank will not take `hello`, or `None` if it will.
-fn check_hello(ctx: &SetupContext, h: &LinkHello) -> Option<String> {
+/// Why this rank will not take `hello` on a connection that proved `proved`, or `None` if it
+/// will.
+fn check_hello(ctx: &SetupContext, h: &LinkHello, proved: &str) -> Option<String> {
     let world = ctx.peers.len();
     let me = ctx.my_rank;
+    let claimed = link_identity(h.from, h.world, h.pid);
+    if claimed != proved {
+        return Some(format!(
+            "the link hello says {claimed:?}, but the connection authenticated as {proved:?}"
+        ));
+    }
     if h.world != world {
         return Some(format!(
             "rank {} thinks the world has {} ranks, rank {me} has {world}",
@@ -444,6 +476,7 @@ fn accept_link(
     ctx: &SetupContext,
     mut stream: TcpStream,
     from: SocketAddr,
+    proved: &str,
 ) -> Result<(usize, Link)> {
     let step = format!("link setup with {from}");
     let body = recv_frame(&mut stream, ctx.deadline, &step)?;
@@ -454,7 +487,7 @@ fn accept_link(
             return Err(e);
         }
     };
-    if let Some(why) = check_hello(ctx, &hello) {
+    if let Some(why) = check_hello(ctx, &hello, proved) {
         refuse(&mut stream, ctx.deadline, &why);
         return Err(TransportError::Protocol {
             detail: format!("link from {from} refused: {why}"),
