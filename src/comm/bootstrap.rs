@@ -1,17 +1,17 @@
 //! Bootstrap: the rendezvous that turns (root address, job secret, nranks, rank) into the table
 //! of every rank's transport address ([`PeerInfo`]).
 //!
-//! A root server listens on TCP. Each rank connects and both sides run `auth::handshake` with
-//! the job secret (mutual HMAC challenge, the rank as client claiming
-//! `bootstrap rank <rank> of <nranks>`, the root as server claiming `bootstrap root`: a process
-//! without the secret learns nothing and is refused). The rank sends a hello: nranks, rank, its
-//! PeerInfo. The root checks every field before it keeps or sizes anything
-//! (1 <= nranks <= [`MAX_RANKS`], rank < nranks, the same rank and nranks as the connection
-//! authenticated, a well-formed PeerInfo) and refuses a bad hello with the reason, to that
-//! connection only. When all nranks ranks of a round have joined, the root sends every rank the
-//! table. It refuses a round where ranks disagree on nranks or two processes claim one rank —
-//! every joined rank gets the reason — and, after the timeout, tells the joined ranks which
-//! ranks never came.
+//! A root server listens on TCP, on the address the job named ([`bind_root`]). Each rank
+//! connects and both sides run `auth::handshake` with the job secret (mutual HMAC challenge, the
+//! rank as client claiming `bootstrap rank <rank> of <nranks>`, the root as server claiming
+//! `bootstrap root`: a process without the secret learns nothing and is refused). The rank
+//! sends a hello: nranks, rank, its PeerInfo. The root checks every field before it keeps or
+//! sizes anything (1 <= nranks <= [`MAX_RANKS`], rank < nranks, the same rank and nranks as the
+//! connection authenticated, a well-formed PeerInfo) and refuses a bad hello with the reason,
+//! to that connection only. When all nranks ranks of a round have joined, the root sends every
+//! rank the table. It refuses a round where ranks disagree on nranks or two processes claim one
+//! rank — every joined rank gets the reason — and, after the timeout, tells the joined ranks
+//! which ranks never came.
 //!
 //! ```text
 //! hello  (rank -> root): "CIBS" u16 version=1 u16 kind=1  u32 nranks u32 rank u32 len, PeerInfo bytes
@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -48,6 +48,49 @@ const ROOT_IDENTITY: &str = "bootstrap root";
 /// A rank's identity in the auth handshake with the root.
 fn rank_identity(rank: usize, nranks: usize) -> String {
     format!("bootstrap rank {rank} of {nranks}")
+}
+
+/// Where rank 0 listens when it serves the root for `named` (`host:port` as CIERA_ROOT or
+/// MASTER_ADDR gave it; `port` is the one to serve on): the address `named` has on this host,
+/// so a root the job put on 127.0.0.1 is reachable from this host only. A name that resolves
+/// to several addresses gives its first non-loopback one, else its first. A name (not an IP)
+/// that resolves only to loopback in a job that may span hosts is an error: ranks elsewhere
+/// would resolve it to another address, where nothing listens.
+pub fn root_listen_addr(named: &str, port: u16, single_host: bool) -> Result<SocketAddr> {
+    let all = super::env::resolve(named)?;
+    let pick = all
+        .iter()
+        .find(|a| !a.ip().is_loopback())
+        .or(all.first())
+        .ok_or_else(|| {
+            Error::Bootstrap(format!("the root address {named:?} resolves to nothing"))
+        })?;
+    let host = named.rsplit_once(':').map_or(named, |(h, _)| h);
+    let literal = host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok();
+    if pick.ip().is_loopback() && !literal && !single_host {
+        return Err(Error::Bootstrap(format!(
+            "the root address {named} resolves to {} (loopback) on rank 0's host, so ranks on \
+             other hosts could not reach the root there; name an address of this host that \
+             the other hosts reach (CIERA_ROOT or MASTER_ADDR)",
+            pick.ip()
+        )));
+    }
+    Ok(SocketAddr::new(pick.ip(), port))
+}
+
+/// The root's listener, bound to exactly `addr` (the IP the job named, not every interface).
+pub fn bind_root(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| {
+        let hint = if e.kind() == ErrorKind::AddrNotAvailable {
+            " (that address is not one of this host's: rank 0 must run where the root address \
+             points)"
+        } else {
+            ""
+        };
+        Error::Bootstrap(format!(
+            "rank 0 binding the root listener on {addr}: {e}{hint}"
+        ))
+    })
 }
 
 /// How many rounds a root server serves.
@@ -611,5 +654,34 @@ mod tests {
         let mut s = connect_as(&rank_identity(0, 1));
         s.write_all(&header(KIND_TABLE)).unwrap();
         assert!(refusal(&mut s).contains("message kind 2, expected a hello"));
+    }
+
+    #[test]
+    fn the_root_listens_where_the_job_named_it() {
+        let at = |named: &str, single: bool| root_listen_addr(named, 5000, single);
+        assert_eq!(
+            at("127.0.0.1:5000", false).unwrap(),
+            "127.0.0.1:5000".parse().unwrap()
+        );
+        assert_eq!(
+            at("[::1]:5000", false).unwrap(),
+            "[::1]:5000".parse().unwrap()
+        );
+        assert!(at("localhost:5000", true).unwrap().ip().is_loopback());
+        let err = at("localhost:5000", false).unwrap_err().to_string();
+        assert!(
+            err.contains("loopback") && err.contains("other hosts"),
+            "{err}"
+        );
+        let l = bind_root("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(l.local_addr().unwrap().ip(), IpAddr::from([127, 0, 0, 1]));
+        // TEST-NET-1: never an address of this host.
+        let err = bind_root("192.0.2.1:0".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("192.0.2.1") && err.contains("not one of this host's"),
+            "{err}"
+        );
     }
 }
