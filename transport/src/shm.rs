@@ -73,7 +73,7 @@ use std::sync::atomic::Ordering;
 
 use std::sync::atomic::AtomicU64;
 
-use crate::config::check_ring_bytes;
+use crate::config::{check_ring_bytes, MAX_SHM_RING_BYTES};
 use crate::copy::{copy_fast_raw, copy_streaming_raw};
 use crate::doorbell::Doorbell;
 use crate::shared::{PeerMaps, SharedRegion};
@@ -169,8 +169,8 @@ pub(crate) fn segment_len(ring_bytes: usize) -> usize {
     HEADER_BYTES + 2 * ring_bytes
 }
 
-/// Creates and initializes a segment (both rings empty). The caller unlinks its name once the
-/// peer has mapped it; until then dropping the mapping unlinks it.
+/// Creates and initializes a segment (both rings empty). The peer opens it through this
+/// process's descriptor; the caller stops sharing it once the peer has mapped it (or failed).
 pub(crate) fn create_segment(name: &str, ring_bytes: usize) -> Result<ShmMapping> {
     check_ring_bytes(ring_bytes).map_err(|why| TransportError::Config {
         detail: format!("shm ring of {ring_bytes} bytes: {why}"),
@@ -186,9 +186,11 @@ pub(crate) fn create_segment(name: &str, ring_bytes: usize) -> Result<ShmMapping
     Ok(seg)
 }
 
-/// Maps a segment the peer created and checks its header. Returns the ring size.
-pub(crate) fn open_segment(name: &str) -> Result<(ShmMapping, usize)> {
-    let seg = ShmMapping::open(name, HEADER_BYTES)?;
+/// Maps the segment `name` that process `pid` shares as descriptor `fd` and checks its
+/// header. Returns the ring size.
+pub(crate) fn open_segment(pid: u32, fd: u32, name: &str) -> Result<(ShmMapping, usize)> {
+    let most = segment_len(MAX_SHM_RING_BYTES);
+    let seg = ShmMapping::open_peer(pid, fd, name, HEADER_BYTES, most)?;
     let magic = seg.atomic_u64(MAGIC_OFF).load(Ordering::Acquire);
     let version = seg.atomic_u32(VERSION_OFF).load(Ordering::Relaxed);
     if magic != MAGIC || version != VERSION {
@@ -671,19 +673,21 @@ mod tests {
     fn pair(ring_bytes: usize) -> (ShmLink, ShmLink, TcpStream) {
         let tag = random_hex(8);
         let pid = std::process::id();
-        let seg_name = format!("/ciera-{pid}-{tag}-unit");
-        let bell_a = format!("/ciera-{pid}-{tag}-bella");
-        let bell_b = format!("/ciera-{pid}-{tag}-bellb");
+        let seg_name = format!("ciera-{pid}-{tag}-unit");
         let seg = create_segment(&seg_name, ring_bytes).unwrap();
-        let (seg_b, got) = open_segment(&seg_name).unwrap();
+        let (seg_b, got) = open_segment(pid, seg.shared_fd().unwrap(), &seg_name).unwrap();
         assert_eq!(got, ring_bytes);
-        seg.unlink();
-        let own_a = Doorbell::create_shared(&bell_a).unwrap();
-        let own_b = Doorbell::create_shared(&bell_b).unwrap();
-        let peer_of_a = Doorbell::open_shared(&bell_b).unwrap();
-        let peer_of_b = Doorbell::open_shared(&bell_a).unwrap();
-        own_a.unlink();
-        own_b.unlink();
+        seg.stop_sharing();
+        let own_a = Doorbell::create_shared(&format!("ciera-{pid}-{tag}-bella")).unwrap();
+        let own_b = Doorbell::create_shared(&format!("ciera-{pid}-{tag}-bellb")).unwrap();
+        let open = |bell: &Doorbell| {
+            let (name, fd) = bell.shared_ref().unwrap();
+            Doorbell::open_shared(pid, fd, name).unwrap()
+        };
+        let peer_of_a = open(&own_b);
+        let peer_of_b = open(&own_a);
+        own_a.stop_sharing();
+        own_b.stop_sharing();
         let (ca, cb) = control_pair();
         let (cb2, keep) = control_pair();
         drop(cb);
