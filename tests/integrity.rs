@@ -18,13 +18,15 @@ use ciera::compress::{CompressMode, GatherOptions};
 use ciera::DType;
 use harness::*;
 
-/// The data regions of this process's shm link segments (`/dev/shm/ciera-*`, not the
+/// The data regions of this process's shm link segments (memory files `ciera-*`, not the
 /// doorbells), from /proc/self/maps: skip the 4 KiB header of counters, so the injector hits
 /// the bytes in flight, not the ring's bookkeeping.
 fn ring_regions() -> Vec<(u64, u64)> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     maps.lines()
-        .filter(|l| l.contains("/dev/shm/ciera-") && !l.contains("-bell"))
+        .filter(|l| {
+            (l.contains("/dev/shm/ciera-") || l.contains("/memfd:ciera-")) && !l.contains("-bell")
+        })
         .filter_map(|l| {
             let range = l.split_whitespace().next()?;
             let (a, b) = range.split_once('-')?;

@@ -11,7 +11,8 @@
 //!
 //! Root and secret:
 //! - CIERA_ROOT=host:port (set by `ciera launch`, or by hand for multi-host jobs) with
-//!   CIERA_SECRET (64 hex digits) on every rank. Rank 0 serves the root on that port unless
+//!   CIERA_SECRET (64 hex digits) on every rank. Rank 0 serves the root on that address and
+//!   port (`bootstrap::bind_root`: only there, not on every interface) unless
 //!   CIERA_ROOT_SERVED=1 says someone else does (`ciera launch` serves it itself).
 //! - MASTER_ADDR / MASTER_PORT (torchrun) with CIERA_SECRET: rank 0 serves the root on
 //!   CIERA_PORT, or MASTER_PORT+1 (MASTER_PORT itself is torch's store).

@@ -73,9 +73,8 @@ impl Communicator {
                 serve_port,
             } => {
                 if let Some(port) = serve_port {
-                    let listener = std::net::TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
-                        Error::Bootstrap(format!("rank 0 binding the root port {port}: {e}"))
-                    })?;
+                    let at = bootstrap::root_listen_addr(&addr, port, launch.single_host)?;
+                    let listener = bootstrap::bind_root(at)?;
                     bootstrap::spawn_root(
                         listener,
                         secret,

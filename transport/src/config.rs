@@ -54,7 +54,7 @@ pub const ENV_TCP_CONGESTION: &str = "CIERA_TCP_CONGESTION";
 pub(crate) const DEFAULT_SHM_RING_BYTES: usize = 512 << 10;
 pub(crate) const DEFAULT_TCP_BUF_BYTES: usize = 4 << 20;
 const MIN_SHM_RING_BYTES: usize = 4096;
-const MAX_SHM_RING_BYTES: usize = 1 << 34;
+pub(crate) const MAX_SHM_RING_BYTES: usize = 1 << 34;
 
 impl TransportChoice {
     /// `CIERA_TRANSPORT=shm|tcp|auto` (case-insensitive); unset or empty means `Auto`.

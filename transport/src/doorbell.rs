@@ -71,8 +71,8 @@ impl Doorbell {
         }
     }
 
-    /// Creates this rank's shared doorbell page under `name`; the name is unlinked on drop or
-    /// by [`Doorbell::unlink`] once every peer has mapped it.
+    /// Creates this rank's shared doorbell page, a memory file called `name`; same-host peers
+    /// open it through this process's descriptor until [`Doorbell::stop_sharing`].
     pub fn create_shared(name: &str) -> Result<Doorbell> {
         let map = ShmMapping::create(name, BELL_PAGE_BYTES)?;
         map.atomic_u32(VERSION_OFF)
@@ -83,9 +83,9 @@ impl Doorbell {
         })
     }
 
-    /// Maps a peer's doorbell page.
-    pub fn open_shared(name: &str) -> Result<Doorbell> {
-        let map = ShmMapping::open(name, BELL_PAGE_BYTES)?;
+    /// Maps the doorbell page `name` that process `pid` shares as its descriptor `fd`.
+    pub fn open_shared(pid: u32, fd: u32, name: &str) -> Result<Doorbell> {
+        let map = ShmMapping::open_peer(pid, fd, name, BELL_PAGE_BYTES, BELL_PAGE_BYTES)?;
         let magic = map.atomic_u64(MAGIC_OFF).load(Ordering::Acquire);
         let version = map.atomic_u32(VERSION_OFF).load(Ordering::Relaxed);
         if magic != MAGIC || version != VERSION {
@@ -98,16 +98,18 @@ impl Doorbell {
         })
     }
 
-    /// Removes the shared page's name (the mapping stays). No-op for a private doorbell.
-    pub fn unlink(&self) {
+    /// Stops peers from opening the shared page (the mapping stays). No-op for a private
+    /// doorbell.
+    pub fn stop_sharing(&self) {
         if let Backing::Shared(map) = &self.backing {
-            map.unlink();
+            map.stop_sharing();
         }
     }
 
-    pub fn shared_name(&self) -> Option<&str> {
+    /// The name and descriptor peers open this page by, while it is shared.
+    pub fn shared_ref(&self) -> Option<(&str, u32)> {
         match &self.backing {
-            Backing::Shared(map) => Some(map.name()),
+            Backing::Shared(map) => map.shared_fd().map(|fd| (map.name(), fd)),
             Backing::Private(_) => None,
         }
     }
@@ -160,15 +162,13 @@ mod tests {
 
     #[test]
     fn ring_from_another_thread_wakes_a_sleeper() {
-        let name = format!(
-            "/ciera-{}-{}-testbell",
-            std::process::id(),
-            crate::sys::random_hex(8)
-        );
+        let pid = std::process::id();
+        let name = format!("ciera-{pid}-{}-testbell", crate::sys::random_hex(8));
         let owner = Arc::new(Doorbell::create_shared(&name).unwrap());
-        let peer = Doorbell::open_shared(&name).unwrap();
-        owner.unlink();
-        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+        let (_, fd) = owner.shared_ref().unwrap();
+        let peer = Doorbell::open_shared(pid, fd, &name).unwrap();
+        owner.stop_sharing();
+        assert!(owner.shared_ref().is_none());
         let seen = owner.sample();
         let sleeper = {
             let owner = owner.clone();
@@ -186,16 +186,27 @@ mod tests {
     }
 
     #[test]
-    fn foreign_page_is_rejected() {
-        let name = format!(
-            "/ciera-{}-{}-testjunk",
-            std::process::id(),
-            crate::sys::random_hex(8)
-        );
+    fn foreign_pages_and_stale_descriptors_are_rejected() {
+        let pid = std::process::id();
+        let name = format!("ciera-{pid}-{}-testjunk", crate::sys::random_hex(8));
         let junk = ShmMapping::create(&name, BELL_PAGE_BYTES).unwrap();
-        let err = Doorbell::open_shared(&name).err().unwrap();
+        let fd = junk.shared_fd().unwrap();
+        let err = Doorbell::open_shared(pid, fd, &name).err().unwrap();
         assert!(err.to_string().contains("magic"), "{err}");
-        drop(junk);
-        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+        // The descriptor names another object than the one asked for.
+        let err = Doorbell::open_shared(pid, fd, "ciera-1-other-bell")
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("not shared memory"), "{err}");
+        // A page of the wrong size.
+        let big = format!("ciera-{pid}-{}-testbig", crate::sys::random_hex(8));
+        let big_map = ShmMapping::create(&big, 2 * BELL_PAGE_BYTES).unwrap();
+        let err = Doorbell::open_shared(pid, big_map.shared_fd().unwrap(), &big)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("8192 bytes"), "{err}");
+        // No longer shared: nothing to open.
+        junk.stop_sharing();
+        assert!(Doorbell::open_shared(pid, fd, &name).is_err());
     }
 }

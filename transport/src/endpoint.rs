@@ -400,8 +400,8 @@ impl Endpoint {
         let tcp_congestion = TcpCongestion::from_env()?;
         let single_copy = needs_shm && SingleCopy::from_env()? != SingleCopy::Off;
         if needs_shm {
-            // A fresh page per attempt: a failed earlier attempt already unlinked its name.
-            let name = format!("/ciera-{}-{}-bell", self.info.pid, random_hex(8));
+            // A fresh page per attempt: a failed earlier attempt has stopped sharing its own.
+            let name = format!("ciera-{}-{}-bell", self.info.pid, random_hex(8));
             let bell = Arc::new(Doorbell::create_shared(&name)?);
             *self.wake.bell.write().unwrap_or_else(|e| e.into_inner()) = bell.clone();
             // A wake requested before the swap still counts: `requested` is checked by wait.
@@ -417,13 +417,16 @@ impl Endpoint {
             ring_bytes,
             tcp_buffers,
             tcp_congestion,
-            bell_name: self.bell.shared_name().map(str::to_string),
+            bell: self
+                .bell
+                .shared_ref()
+                .map(|(name, fd)| (name.to_string(), fd)),
             single_copy,
         };
         let result = setup::establish(&self.listener, ctx);
-        // Every peer that will ever map our doorbell has done so (or setup failed): drop the
-        // name so nothing is left in /dev/shm whatever happens to this process later.
-        self.bell.unlink();
+        // Every peer that will ever map our doorbell has done so (or setup failed): close the
+        // descriptor they open it by.
+        self.bell.stop_sharing();
         let links = result?;
         self.links = links;
         self.my_rank = Some(my_rank);
@@ -690,7 +693,7 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // Wakers may keep the doorbell mapped; its name must not outlive the endpoint.
-        self.bell.unlink();
+        // Wakers may keep the doorbell mapped; nobody may open it after the endpoint is gone.
+        self.bell.stop_sharing();
     }
 }

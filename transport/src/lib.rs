@@ -10,11 +10,12 @@
 //!   process_vm_readv, see [`Link::can_offer`], or with a plain copy out of a mapping when the
 //!   bytes lie in a [`SharedBuffer`], `shared.rs`), a futex doorbell
 //!   per rank (`doorbell.rs`, with the argument why no wake-up is lost), and the setup TCP
-//!   connection kept as a liveness channel. Segment names are unlinked as soon as both sides
-//!   have them mapped, so nothing is left in /dev/shm even if a rank is SIGKILLed.
+//!   connection kept as a liveness channel. Segments and doorbells are anonymous memory files
+//!   that peers open through `/proc/<pid>/fd`: nothing is ever named in /dev/shm, so nothing
+//!   can be left there, even if a rank is SIGKILLed during setup.
 //! * TCP (`tcp.rs`): one non-blocking connection per pair, TCP_NODELAY, large buffers.
 //! * Authentication (`auth.rs`): mutual HMAC-SHA256 challenge-response with the job secret on
-//!   every connection.
+//!   every connection, each proof bound to its direction, the connection and both parties.
 //!
 //! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
 //! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1|auto: process_vm_readv single

@@ -89,9 +89,11 @@ impl PeerInfo {
 }
 
 /// Identifies the machine *and* the shared-memory domain this process lives in:
-/// `<hostname>/<boot id>/shm-<device of /dev/shm>`. Two ranks with equal host ids can map each
-/// other's POSIX shm segments; containers on one machine with separate `/dev/shm` mounts get
-/// different ids (and so talk TCP). Stable for the life of the machine's boot.
+/// `<hostname>/<boot id>/shm-<device of /dev/shm>/pidns-<pid namespace>`. Two ranks with equal
+/// host ids can map each other's memory (a rank opens a peer's memory files as
+/// `/proc/<peer pid>/fd/<fd>`, so both must see each other's pids); containers on one machine
+/// with separate `/dev/shm` mounts or pid namespaces get different ids (and so talk TCP).
+/// Stable for the life of the machine's boot.
 pub fn host_id() -> String {
     static HOST_ID: OnceLock<String> = OnceLock::new();
     HOST_ID
@@ -109,14 +111,25 @@ pub fn host_id() -> String {
             let shm = shm_domain()
                 .map(|dev| format!("shm-{dev:x}"))
                 .unwrap_or_else(|| "no-shm".into());
-            let mut id = format!("{hostname}/{boot_id}/{shm}");
+            let pidns = std::fs::read_link("/proc/self/ns/pid")
+                .ok()
+                .and_then(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    l.strip_prefix("pid:[")?
+                        .strip_suffix(']')
+                        .map(str::to_string)
+                })
+                .map(|n| format!("pidns-{n}"))
+                .unwrap_or_else(|| "no-pidns".into());
+            let mut id = format!("{hostname}/{boot_id}/{shm}/{pidns}");
             id.truncate(MAX_HOST_ID_BYTES);
             id
         })
         .clone()
 }
 
-/// Device number of the tmpfs behind `/dev/shm` (where glibc's `shm_open` puts segments).
+/// Device number of the tmpfs behind `/dev/shm` (two containers with their own `/dev/shm`
+/// are kept apart even where they could share memory files).
 pub(crate) fn shm_domain() -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata("/dev/shm").ok()?;
@@ -180,6 +193,7 @@ mod tests {
     fn host_id_is_stable_and_names_the_host() {
         let id = host_id();
         assert_eq!(id, host_id());
-        assert!(id.split('/').count() >= 3, "{id}");
+        assert!(id.split('/').count() >= 4, "{id}");
+        assert!(id.contains("/pidns-"), "{id}");
     }
 }

@@ -5,21 +5,29 @@
 //! bounded by the deadline; the calling thread only accepts and collects results, so a stranger
 //! that connects and never speaks holds one thread until the deadline and delays nobody.
 //!
-//! After the auth handshake (`auth.rs`, connector proves first) the connector sends a
-//! `LinkHello` frame; the acceptor checks it against its own peer table and answers:
+//! Each connection starts with the auth handshake (`auth.rs`): the connector is the client and
+//! claims the identity `link rank <from> of <world> pid <pid>`, the acceptor the server with its
+//! own; the connector expects exactly the identity its peer table gives the rank it dialled.
+//! Then the connector sends a `LinkHello` frame; the acceptor checks it against the identity
+//! the connection proved and against its own peer table, and answers:
 //!
 //! ```text
 //! LinkHello (connector -> acceptor):
-//!   "CIERALNK" | version u8 | kind u8 (0 tcp, 1 shm) | from u32 | to u32 | world u32 | pid u32
-//!   | host_id str | doorbell name str (shm only)
+//!   "CIERALNK" | version u8 = 2 | kind u8 (0 tcp, 1 shm) | from u32 | to u32 | world u32
+//!   | pid u32 | host_id str | doorbell name str | doorbell fd u32        (shm; tcp: "", 0)
 //! LinkReply (acceptor -> connector):
-//!   0 | rank u32 | pid u32 | segment name str | doorbell name str      (accepted)
+//!   0 | rank u32 | pid u32 | segment name str | segment fd u32
+//!     | doorbell name str | doorbell fd u32                              (accepted)
 //!   1 | message str                                                    (refused, says why)
-//! ShmAck (connector -> acceptor, shm only; sent after mapping both and unlinking the segment):
+//! ShmAck (connector -> acceptor, shm only; sent after mapping the segment and the doorbell):
 //!   0 | ""   or   1 | message str
 //! ```
 //!
 //! (`str` is a u16 length and UTF-8 bytes; each message travels in a u32-length frame.)
+//! Shared memory is passed by descriptor, not by name: the creator's memory file is opened as
+//! `/proc/<creator pid>/fd/<fd>` (the pid from the peer table), checked to be the named file,
+//! and the creator closes its descriptor once the peer has it mapped. Nothing is ever named in
+//! /dev/shm, so no failure, not even SIGKILL in the middle of setup, leaves anything there.
 //! For TCP the connection then becomes the data link; for shm it stays as the control channel.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -39,8 +47,9 @@ use crate::wire::{recv_frame, send_frame, Dec, Enc};
 use crate::{Kind, PeerInfo, Result, TransportError};
 
 const LINK_MAGIC: &[u8; 8] = b"CIERALNK";
-const LINK_VERSION: u8 = 1;
-const MAX_NAME_BYTES: usize = 255;
+const LINK_VERSION: u8 = 2;
+/// Longest shared memory name (memfd names stop at 249 bytes).
+const MAX_NAME_BYTES: usize = 200;
 const MAX_MESSAGE_BYTES: usize = 4096;
 const OK: u8 = 0;
 const REFUSED: u8 = 1;
@@ -54,8 +63,8 @@ pub(crate) struct SetupContext {
     pub ring_bytes: usize,
     pub tcp_buffers: TcpBuffers,
     pub tcp_congestion: TcpCongestion,
-    /// This rank's shared doorbell, if any peer uses shm.
-    pub bell_name: Option<String>,
+    /// Name and descriptor of this rank's shared doorbell, if any peer uses shm.
+    pub bell: Option<(String, u32)>,
     /// Offer memory to, and read memory of, shm peers (`CIERA_SHM_SINGLE_COPY`).
     pub single_copy: bool,
 }
@@ -76,6 +85,11 @@ enum Event {
 
 fn desc(rank: usize, info: &PeerInfo) -> String {
     format!("rank {rank} (pid {}, {})", info.pid, info.addr)
+}
+
+/// Who one end of a link is, as its auth handshake claims and proves it.
+fn link_identity(rank: usize, world: usize, pid: u32) -> String {
+    format!("link rank {rank} of {world} pid {pid}")
 }
 
 /// Establishes a link to every other rank. Returns `links[rank]`, `None` at `my_rank`.
@@ -262,7 +276,15 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
     let me = &ctx.peers[ctx.my_rank];
     let kind = ctx.kinds[rank];
     let mut stream = connect_retry(peer.addr, ctx.deadline, &who)?;
-    auth::handshake_as(&mut stream, Role::Connector, &ctx.secret, ctx.deadline)?;
+    let world = ctx.peers.len();
+    auth::handshake(
+        &mut stream,
+        Role::Client,
+        &ctx.secret,
+        &link_identity(ctx.my_rank, world, me.pid),
+        Some(&link_identity(rank, world, peer.pid)),
+        ctx.deadline,
+    )?;
 
     let mut hello = Enc::default();
     hello
@@ -271,14 +293,13 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
         .u8(kind_code(kind))
         .u32(ctx.my_rank as u32)
         .u32(rank as u32)
-        .u32(ctx.peers.len() as u32)
+        .u32(world as u32)
         .u32(me.pid)
-        .str(&me.host_id)
-        .str(if kind == Kind::Shm {
-            ctx.bell_name.as_deref().unwrap_or("")
-        } else {
-            ""
-        });
+        .str(&me.host_id);
+    match (&ctx.bell, kind) {
+        (Some((name, fd)), Kind::Shm) => hello.str(name).u32(*fd),
+        _ => hello.str("").u32(0),
+    };
     let step = format!("link setup with {who}");
     send_frame(&mut stream, &hello.0, ctx.deadline, &step)?;
     let reply = recv_frame(&mut stream, ctx.deadline, &step)?;
@@ -292,7 +313,9 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
     }
     let (their_rank, their_pid) = (d.u32("rank")?, d.u32("pid")?);
     let seg_name = d.str("segment name", MAX_NAME_BYTES)?;
+    let seg_fd = d.u32("segment fd")?;
     let bell_name = d.str("doorbell name", MAX_NAME_BYTES)?;
+    let bell_fd = d.u32("doorbell fd")?;
     d.finish()?;
     if their_rank as usize != rank || their_pid != peer.pid {
         return Err(TransportError::Protocol {
@@ -309,15 +332,13 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
         }
         Kind::Shm => {
             let mapped = (|| -> Result<_> {
-                check_shm_name(&seg_name, &who)?;
-                check_shm_name(&bell_name, &who)?;
-                let (seg, _) = shm::open_segment(&seg_name)?;
-                // Both sides have it mapped now: the name can go, so a crash leaks nothing.
-                seg.unlink();
+                check_shm_name(&seg_name, peer.pid, &who)?;
+                check_shm_name(&bell_name, peer.pid, &who)?;
+                let (seg, _) = shm::open_segment(peer.pid, seg_fd, &seg_name)?;
                 // Single copy: try the acceptor's probe, publish ours (it tries it on our ack).
                 shm::probe_peer(&seg, 1, peer.pid, ctx.single_copy);
                 shm::publish_probe(&seg, 1, ctx.single_copy);
-                let bell = Doorbell::open_shared(&bell_name)?;
+                let bell = Doorbell::open_shared(peer.pid, bell_fd, &bell_name)?;
                 Ok((seg, bell))
             })();
             let mut ack = Enc::default();
@@ -334,10 +355,19 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
 }
 
 fn accept_from(ctx: &SetupContext, mut stream: TcpStream, from: SocketAddr) -> Event {
-    if let Err(error) = auth::handshake_as(&mut stream, Role::Acceptor, &ctx.secret, ctx.deadline) {
-        return Event::Stranger { from, error };
-    }
-    match accept_link(ctx, stream, from) {
+    let me = link_identity(ctx.my_rank, ctx.peers.len(), ctx.peers[ctx.my_rank].pid);
+    let proved = match auth::handshake(
+        &mut stream,
+        Role::Server,
+        &ctx.secret,
+        &me,
+        None,
+        ctx.deadline,
+    ) {
+        Ok(identity) => identity,
+        Err(error) => return Event::Stranger { from, error },
+    };
+    match accept_link(ctx, stream, from, &proved) {
         Ok((rank, link)) => Event::Linked { rank, link },
         Err(e) => Event::Failed(e),
     }
@@ -351,6 +381,7 @@ struct LinkHello {
     pid: u32,
     host_id: String,
     bell_name: String,
+    bell_fd: u32,
 }
 
 fn parse_hello(body: &[u8], what: &str) -> Result<LinkHello> {
@@ -383,15 +414,23 @@ fn parse_hello(body: &[u8], what: &str) -> Result<LinkHello> {
         pid: d.u32("pid")?,
         host_id: d.str("host id", MAX_HOST_ID_BYTES)?,
         bell_name: d.str("doorbell name", MAX_NAME_BYTES)?,
+        bell_fd: d.u32("doorbell fd")?,
     };
     d.finish()?;
     Ok(hello)
 }
 
-/// Why this rank will not take `hello`, or `None` if it will.
-fn check_hello(ctx: &SetupContext, h: &LinkHello) -> Option<String> {
+/// Why this rank will not take `hello` on a connection that proved `proved`, or `None` if it
+/// will.
+fn check_hello(ctx: &SetupContext, h: &LinkHello, proved: &str) -> Option<String> {
     let world = ctx.peers.len();
     let me = ctx.my_rank;
+    let claimed = link_identity(h.from, h.world, h.pid);
+    if claimed != proved {
+        return Some(format!(
+            "the link hello says {claimed:?}, but the connection authenticated as {proved:?}"
+        ));
+    }
     if h.world != world {
         return Some(format!(
             "rank {} thinks the world has {} ranks, rank {me} has {world}",
@@ -428,8 +467,12 @@ fn check_hello(ctx: &SetupContext, h: &LinkHello) -> Option<String> {
     None
 }
 
-fn check_shm_name(name: &str, who: &str) -> Result<()> {
-    let ok = name.starts_with("/ciera-") && name.len() > 7 && !name[1..].contains('/');
+/// Shared memory of process `pid` is called `ciera-<pid>-...` (letters, digits, dashes).
+fn check_shm_name(name: &str, pid: u32, who: &str) -> Result<()> {
+    let prefix = format!("ciera-{pid}-");
+    let ok = name.len() > prefix.len()
+        && name.starts_with(&prefix)
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     if ok {
         Ok(())
     } else {
@@ -444,6 +487,7 @@ fn accept_link(
     ctx: &SetupContext,
     mut stream: TcpStream,
     from: SocketAddr,
+    proved: &str,
 ) -> Result<(usize, Link)> {
     let step = format!("link setup with {from}");
     let body = recv_frame(&mut stream, ctx.deadline, &step)?;
@@ -454,7 +498,7 @@ fn accept_link(
             return Err(e);
         }
     };
-    if let Some(why) = check_hello(ctx, &hello) {
+    if let Some(why) = check_hello(ctx, &hello, proved) {
         refuse(&mut stream, ctx.deadline, &why);
         return Err(TransportError::Protocol {
             detail: format!("link from {from} refused: {why}"),
@@ -472,7 +516,9 @@ fn accept_link(
                 .u32(ctx.my_rank as u32)
                 .u32(me.pid)
                 .str("")
-                .str("");
+                .u32(0)
+                .str("")
+                .u32(0);
             send_frame(&mut stream, &reply.0, ctx.deadline, &step)?;
             tcp::configure(&stream, ctx.tcp_buffers, &ctx.tcp_congestion, &who)?;
             Ok((
@@ -482,15 +528,15 @@ fn accept_link(
         }
         Kind::Shm => {
             let seg_name = format!(
-                "/ciera-{}-{}-{}-{}",
+                "ciera-{}-{}-{}-{}",
                 me.pid,
                 random_hex(8),
                 ctx.my_rank,
                 rank
             );
             let prepared = (|| -> Result<_> {
-                check_shm_name(&hello.bell_name, &who)?;
-                let bell = Doorbell::open_shared(&hello.bell_name)?;
+                check_shm_name(&hello.bell_name, hello.pid, &who)?;
+                let bell = Doorbell::open_shared(hello.pid, hello.bell_fd, &hello.bell_name)?;
                 let seg = shm::create_segment(&seg_name, ctx.ring_bytes)?;
                 shm::publish_probe(&seg, 0, ctx.single_copy);
                 Ok((bell, seg))
@@ -506,14 +552,20 @@ fn accept_link(
                     return Err(e);
                 }
             };
-            let my_bell = ctx.bell_name.as_deref().unwrap_or("");
+            let (my_bell, my_bell_fd) = match &ctx.bell {
+                Some((name, fd)) => (name.as_str(), *fd),
+                None => ("", 0),
+            };
+            let seg_fd = seg.shared_fd().expect("a new segment is shared");
             let mut reply = Enc::default();
             reply
                 .u8(OK)
                 .u32(ctx.my_rank as u32)
                 .u32(me.pid)
                 .str(&seg_name)
-                .str(my_bell);
+                .u32(seg_fd)
+                .str(my_bell)
+                .u32(my_bell_fd);
             send_frame(&mut stream, &reply.0, ctx.deadline, &step)?;
             let ack = recv_frame(&mut stream, ctx.deadline, &step)?;
             let what = format!("shm ack from {who}");
@@ -521,8 +573,8 @@ fn accept_link(
             let status = d.u8("status")?;
             let message = d.str("message", MAX_MESSAGE_BYTES)?;
             d.finish()?;
-            // The peer unlinked it after mapping; unlink again in case it failed before that.
-            seg.unlink();
+            // The peer has mapped it (or failed to): nobody needs to open it any more.
+            seg.stop_sharing();
             if status != OK {
                 return Err(TransportError::Protocol {
                     detail: format!("{who} could not map the shm segment: {message}"),

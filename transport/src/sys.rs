@@ -1,12 +1,13 @@
-//! Thin, checked wrappers over the system calls the transports need: futex, POSIX shared
-//! memory, poll, eventfd and socket options. All `unsafe` of the shm path lives here and in
-//! `shm/`/`doorbell.rs`.
+//! Thin, checked wrappers over the system calls the transports need: futex, shared memory
+//! (memory files shared through /proc), poll, eventfd and socket options. All `unsafe` of the
+//! shm path lives here and in `shm/`/`doorbell.rs`.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::{Result, TransportError};
@@ -55,13 +56,18 @@ pub(crate) fn futex_wake(word: &AtomicU32) {
     }
 }
 
-/// A mapping of a POSIX shared-memory object (`shm_open` + `mmap`), unmapped on drop.
-/// Optionally unlinks its name on drop (the creator, until it knows the peer has mapped it).
+/// A mapping of shared memory that has no name anywhere: an anonymous memory file
+/// (`memfd_create`) in its creator, which peers on this host open through
+/// `/proc/<creator pid>/fd/<fd>` while the creator still shares it. Nothing can be left
+/// behind in /dev/shm, whenever and however either process dies. Unmapped on drop.
 pub(crate) struct ShmMapping {
     ptr: NonNull<u8>,
     len: usize,
+    /// The memory file's name (`ciera-<creator pid>-...`), for messages and for checking that
+    /// what a peer opened is this object.
     name: String,
-    unlink_on_drop: AtomicBool,
+    /// The creator's descriptor, kept until [`ShmMapping::stop_sharing`] (peers open it).
+    shared_fd: Mutex<Option<OwnedFd>>,
 }
 
 // SAFETY: the mapping is plain shared memory; every access through it goes through atomics or
@@ -71,106 +77,117 @@ unsafe impl Send for ShmMapping {}
 // SAFETY: see Send; `&ShmMapping` only hands out atomics and raw pointers.
 unsafe impl Sync for ShmMapping {}
 
-fn c_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| TransportError::Protocol {
-        detail: format!("shm segment name {name:?} contains a NUL byte"),
-    })
+/// What `/proc/<pid>/fd/<n>` shows for the memory file `name`.
+fn memfd_link(name: &str) -> String {
+    format!("/memfd:{name} (deleted)")
 }
 
 impl ShmMapping {
-    /// Creates `name` (which must not exist), sizes it to `len` bytes, reserves the memory (so a
-    /// full /dev/shm is an error now rather than SIGBUS later) and maps it. The name is
-    /// unlinked on drop unless [`ShmMapping::unlink`] ran first.
+    /// Creates a memory file called `name` (only shown in `/proc/<pid>/fd` links), sizes it to
+    /// `len` bytes, reserves the memory (so running out is an error now rather than SIGBUS
+    /// later) and maps it. Peers can open it until [`ShmMapping::stop_sharing`].
     pub fn create(name: &str, len: usize) -> Result<ShmMapping> {
-        let cname = c_name(name)?;
+        let cname = CString::new(name).map_err(|_| TransportError::Protocol {
+            detail: format!("shared memory name {name:?} contains a NUL byte"),
+        })?;
         // SAFETY: `cname` is a valid NUL-terminated string; the returned fd is checked.
-        let fd = unsafe {
-            libc::shm_open(
-                cname.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
-                0o600,
-            )
-        };
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
             return Err(TransportError::last_os(
-                "shm_open (create)",
-                format!("segment {name}"),
+                "memfd_create",
+                format!("shared memory {name}"),
             ));
         }
         // SAFETY: `fd` is a fresh descriptor we own exclusively.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let unlink_now = || {
-            // SAFETY: valid C string; unlinking a name we just created.
-            unsafe { libc::shm_unlink(cname.as_ptr()) };
-        };
         // SAFETY: valid fd; ftruncate only changes the object's size.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            let e =
-                TransportError::last_os("ftruncate", format!("shm segment {name} to {len} bytes"));
-            unlink_now();
-            return Err(e);
+            return Err(TransportError::last_os(
+                "ftruncate",
+                format!("shared memory {name} to {len} bytes"),
+            ));
         }
         // SAFETY: valid fd, range within the size just set.
         let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
         if rc != 0 && rc != libc::EOPNOTSUPP && rc != libc::EINVAL {
-            unlink_now();
             return Err(TransportError::io(
                 "posix_fallocate",
                 format!(
-                    "shm segment {name} of {len} bytes (is /dev/shm full? lower CIERA_SHM_RING_BYTES \
-                     or use CIERA_TRANSPORT=tcp)"
+                    "shared memory {name} of {len} bytes (out of memory? lower \
+                     CIERA_SHM_RING_BYTES or use CIERA_TRANSPORT=tcp)"
                 ),
                 io::Error::from_raw_os_error(rc),
             ));
-        }
-        match Self::map(&fd, len, name) {
-            Ok(ptr) => Ok(ShmMapping {
-                ptr,
-                len,
-                name: name.to_string(),
-                unlink_on_drop: AtomicBool::new(true),
-            }),
-            Err(e) => {
-                unlink_now();
-                Err(e)
-            }
-        }
-    }
-
-    /// Opens and maps an existing segment; its size must be at least `min_len`.
-    pub fn open(name: &str, min_len: usize) -> Result<ShmMapping> {
-        let cname = c_name(name)?;
-        // SAFETY: valid C string; the fd is checked.
-        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(TransportError::last_os(
-                "shm_open",
-                format!("segment {name} (do both ranks see the same /dev/shm? else CIERA_TRANSPORT=tcp)"),
-            ));
-        }
-        // SAFETY: fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: zeroed stat is a valid out-parameter for fstat.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid fd and out-pointer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(TransportError::last_os(
-                "fstat",
-                format!("shm segment {name}"),
-            ));
-        }
-        let len = st.st_size as usize;
-        if len < min_len {
-            return Err(TransportError::Protocol {
-                detail: format!("shm segment {name} is {len} bytes, expected at least {min_len}"),
-            });
         }
         let ptr = Self::map(&fd, len, name)?;
         Ok(ShmMapping {
             ptr,
             len,
             name: name.to_string(),
-            unlink_on_drop: AtomicBool::new(false),
+            shared_fd: Mutex::new(Some(fd)),
+        })
+    }
+
+    /// Opens and maps the memory file `name` that process `pid` shares as its descriptor
+    /// `fd`; its size must lie in `min_len..=max_len`. Fails if what that descriptor names now
+    /// is not that file (the creator closed it, or the number was reused).
+    pub fn open_peer(
+        pid: u32,
+        fd: u32,
+        name: &str,
+        min_len: usize,
+        max_len: usize,
+    ) -> Result<ShmMapping> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let cpath = CString::new(path.as_str()).expect("no NUL in a formatted path");
+        // SAFETY: valid C string; the fd is checked.
+        let raw = unsafe { libc::open(cpath.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if raw < 0 {
+            return Err(TransportError::last_os(
+                "open",
+                format!(
+                    "{path}, shared memory {name} of process {pid} (ranks that share memory \
+                     must run as the same user in the same pid namespace and be dumpable; \
+                     else CIERA_TRANSPORT=tcp)"
+                ),
+            ));
+        }
+        // SAFETY: fresh descriptor we own.
+        let own = unsafe { OwnedFd::from_raw_fd(raw) };
+        let opened = std::fs::read_link(format!("/proc/self/fd/{}", own.as_raw_fd()))
+            .map(|l| l.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if opened != memfd_link(name) {
+            return Err(TransportError::Protocol {
+                detail: format!(
+                    "{path} is {opened:?}, not shared memory {name} (process {pid} closed it?)"
+                ),
+            });
+        }
+        // SAFETY: zeroed stat is a valid out-parameter for fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out-pointer.
+        if unsafe { libc::fstat(own.as_raw_fd(), &mut st) } != 0 {
+            return Err(TransportError::last_os(
+                "fstat",
+                format!("shared memory {name}"),
+            ));
+        }
+        let len = st.st_size.max(0) as usize;
+        if len < min_len || len > max_len {
+            return Err(TransportError::Protocol {
+                detail: format!(
+                    "shared memory {name} of process {pid} is {len} bytes, expected \
+                     {min_len}..={max_len}"
+                ),
+            });
+        }
+        let ptr = Self::map(&own, len, name)?;
+        Ok(ShmMapping {
+            ptr,
+            len,
+            name: name.to_string(),
+            shared_fd: Mutex::new(None),
         })
     }
 
@@ -190,19 +207,28 @@ impl ShmMapping {
         if ptr == libc::MAP_FAILED {
             return Err(TransportError::last_os(
                 "mmap",
-                format!("shm segment {name} of {len} bytes"),
+                format!("shared memory {name} of {len} bytes"),
             ));
         }
         Ok(NonNull::new(ptr.cast()).expect("mmap never returns null on success"))
     }
 
-    /// Removes the name from /dev/shm (the mapping stays valid). Idempotent; ENOENT is fine.
-    pub fn unlink(&self) {
-        if let Ok(cname) = CString::new(self.name.as_str()) {
-            // SAFETY: valid C string; shm_unlink only touches the name.
-            unsafe { libc::shm_unlink(cname.as_ptr()) };
-        }
-        self.unlink_on_drop.store(false, Ordering::Relaxed);
+    /// The descriptor peers open, while this process shares the memory.
+    pub fn shared_fd(&self) -> Option<u32> {
+        self.shared_fd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|fd| fd.as_raw_fd() as u32)
+    }
+
+    /// Closes the descriptor peers open (the mapping stays valid): once every peer that will
+    /// map this memory has done so. Idempotent.
+    pub fn stop_sharing(&self) {
+        self.shared_fd
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 
     pub fn name(&self) -> &str {
@@ -243,9 +269,6 @@ impl ShmMapping {
 
 impl Drop for ShmMapping {
     fn drop(&mut self) {
-        if self.unlink_on_drop.load(Ordering::Relaxed) {
-            self.unlink();
-        }
         // SAFETY: `ptr`/`len` describe a mapping we created and nobody uses after drop (all
         // references handed out borrow `self`).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -409,7 +432,7 @@ pub(crate) fn fill_random(buf: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// A random lowercase hex string of `bytes` random bytes (for segment names).
+/// A random lowercase hex string of `bytes` random bytes (for shared memory names).
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut raw = vec![0u8; bytes];
     if fill_random(&mut raw).is_err() {

@@ -123,7 +123,14 @@ fn strangers_are_refused_and_the_mesh_still_forms() {
     // Connected before rank 0 even starts accepting, so they are first in its backlog.
     let rogue = std::thread::spawn(move || {
         let mut s = TcpStream::connect(target).unwrap();
-        auth::handshake_as(&mut s, Role::Connector, &[0xAB; 32], deadline(20))
+        auth::handshake(
+            &mut s,
+            Role::Client,
+            &[0xAB; 32],
+            "link rank 1 of 3 pid 1",
+            None,
+            deadline(20),
+        )
     });
     let silent = TcpStream::connect(target).unwrap();
     let mut garbage = TcpStream::connect(target).unwrap();

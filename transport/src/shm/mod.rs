@@ -366,19 +366,21 @@ mod tests {
     fn pair(ring_bytes: usize) -> (ShmLink, ShmLink, TcpStream) {
         let tag = random_hex(8);
         let pid = std::process::id();
-        let seg_name = format!("/ciera-{pid}-{tag}-unit");
-        let bell_a = format!("/ciera-{pid}-{tag}-bella");
-        let bell_b = format!("/ciera-{pid}-{tag}-bellb");
+        let seg_name = format!("ciera-{pid}-{tag}-unit");
         let seg = create_segment(&seg_name, ring_bytes).unwrap();
-        let (seg_b, got) = open_segment(&seg_name).unwrap();
+        let (seg_b, got) = open_segment(pid, seg.shared_fd().unwrap(), &seg_name).unwrap();
         assert_eq!(got, ring_bytes);
-        seg.unlink();
-        let own_a = Doorbell::create_shared(&bell_a).unwrap();
-        let own_b = Doorbell::create_shared(&bell_b).unwrap();
-        let peer_of_a = Doorbell::open_shared(&bell_b).unwrap();
-        let peer_of_b = Doorbell::open_shared(&bell_a).unwrap();
-        own_a.unlink();
-        own_b.unlink();
+        seg.stop_sharing();
+        let own_a = Doorbell::create_shared(&format!("ciera-{pid}-{tag}-bella")).unwrap();
+        let own_b = Doorbell::create_shared(&format!("ciera-{pid}-{tag}-bellb")).unwrap();
+        let open = |bell: &Doorbell| {
+            let (name, fd) = bell.shared_ref().unwrap();
+            Doorbell::open_shared(pid, fd, name).unwrap()
+        };
+        let peer_of_a = open(&own_b);
+        let peer_of_b = open(&own_a);
+        own_a.stop_sharing();
+        own_b.stop_sharing();
         let (ca, cb) = control_pair();
         let (cb2, keep) = control_pair();
         drop(cb);

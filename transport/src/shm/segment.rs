@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::check_ring_bytes;
+use crate::config::{check_ring_bytes, MAX_SHM_RING_BYTES};
 use crate::sys::{fill_random, process_vm_read, ShmMapping};
 use crate::{Result, TransportError};
 
@@ -96,8 +96,8 @@ fn segment_len(ring_bytes: usize) -> usize {
     HEADER_BYTES + 2 * ring_bytes
 }
 
-/// Creates and initializes a segment (both rings empty). The caller unlinks its name once the
-/// peer has mapped it; until then dropping the mapping unlinks it.
+/// Creates and initializes a segment (both rings empty). The peer opens it through this
+/// process's descriptor; the caller stops sharing it once the peer has mapped it (or failed).
 pub(crate) fn create_segment(name: &str, ring_bytes: usize) -> Result<ShmMapping> {
     check_ring_bytes(ring_bytes).map_err(|why| TransportError::Config {
         detail: format!("shm ring of {ring_bytes} bytes: {why}"),
@@ -113,9 +113,11 @@ pub(crate) fn create_segment(name: &str, ring_bytes: usize) -> Result<ShmMapping
     Ok(seg)
 }
 
-/// Maps a segment the peer created and checks its header. Returns the ring size.
-pub(crate) fn open_segment(name: &str) -> Result<(ShmMapping, usize)> {
-    let seg = ShmMapping::open(name, HEADER_BYTES)?;
+/// Maps the segment `name` that process `pid` shares as descriptor `fd` and checks its
+/// header. Returns the ring size.
+pub(crate) fn open_segment(pid: u32, fd: u32, name: &str) -> Result<(ShmMapping, usize)> {
+    let most = segment_len(MAX_SHM_RING_BYTES);
+    let seg = ShmMapping::open_peer(pid, fd, name, HEADER_BYTES, most)?;
     let magic = seg.atomic_u64(MAGIC_OFF).load(Ordering::Acquire);
     let version = seg.atomic_u32(VERSION_OFF).load(Ordering::Relaxed);
     if magic != MAGIC || version != VERSION {
