@@ -136,9 +136,11 @@ typedef struct cieraStats_v1 {
   uint64_t cacheBytes;   /* memory the caches hold now */
   uint64_t encodeNs;     /* time this rank spent encoding */
   uint64_t decodeNs;     /* time this rank spent decoding */
+  uint64_t misses;       /* sources with no cache of their shard (moved buffer, evicted or reset
+                            cache) that sent it as FILL frames in a compressed call; not repairs */
 } cieraStats_t;
 
-#define CIERA_STATS_INITIALIZER { sizeof(cieraStats_t), CIERA_API_MAGIC, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define CIERA_STATS_INITIALIZER { sizeof(cieraStats_t), CIERA_API_MAGIC, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* CIERA_VERSION_CODE of the library. */
 cieraResult_t cieraGetVersion(int* version);

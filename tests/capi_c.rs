@@ -127,6 +127,7 @@ fn header_matches_the_rust_side() {
         ("cacheBytes", offset_of!(CStats, cache_bytes)),
         ("encodeNs", offset_of!(CStats, encode_ns)),
         ("decodeNs", offset_of!(CStats, decode_ns)),
+        ("misses", offset_of!(CStats, misses)),
     ] {
         put(&format!("offsetof(cieraStats_t,{f})"), o as i64);
     }

@@ -95,6 +95,9 @@ pub struct CStats {
     /// Time spent encoding and decoding on this rank, nanoseconds.
     pub encode_ns: u64,
     pub decode_ns: u64,
+    /// Sources whose cache held no copy of their shard (a moved buffer, an evicted or reset
+    /// cache) and that sent it as FILL frames within a compressed call; not repairs.
+    pub misses: u64,
 }
 
 pub const CONFIG_VERSION: u32 = 1;

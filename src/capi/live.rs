@@ -38,7 +38,7 @@ impl CallStats {
         let c = &self.compress;
         format!(
             "{} allgathers served by CIERA ({} in place, {} failed; {} raw, {} fill, {} delta calls; {} B gathered, \
-             {} B on the wire, ratio {:.3}; {} repairs; {} B read from peers' shared buffers)",
+             {} B on the wire, ratio {:.3}; {} repairs, {} cache misses; {} B read from peers' shared buffers)",
             self.calls,
             self.in_place_calls,
             self.failed_calls,
@@ -49,6 +49,7 @@ impl CallStats {
             c.wire_bytes,
             c.ratio(),
             c.repairs,
+            c.misses,
             self.shared_read_bytes
         )
     }
@@ -71,6 +72,7 @@ impl CallStats {
             cache_bytes: c.cache_bytes as u64,
             encode_ns: c.encode_ns,
             decode_ns: c.decode_ns,
+            misses: c.misses,
         }
     }
 }

@@ -193,7 +193,7 @@ impl SlotChunk<'_> {
         Ok(info)
     }
 
-    fn fill(&mut self, values: &[u8]) {
+    pub(super) fn fill(&mut self, values: &[u8]) {
         match (self.mode, self.dtype) {
             (CacheMode::FullValue, _) => self.state.copy_from_slice(values),
             (CacheMode::Exponent, DType::BF16) => fill_exps::<Bf16>(values, self.state),

@@ -146,11 +146,41 @@ impl CacheSlot {
         self.len * self.mode.bytes_per_element(self.dtype)
     }
 
+    /// Fill the slot with `values` (every element, as a raw FILL frame would) without a frame:
+    /// the values reached every rank some other way (an uncompressed call) and every rank
+    /// fills its copy alike. The slot is warm at `version` afterwards, which every rank must
+    /// give identically (and unlike any version this slot's source used before).
+    pub fn fill_from(&mut self, values: &[u8], version: u64) -> Result<()> {
+        let expect = self.len * self.dtype.size();
+        if values.len() != expect {
+            return Err(CodecError::LengthMismatch {
+                what: "fill values bytes",
+                expected: expect,
+                found: values.len(),
+            });
+        }
+        let len = self.len;
+        self.chunk(0..len).fill(values);
+        self.warm = self.dtype.is_compressible();
+        self.version = version;
+        Ok(())
+    }
+
     /// Forget the cached values: the next frame for this slot must be a raw FILL. The slot takes
     /// a fresh random version, so no delta frame made against the old state can match it.
     pub fn poison(&mut self) {
         self.warm = false;
         self.version = random_version();
+    }
+
+    /// Allocate the slot's memory now and touch every page of it, so that a later fill or
+    /// decode does not take the page faults (e.g. on another thread while a transfer runs).
+    pub fn allocate(&mut self) {
+        self.ensure_state();
+        for b in self.state.iter_mut().step_by(4096) {
+            // A write the compiler cannot drop: the page is then resident.
+            *b = std::hint::black_box(0);
+        }
     }
 
     fn ensure_state(&mut self) {

@@ -1,23 +1,144 @@
-//! One compressed call: encode at the source, forward, decode into every source's slot, then
+//! One compressed call: encode at the source, forward, decode into every source's cache, then
 //! the status exchange that makes every later decision a function of agreed values, and the
-//! repair of a call whose frames did not decode (or verify) somewhere.
+//! repair of a call whose frames did not decode (or verify) somewhere. Also the raw *fill*
+//! call that starts a policy: uncompressed, then every cache filled from the result.
 
 use std::time::{Duration, Instant};
 
-use super::group_codec::{GroupCodec, OwnEncoder};
+use super::group_codec::{GroupCodec, Incoming, OwnEncoder};
 use super::stats::{CallKind, CallReport, SlotKey};
-use super::{verify, CompressMode, Compressor, GroupState, STATUS_FIXED_WORDS};
-use crate::codec::{FrameInfo, Mode};
+use super::store::Lineage;
+use super::{verify, CompressMode, Compressor, STATUS_FIXED_WORDS};
+use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::DType;
 
+/// The version of a cache every rank filled from an uncompressed result in call `clock`:
+/// agreed without a message, and unlike the versions of other sources and other calls (a
+/// cache filled by FILL frames takes a random version instead).
+fn agreed_version(clock: u64, src: usize) -> u64 {
+    let mut z = clock
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((src as u64).rotate_left(40) ^ 0xC1E5_A000_F111_0000);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 impl Compressor {
+    /// The first call of a policy: an uncompressed allgather, then every rank fills its cache
+    /// of every source from the result (the caches of the call are made room for first, by
+    /// the same rule on every rank).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn raw_fill(
+        &mut self,
+        engine: &mut Engine,
+        key: SlotKey,
+        mode: CacheMode,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<CallReport> {
+        let n = engine.size();
+        let need = n
+            .saturating_mul(count)
+            .saturating_mul(mode.bytes_per_element(dtype));
+        self.stats.evictions += self
+            .store
+            .evict_to(self.config.cache_bytes.saturating_sub(need));
+        let t = Instant::now();
+        // The caches' memory is allocated and faulted in on a thread of its own while the
+        // transfer runs (fresh memory costs page faults of the order of the copy itself).
+        let clock = self.clock;
+        let (raw, slots) = std::thread::scope(|s| {
+            let alloc = s.spawn(move || {
+                (0..n)
+                    .map(|src| {
+                        let version = agreed_version(clock, src);
+                        let mut slot = CacheSlot::with_version(dtype, mode, count, version);
+                        slot.allocate();
+                        slot
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let raw = self.raw(engine, send, recv, count, dtype);
+            (raw, alloc.join())
+        });
+        let mut report = raw?;
+        let slots = slots.map_err(|_| {
+            crate::error::Error::InvalidArgument("cache allocation failed (out of memory?)".into())
+        })?;
+        let raw_time = t.elapsed();
+        self.fill_slots_from_result(engine.rank(), key, recv, slots.into_iter().enumerate())?;
+        tracing::info!(
+            slot = key.id,
+            count,
+            dtype = %dtype,
+            ?mode,
+            raw_ms = raw_time.as_secs_f64() * 1e3,
+            fill_ms = (t.elapsed() - raw_time).as_secs_f64() * 1e3,
+            cache_bytes = need,
+            "first call of a tensor: raw, then every cache filled from the result"
+        );
+        self.stats.raw_calls -= 1;
+        self.stats.fill_calls += 1;
+        report.kind = CallKind::Fill;
+        Ok(report)
+    }
+
+    /// Fill this rank's cache of each of `srcs` from their blocks of `recv` (a result every rank
+    /// holds alike), replacing any it held; then evict to the budget.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_from_result(
+        &mut self,
+        me: usize,
+        key: SlotKey,
+        mode: CacheMode,
+        recv: &[u8],
+        srcs: &[usize],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let clock = self.clock;
+        let slots = srcs.iter().map(|&src| {
+            let version = agreed_version(clock, src);
+            (src, CacheSlot::with_version(dtype, mode, count, version))
+        });
+        self.fill_slots_from_result(me, key, recv, slots)
+    }
+
+    /// Fill each (source, new slot) from the source's block of `recv`, at the slot's (agreed)
+    /// version, and keep it; then evict to the budget.
+    fn fill_slots_from_result(
+        &mut self,
+        me: usize,
+        key: SlotKey,
+        recv: &[u8],
+        slots: impl Iterator<Item = (usize, CacheSlot)>,
+    ) -> Result<()> {
+        for (src, mut slot) in slots {
+            let shard = slot.len() * slot.dtype().size();
+            let version = slot.version();
+            slot.fill_from(&recv[src * shard..(src + 1) * shard], version)?;
+            let lineage = Lineage {
+                slot,
+                last_use: self.clock,
+            };
+            self.store.put(src, lineage, (src == me).then_some(key));
+        }
+        self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn framed(
         &mut self,
         engine: &mut Engine,
         key: SlotKey,
+        pkey: SlotKey,
+        new_mode: CacheMode,
         mode: CompressMode,
         send: Option<&[u8]>,
         recv: &mut [u8],
@@ -33,63 +154,76 @@ impl Compressor {
         } else {
             0
         };
-        let g = self.groups.get_mut(&key).expect("group exists");
-        let filling = g.state == GroupState::Cold;
-        if filling {
-            for s in g.slots.iter_mut() {
-                s.poison();
-            }
-        }
+        let clock = self.clock;
+        // This rank's cache of its shard, found by its own key; none (a miss) codes FILL
+        // frames against a new cache, which every receiver starts from them.
+        let own = self.store.take_own(&key);
+        let own_missed = own.is_none();
+        let own = own.unwrap_or_else(|| Lineage {
+            slot: CacheSlot::new(dtype, new_mode, count),
+            last_use: clock,
+        });
+        let own_version = own.slot.version();
+
         let t0 = Instant::now();
         // Compress once, at the source: the engine's encoder worker encodes this rank's chunks
-        // against its own slot while the executor sends the frames already made and decodes
-        // what arrives into the other slots.
-        let (before, rest) = g.slots.split_at_mut(me);
-        let (own_slot, after) = rest.split_first_mut().expect("own slot");
+        // while the executor sends the frames already made and decodes what arrives.
         let mut encoder = OwnEncoder {
-            slot: own_slot,
+            lineage: own,
             infos: Vec::new(),
             encode_ns: 0,
         };
-        let mut codec = GroupCodec::new(before, after, me);
+        let mut codec = GroupCodec::new(&mut self.store, me, n, count, dtype, new_mode, clock);
         let r = engine.all_gather_framed(send, recv, count, dtype, &mut encoder, &mut codec);
         let elapsed = t0.elapsed();
-        let (own_infos, encode_ns) = (encoder.infos, encoder.encode_ns);
         let GroupCodec {
-            mut infos,
+            mut incoming,
             failures,
             decode_ns,
             ..
         } = codec;
-        infos[me] = own_infos;
-        if let Err(e) = r {
-            // The transfer failed (a peer died, an abort): caches are half-updated everywhere.
-            for s in g.slots.iter_mut() {
-                s.poison();
-            }
-            g.state = GroupState::Cold;
-            return Err(e);
-        }
-        // Commit every source's slot, or note why it cannot be.
+        let OwnEncoder {
+            lineage: own,
+            infos: own_infos,
+            encode_ns,
+        } = encoder;
+        // The transfer failed (a peer died, an abort): the caches this call used are dropped
+        // (half-updated), and the error goes to the caller.
+        r?;
+        incoming[me] = Some(Incoming {
+            lineage: own,
+            version: own_version,
+            missed: own_missed,
+            infos: own_infos,
+        });
+        // Commit every source's cache, or note why it cannot be.
         let mut failed: Vec<Option<String>> = failures
             .into_iter()
             .map(|f| f.map(|e| e.to_string()))
             .collect();
-        for (src, slot) in g.slots.iter_mut().enumerate() {
-            if failed[src].is_none() {
-                if let Err(e) = slot.commit(&infos[src]) {
-                    failed[src] = Some(e.to_string());
+        for (src, inc) in incoming.iter_mut().enumerate() {
+            if failed[src].is_some() {
+                continue;
+            }
+            match inc {
+                Some(inc) => {
+                    if let Err(e) = inc.lineage.slot.commit(&inc.infos) {
+                        failed[src] = Some(e.to_string());
+                    }
                 }
+                None => failed[src] = Some("no frame of it arrived".into()),
             }
         }
-        // Status exchange: [call ns, encode ns, decode ns, shard hash, failure bitmap words].
+        // Status exchange: [call ns, encode ns, decode ns, shard hash, raw probe ns, failure
+        // bitmap words].
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let words = STATUS_FIXED_WORDS + n.div_ceil(64);
         let mut mine = vec![0u64; words];
         mine[0] = elapsed.as_nanos() as u64;
         mine[1] = encode_ns;
         mine[2] = decode_ns;
         mine[3] = own_hash;
-        mine[4] = g.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
+        mine[4] = p.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
         if verify {
             // Hashes must be known before this rank can report a mismatch, so verification
             // takes a first exchange of the hashes alone when it is on.
@@ -113,48 +247,62 @@ impl Compressor {
         let slowest = Duration::from_nanos(status.iter().map(|s| s[0]).max().unwrap_or(0));
         let probe = status.iter().map(|s| s[4]).max().unwrap_or(0);
         if probe > 0 && status.iter().all(|s| s[4] > 0) {
-            g.raw_time = Some(Duration::from_nanos(probe));
+            p.raw_time = Some(Duration::from_nanos(probe));
         }
-        let mut bad: Vec<usize> = Vec::new();
-        for src in 0..n {
-            if status
-                .iter()
-                .any(|s| s[STATUS_FIXED_WORDS + src / 64] >> (src % 64) & 1 == 1)
-            {
-                bad.push(src);
-            }
-        }
-        // Account.
-        let wire: u64 = infos_wire(&infos);
+        let bad: Vec<usize> = (0..n)
+            .filter(|src| {
+                status
+                    .iter()
+                    .any(|s| s[STATUS_FIXED_WORDS + src / 64] >> (src % 64) & 1 == 1)
+            })
+            .collect();
+        // Account. Every rank saw the same frames, so all agree on the misses.
+        let infos: Vec<&[FrameInfo]> = incoming
+            .iter()
+            .map(|i| i.as_ref().map_or(&[][..], |i| &i.infos[..]))
+            .collect();
+        let wire: u64 = infos
+            .iter()
+            .flat_map(|v| v.iter())
+            .map(|i| i.frame_bytes as u64)
+            .sum();
         let raw = (n * shard_bytes) as u64;
+        let misses = (0..n)
+            .filter(|&src| !bad.contains(&src) && incoming[src].as_ref().is_some_and(|i| i.missed))
+            .count() as u64;
+        // Every source missed: the call was a FILL of the whole tensor.
+        let all_fill = misses == n as u64;
         self.stats.raw_bytes += raw;
         self.stats.wire_bytes += wire;
         self.stats.encode_ns += encode_ns;
         self.stats.decode_ns += decode_ns;
         self.stats.transfer_ns += (elapsed.as_nanos() as u64).saturating_sub(encode_ns + decode_ns);
-        g.stats.framed_raw_bytes += raw;
-        g.stats.framed_wire_bytes += wire;
-        g.stats.frames += infos.iter().map(|v| v.len() as u64).sum::<u64>();
-        g.stats.hits += infos
+        self.stats.misses += misses;
+        p.stats.misses += misses;
+        p.stats.framed_raw_bytes += raw;
+        p.stats.framed_wire_bytes += wire;
+        p.stats.frames += infos.iter().map(|v| v.len() as u64).sum::<u64>();
+        p.stats.hits += infos
             .iter()
-            .flatten()
+            .flat_map(|v| v.iter())
             .filter(|i| i.mode != Mode::Raw)
             .count() as u64;
-        if filling {
+        if all_fill {
             self.stats.fill_calls += 1;
-            g.stats.fill_calls += 1;
+            p.stats.fill_calls += 1;
         } else {
             self.stats.delta_calls += 1;
-            g.stats.delta_calls += 1;
-            g.stats.last_ratio = raw as f64 / wire.max(1) as f64;
+            p.stats.delta_calls += 1;
+            p.stats.last_ratio = raw as f64 / wire.max(1) as f64;
         }
         let report = |repaired| CallReport {
-            kind: if filling {
+            kind: if all_fill {
                 CallKind::Fill
             } else {
                 CallKind::Delta
             },
             repaired,
+            misses,
             raw_bytes: raw,
             wire_bytes: wire,
         };
@@ -162,7 +310,7 @@ impl Compressor {
             slot = key.id,
             count = key.count,
             dtype = %key.dtype,
-            fill = filling,
+            misses,
             ratio = raw as f64 / wire.max(1) as f64,
             wire_bytes = wire,
             encode_ms = encode_ns as f64 / 1e6,
@@ -172,9 +320,19 @@ impl Compressor {
             slowest_ms = slowest.as_secs_f64() * 1e3,
             "compressed allgather"
         );
+        // The caches of the sources that went well everywhere are kept (this rank's own under
+        // its key); those of the others are refilled from the repaired result below.
+        for (src, inc) in incoming.into_iter().enumerate() {
+            if let Some(inc) = inc.filter(|_| !bad.contains(&src)) {
+                let lineage = Lineage {
+                    slot: inc.lineage.slot,
+                    last_use: clock,
+                };
+                self.store.put(src, lineage, (src == me).then_some(key));
+            }
+        }
         if !bad.is_empty() {
             for &src in &bad {
-                g.slots[src].poison();
                 let why = failed[src]
                     .clone()
                     .unwrap_or_else(|| "failed on another rank".into());
@@ -183,52 +341,44 @@ impl Compressor {
                     slot = key.id,
                     count = key.count,
                     dtype = %key.dtype,
-                    "cache slot of rank {src} failed to decode ({why}); repairing this call raw, next call refills the cache"
+                    "frames of rank {src} failed to decode ({why}); repairing this call raw and refilling its cache from the result"
                 );
             }
-            g.stats.repairs += 1;
+            p.stats.repairs += 1;
             self.stats.repairs += 1;
-            g.state = GroupState::Cold;
             // Redo raw: the own shard is intact (send buffer, or recv's own block, which no
             // decoder writes), so the result is exact on every rank (and checked again when
             // verifying: a detected corruption never leaves wrong bytes behind).
             self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
+            self.fill_from_result(me, key, new_mode, recv, &bad, count, dtype)?;
             return Ok(report(true));
         }
-        // Decide what the next call on this group does, from agreed values only.
-        if filling {
-            g.slow_streak = 0;
-            g.state = GroupState::Warm;
-        } else if mode == CompressMode::Auto {
-            if let Some(base) = g.raw_time {
+        self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
+        // Decide what the next call of this policy does, from agreed values only.
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        if mode == CompressMode::Auto {
+            if let Some(base) = p.raw_time {
                 if slowest.as_secs_f64() > 0.95 * base.as_secs_f64() {
-                    g.slow_streak += 1;
+                    p.slow_streak += 1;
                 } else {
-                    g.slow_streak = 0;
+                    p.slow_streak = 0;
                 }
-                // Two slow deltas in a row: the first after a FILL pays for cold buffers, and
-                // one slow call on a shared machine is noise.
-                if g.slow_streak >= 2 {
-                    g.slow_streak = 0;
-                    let until = g.stats.calls + g.backoff;
+                // Two slow calls in a row: one slow call on a shared machine is noise (a call
+                // of FILL frames counts too: buffers that move every call never pay).
+                if p.slow_streak >= 2 {
+                    p.slow_streak = 0;
+                    p.raw_until = p.stats.calls + p.backoff;
                     tracing::info!(
                         slot = key.id,
                         delta_ms = slowest.as_secs_f64() * 1e3,
                         raw_ms = base.as_secs_f64() * 1e3,
                         "compression does not pay on this link for this tensor: raw for {} calls",
-                        g.backoff
+                        p.backoff
                     );
-                    g.state = GroupState::RawFor {
-                        until,
-                        backoff: (g.backoff * 2).min(1 << 16),
-                    };
+                    p.backoff = (p.backoff * 2).min(1 << 16);
                 }
             }
         }
         Ok(report(false))
     }
-}
-
-fn infos_wire(infos: &[Vec<FrameInfo>]) -> u64 {
-    infos.iter().flatten().map(|i| i.frame_bytes as u64).sum()
 }

@@ -1,29 +1,36 @@
 //! The codec of one compressed call, as the engine sees it: [`OwnEncoder`] encodes this rank's
-//! chunks against its own slot (on the engine's encoder worker), [`GroupCodec`] decodes every
-//! other rank's frames into the output and into that source's slot.
+//! chunks against its own lineage of the tensor (on the engine's encoder worker),
+//! [`GroupCodec`] decodes every other rank's frames into the output and into the lineage each
+//! frame names (found by source and version in the [`Store`], or started by a FILL).
 
 use std::time::Instant;
 
-use crate::codec::{frame, CacheSlot, FrameInfo};
+use super::store::{Lineage, Store};
+use crate::codec::{frame, CacheMode, CacheSlot, CodecError, FrameInfo};
 use crate::engine::{ChunkRef, FrameCodec, FrameEncoder};
 use crate::error::{Error, Result};
+use crate::DType;
 
 /// Frame format code in message headers for CIERA frames (docs/WIRE.md).
 pub const FRAME_FORMAT: u8 = 1;
 
-/// Encodes this rank's chunks against its own slot (the copy of what it sent last time, so
-/// sender and receivers code against the same state).
-pub struct OwnEncoder<'a> {
-    pub slot: &'a mut CacheSlot,
+/// Encodes this rank's chunks against its own lineage (the copy of what it sent last time,
+/// which every receiver holds too): deltas when warm, FILL frames when new.
+pub struct OwnEncoder {
+    pub lineage: Lineage,
     /// One per chunk, in order: committed to the slot once the call went well everywhere.
     pub infos: Vec<FrameInfo>,
     pub encode_ns: u64,
 }
 
-impl FrameEncoder for OwnEncoder<'_> {
+impl FrameEncoder for OwnEncoder {
     fn encode(&mut self, chunk: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
         let t = Instant::now();
-        let info = self.slot.chunk(chunk.elems.clone()).encode(raw, out)?;
+        let info = self
+            .lineage
+            .slot
+            .chunk(chunk.elems.clone())
+            .encode(raw, out)?;
         self.encode_ns += t.elapsed().as_nanos() as u64;
         if info.count != chunk.elems.len() {
             return Err(Error::LengthMismatch {
@@ -37,45 +44,66 @@ impl FrameEncoder for OwnEncoder<'_> {
     }
 }
 
-/// Decodes the frames of the other ranks into their slots. A frame that does not decode is
-/// not fatal to the call: it is recorded (`failures`), exchanged and repaired after the call
-/// (see the module docs of `compress`); later frames of the same source are skipped.
+/// What a call decoded of one source: the lineage it decodes into and the frames so far.
+pub struct Incoming {
+    pub lineage: Lineage,
+    /// The version its frames were coded against.
+    pub version: u64,
+    /// The source had no cache of its shard (a miss): its FILL frames started this lineage.
+    pub missed: bool,
+    pub infos: Vec<FrameInfo>,
+}
+
+/// Decodes the frames of the other ranks. A frame that does not decode is not fatal to the
+/// call: it is recorded (`failures`), exchanged and repaired after the call (see the module
+/// docs of `compress`); later frames of the same source are skipped.
 pub struct GroupCodec<'a> {
-    /// Slots of sources `0..me` and `me+1..n`.
-    before: &'a mut [CacheSlot],
-    after: &'a mut [CacheSlot],
+    store: &'a mut Store,
     me: usize,
-    /// Per source: what decoded, in order.
-    pub infos: Vec<Vec<FrameInfo>>,
+    count: usize,
+    dtype: DType,
+    /// The cache mode of lineages a FILL starts in this call (every rank computes the same).
+    new_mode: CacheMode,
+    clock: u64,
+    /// Per source (None for this rank, and for sources nothing arrived from yet).
+    pub incoming: Vec<Option<Incoming>>,
     pub failures: Vec<Option<Error>>,
     pub decode_ns: u64,
 }
 
 impl<'a> GroupCodec<'a> {
+    #[allow(clippy::too_many_arguments)] // the store and the call's shape
     pub fn new(
-        before: &'a mut [CacheSlot],
-        after: &'a mut [CacheSlot],
+        store: &'a mut Store,
         me: usize,
+        n: usize,
+        count: usize,
+        dtype: DType,
+        new_mode: CacheMode,
+        clock: u64,
     ) -> GroupCodec<'a> {
-        let n = before.len() + after.len() + 1;
         GroupCodec {
-            before,
-            after,
+            store,
             me,
-            infos: vec![Vec::new(); n],
+            count,
+            dtype,
+            new_mode,
+            clock,
+            incoming: (0..n).map(|_| None).collect(),
             failures: (0..n).map(|_| None).collect(),
             decode_ns: 0,
         }
     }
 
-    /// Parse `bytes` as the frame of `chunk` of `src` and decode it into `out` and the slot.
+    /// Parse `bytes` as the frame of `chunk` of `src` and decode it into `out` and the lineage
+    /// the frame names.
     fn decode_frame(
         &mut self,
         src: usize,
         chunk: &ChunkRef,
         bytes: &[u8],
         out: &mut [u8],
-    ) -> Result<FrameInfo> {
+    ) -> Result<()> {
         let f = frame::parse(bytes)?;
         if f.offset != chunk.elems.start || f.count != chunk.elems.len() {
             return Err(Error::LengthMismatch {
@@ -84,16 +112,55 @@ impl<'a> GroupCodec<'a> {
                 found: f.offset,
             });
         }
-        let info = self.slot(src).chunk(chunk.elems.clone()).decode(&f, out)?;
-        Ok(info)
-    }
-
-    fn slot(&mut self, src: usize) -> &mut CacheSlot {
-        if src < self.me {
-            &mut self.before[src]
-        } else {
-            &mut self.after[src - self.me - 1]
+        let fill = f.flags & frame::FLAG_FILL != 0;
+        if self.incoming[src].is_none() {
+            // The lineage the frame names, if this rank holds it; else a FILL starts one (the
+            // source had no cache of its shard: a miss); else the frame cannot be decoded.
+            let (lineage, missed) = match self.store.take(src, f.version) {
+                Some(l) => (l, false),
+                None if fill => (
+                    Lineage {
+                        slot: CacheSlot::with_version(
+                            self.dtype,
+                            self.new_mode,
+                            self.count,
+                            f.version,
+                        ),
+                        last_use: self.clock,
+                    },
+                    true,
+                ),
+                None => {
+                    return Err(Error::Codec(CodecError::SlotState {
+                        detail: format!(
+                            "rank {src}'s frame was coded against its cache at version {:#x}, \
+                             which this rank does not hold",
+                            f.version
+                        ),
+                    }))
+                }
+            };
+            self.incoming[src] = Some(Incoming {
+                lineage,
+                version: f.version,
+                missed,
+                infos: Vec::new(),
+            });
         }
+        let inc = self.incoming[src].as_mut().expect("set above");
+        if inc.version != f.version {
+            return Err(Error::Codec(CodecError::VersionMismatch {
+                slot_version: inc.version,
+                frame_version: f.version,
+            }));
+        }
+        let info = inc
+            .lineage
+            .slot
+            .chunk(chunk.elems.clone())
+            .decode(&f, out)?;
+        inc.infos.push(info);
+        Ok(())
     }
 }
 
@@ -112,10 +179,8 @@ impl FrameCodec for GroupCodec<'_> {
             return Ok(());
         }
         let t = Instant::now();
-        let r = self.decode_frame(src, chunk, bytes, out);
-        match r {
-            Ok(info) => self.infos[src].push(info),
-            Err(e) => self.failures[src] = Some(e),
+        if let Err(e) = self.decode_frame(src, chunk, bytes, out) {
+            self.failures[src] = Some(e);
         }
         self.decode_ns += t.elapsed().as_nanos() as u64;
         Ok(())

@@ -3,30 +3,39 @@
 //! ABI, the interposers, the CLI) reaches it through `Communicator::all_gather_keyed` /
 //! `all_gather_with`.
 //!
-//! Per call: find the cache-slot group of the tensor (an explicit key, or one inferred from the
-//! call), decide raw or compressed, and run the allgather. A compressed call goes through
-//! the engine's framed allgather ([`crate::engine::Engine::all_gather_framed`]): each rank encodes its own chunks against its own slot
-//! (compress once, at the source), every hop forwards frames unchanged, and every receiver
-//! decodes each frame into the output and into its slot for that source. After a compressed
-//! call the ranks exchange a small status record (decode failures, call time, optional shard
-//! hashes); every decision after that is a function of exchanged values and call counts only,
-//! so all ranks always agree on raw versus compressed without an extra round trip.
+//! Per call: find the tensor's policy (an explicit key, or the call's shape when the key is
+//! inferred), decide raw or compressed, and run the allgather. A compressed call goes through
+//! the engine's framed allgather ([`crate::engine::Engine::all_gather_framed`]): each rank
+//! encodes its own chunks against its own cache of its shard (compress once, at the source),
+//! every hop forwards frames unchanged, and every receiver decodes each frame into the output
+//! and into its copy of that source's cache, found by the version the frame names (see
+//! [`store`]). After a compressed call the ranks exchange a small status record (decode
+//! failures, call time, optional shard hashes); every decision after that is a function of
+//! exchanged values and call counts only, so all ranks always agree on raw versus compressed
+//! without an extra round trip.
 //!
 //! Decisions (`CIERA_COMPRESS=auto`, the default):
 //! - raw: types the codec does not compress, shards below `min_shard_bytes`, latency-bound
-//!   algorithms (not the ring), and groups that did not fit the cache budget;
-//! - the first use of a group is a FILL call (raw values in frames: warms every cache), the
-//!   second a timed raw call (the baseline; one call in 64 is again, to keep it current);
+//!   algorithms (not the ring), and tensors whose caches alone exceed the budget;
+//! - the first call of a policy is a raw *fill*: an uncompressed allgather, after which every
+//!   rank fills its caches of every source from the result (a raw call plus a copy);
+//! - the second is a timed raw call (the baseline; one call in 64 is again, to keep it
+//!   current);
 //! - then delta calls; each one's time (slowest rank) is compared with the raw baseline
-//!   (slowest rank); after two in a row that are not at least 5% faster, the group goes raw for
-//!   a back-off period (256 calls, doubling each time) and is re-probed after it. `on` always
-//!   compresses, `off` never.
+//!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
+//!   for a back-off period (256 calls, doubling each time) and is re-probed after it. `on`
+//!   always compresses, `off` never.
+//! - A source with no cache of its shard (a buffer that moved, an evicted or reset cache)
+//!   sends FILL frames within a delta call: a *miss*, counted apart from repairs.
 //!
-//! Failures: a frame that does not decode (version mismatch after a restart, a checksum error)
-//! or, with `CIERA_VERIFY=1`, a decoded shard whose hash differs from the sender's, is detected
-//! on the receiver, exchanged in the status record, logged as an error naming the source rank
-//! and slot, and repaired at once: every rank poisons that source's slot and the call is redone
-//! raw, so the returned tensor is exact and the next call refills the cache.
+//! Memory: caches are evicted least recently used first after every call until they fit
+//! `CIERA_CACHE_MB` (every rank alike); a compressed call holds only the frames in flight.
+//!
+//! Failures: a frame that does not decode (a version this rank does not hold after a reset, a
+//! checksum error) or, with `CIERA_VERIFY=1`, a decoded shard whose hash differs from the
+//! sender's, is detected on the receiver, exchanged in the status record, logged as an error
+//! naming the source rank, and repaired at once: the call is redone raw, so the returned
+//! tensor is exact, and every rank refills its cache of that source from the result.
 
 #![forbid(unsafe_code)]
 
@@ -34,12 +43,13 @@ mod config;
 mod framed;
 mod group_codec;
 mod stats;
+mod store;
 mod verify;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::codec::{CacheMode, CacheSlot};
+use crate::codec::CacheMode;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::DType;
@@ -49,50 +59,37 @@ pub use config::{
 };
 pub use group_codec::FRAME_FORMAT;
 pub use stats::{CallKind, CallReport, SlotKey, SlotStats, Stats};
+use store::Store;
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum GroupState {
-    /// Next framed call fills the caches.
-    Cold,
-    /// Caches hold the last call; deltas possible.
-    Warm,
-    /// Raw until call number `until` (of this group), then Cold again.
-    RawFor { until: u64, backoff: u64 },
-}
-
-struct Group {
-    slots: Vec<CacheSlot>,
-    mode: CacheMode,
-    state: GroupState,
-    last_use: u64,
+/// The agreed state of one policy: one tensor (an explicit key), or every tensor of one shape
+/// (inferred keys: addresses differ between ranks, count and type do not). Every field is a
+/// function of call counts and exchanged values, so every rank holds the same.
+struct Policy {
+    /// The cache mode of the lineages this policy starts; None: too large for the budget.
+    mode: Option<CacheMode>,
+    /// Raw until this call number (of this policy), after two slow deltas in a row.
+    raw_until: u64,
+    backoff: u64,
     /// The raw baseline: agreed (slowest rank) time of the last timed raw call.
     raw_time: Option<Duration>,
     /// This rank's time of a raw probe call not yet exchanged (sent with the next status).
     pending_raw: Option<Duration>,
-    backoff: u64,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
     stats: SlotStats,
 }
 
-impl Group {
-    fn memory(&self) -> usize {
-        self.slots.iter().map(|s| s.memory_bytes()).sum()
-    }
-}
-
 /// Per-communicator compression state.
 pub struct Compressor {
     pub config: CompressConfig,
-    groups: HashMap<SlotKey, Group>,
-    /// Keys that did not fit the budget even alone: raw, without asking again.
-    oversized: HashMap<SlotKey, ()>,
+    store: Store,
+    policies: HashMap<SlotKey, Policy>,
     clock: u64,
     stats: Stats,
 }
 
 const STATUS_FIXED_WORDS: usize = 5; // call ns, encode ns, decode ns, shard hash, raw probe ns
-/// A warm group times one raw call in this many, to keep its raw baseline current.
+/// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 
 impl Compressor {
@@ -100,8 +97,8 @@ impl Compressor {
         crate::logging::init_from_env();
         Compressor {
             config,
-            groups: HashMap::new(),
-            oversized: HashMap::new(),
+            store: Store::default(),
+            policies: HashMap::new(),
             clock: 0,
             stats: Stats::default(),
         }
@@ -109,29 +106,34 @@ impl Compressor {
 
     pub fn stats(&self) -> Stats {
         let mut s = self.stats.clone();
-        s.cache_bytes = self.groups.values().map(Group::memory).sum();
-        s.slots = self.groups.len();
+        s.cache_bytes = self.store.bytes();
+        s.slots = self.store.len();
         s
     }
 
-    /// Per-slot statistics, in no particular order.
+    /// Per-policy statistics (one tensor for explicit keys, one shape for inferred keys, whose
+    /// `id` is then 0), in no particular order. The mode is that of the caches the policy
+    /// starts; tensors too large for the budget are not listed.
     pub fn slot_stats(&self) -> Vec<(SlotKey, CacheMode, SlotStats)> {
-        self.groups
+        self.policies
             .iter()
-            .map(|(k, g)| (*k, g.mode, g.stats.clone()))
+            .filter_map(|(k, p)| Some((*k, p.mode?, p.stats.clone())))
             .collect()
     }
 
-    /// Forget every cache (e.g. after the application changed all weights out of band).
+    /// Forget every cache (e.g. after the application changed all weights out of band). The
+    /// agreed call counts stay, so this rank keeps taking the same paths as the others: its
+    /// next compressed calls send FILL frames (misses) and refill from the others' frames.
     pub fn reset(&mut self) {
-        self.groups.clear();
+        self.store.clear();
     }
 
     /// The slot key of a call: the caller's, or inferred. Inference uses this rank's send
     /// buffer address (out of place: FSDP's sharded parameters live at a fixed address per
-    /// layer) or the recv address (in place), with count and type. Ranks that infer
-    /// differently only lose ratio: a delta against the wrong slot fails its version check and
-    /// is repaired (see the module docs), never decoded into wrong values.
+    /// layer) or the recv address (in place), with count and type. The key only finds this
+    /// rank's own cache of its shard: receivers find a source's cache by the version its
+    /// frames name, so ranks that infer differently (buffers that move) cost a FILL of the
+    /// moved shard (a miss), never a wrong value or a repair.
     pub fn key_for(
         send: Option<&[u8]>,
         recv: &[u8],
@@ -158,6 +160,35 @@ impl Compressor {
         }
     }
 
+    /// The policy of a key: itself when explicit, its shape when inferred.
+    fn policy_key(key: SlotKey) -> SlotKey {
+        if key.inferred {
+            SlotKey { id: 0, ..key }
+        } else {
+            key
+        }
+    }
+
+    /// The cache mode of the lineages of a new policy: the one asked for if it fits the
+    /// budget, else full values if they fit, else exponents, else none (raw).
+    fn mode_for(&self, key: SlotKey, n: usize, asked: Option<CacheMode>) -> Option<CacheMode> {
+        let per = |mode: CacheMode| {
+            n.saturating_mul(key.count)
+                .saturating_mul(mode.bytes_per_element(key.dtype))
+        };
+        let budget = self.config.cache_bytes;
+        if let Some(m) = asked.filter(|&m| per(m) <= budget) {
+            Some(m)
+        } else if asked != Some(CacheMode::Exponent) && per(CacheMode::FullValue) <= budget {
+            Some(CacheMode::FullValue)
+        } else if per(CacheMode::Exponent) <= budget {
+            Some(CacheMode::Exponent)
+        } else {
+            tracing::info!(count = key.count, dtype = %key.dtype, "tensor exceeds CIERA_CACHE_MB alone: raw");
+            None
+        }
+    }
+
     /// Allgather with compression where it pays (`opts` may override the mode and name the
     /// tensor). `send` None = in place.
     pub fn all_gather(
@@ -181,44 +212,60 @@ impl Compressor {
             && (mode == CompressMode::On
                 || (shard >= self.config.min_shard_bytes
                     && engine.algo_for(count, dtype) == crate::algo::Algo::Ring));
-        let skey = Self::key_for(send, recv, count, dtype, opts.key);
-        if !eligible || self.oversized.contains_key(&skey) {
+        if !eligible {
             return self.raw(engine, send, recv, count, dtype);
         }
-        let cache_mode = opts.cache_mode.or(self.config.cache_mode);
-        if !self.groups.contains_key(&skey) && !self.admit(skey, n, cache_mode) {
+        let key = Self::key_for(send, recv, count, dtype, opts.key);
+        let pkey = Self::policy_key(key);
+        if !self.policies.contains_key(&pkey) {
+            let new_mode = self.mode_for(key, n, opts.cache_mode.or(self.config.cache_mode));
+            self.policies.insert(
+                pkey,
+                Policy {
+                    mode: new_mode,
+                    raw_until: 0,
+                    backoff: 256,
+                    raw_time: None,
+                    pending_raw: None,
+                    slow_streak: 0,
+                    stats: SlotStats::default(),
+                },
+            );
+        }
+        let p = self.policies.get_mut(&pkey).expect("inserted above");
+        let Some(new_mode) = p.mode else {
+            return self.raw(engine, send, recv, count, dtype);
+        };
+        p.stats.calls += 1;
+        let calls = p.stats.calls;
+        if calls == 1 {
+            // The first call of a policy travels raw and every rank fills its caches of every
+            // source from the result: costs a raw call plus a copy, where FILL frames would
+            // copy each shard through the codec on both sides.
+            p.stats.fill_calls += 1;
+            return self.raw_fill(engine, key, new_mode, send, recv, count, dtype);
+        }
+        if calls < p.raw_until {
+            p.stats.raw_calls += 1;
             return self.raw(engine, send, recv, count, dtype);
         }
-        let clock = self.clock;
-        let g = self.groups.get_mut(&skey).expect("admitted");
-        g.last_use = clock;
-        g.stats.calls += 1;
-        if let GroupState::RawFor { until, backoff } = g.state {
-            if g.stats.calls < until {
-                g.stats.raw_calls += 1;
-                return self.raw(engine, send, recv, count, dtype);
-            }
-            g.backoff = backoff;
-            g.state = GroupState::Cold;
-        }
-        // In auto mode the raw baseline comes from timed raw calls: the second call of a group
-        // (the first, a FILL, has touched every buffer by then), then one in RAW_PROBE_EVERY.
+        // In auto mode the raw baseline comes from timed raw calls: the second call of a
+        // policy (the first has touched every buffer by then), then one in RAW_PROBE_EVERY.
         // Every rank makes the same choice (call counts); each rank's time travels in the next
-        // compressed call's status record. A raw call between compressed ones is safe: no cache
-        // changes on any side.
+        // compressed call's status record. A raw call between compressed ones is safe: no
+        // cache changes on any side.
         let probe = mode == CompressMode::Auto
-            && g.state == GroupState::Warm
-            && g.pending_raw.is_none()
-            && (g.raw_time.is_none() || g.stats.calls.is_multiple_of(RAW_PROBE_EVERY));
+            && p.pending_raw.is_none()
+            && (p.raw_time.is_none() || calls.is_multiple_of(RAW_PROBE_EVERY));
         if probe {
-            g.stats.raw_calls += 1;
+            p.stats.raw_calls += 1;
             let t = Instant::now();
             let r = self.raw(engine, send, recv, count, dtype);
-            let g = self.groups.get_mut(&skey).expect("admitted");
-            g.pending_raw = Some(t.elapsed());
+            let p = self.policies.get_mut(&pkey).expect("exists");
+            p.pending_raw = Some(t.elapsed());
             return r;
         }
-        self.framed(engine, skey, mode, send, recv, count, dtype)
+        self.framed(engine, key, pkey, new_mode, mode, send, recv, count, dtype)
     }
 
     /// An uncompressed allgather that touches no cache, checked end to end when
@@ -256,60 +303,5 @@ impl Compressor {
         self.stats.wire_bytes += bytes;
         self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
         Ok(CallReport::raw(bytes))
-    }
-
-    /// Make room for a new group within the budget: full-value caches if they fit, else
-    /// exponent caches; least recently used groups are evicted (every rank makes the same
-    /// choices: same calls, same sizes, same budget).
-    fn admit(&mut self, key: SlotKey, n: usize, cache_mode: Option<CacheMode>) -> bool {
-        let per = |mode: CacheMode| {
-            n.saturating_mul(key.count)
-                .saturating_mul(mode.bytes_per_element(key.dtype))
-        };
-        let budget = self.config.cache_bytes;
-        let mode = if let Some(m) = cache_mode.filter(|&m| per(m) <= budget) {
-            m
-        } else if cache_mode != Some(CacheMode::Exponent) && per(CacheMode::FullValue) <= budget {
-            CacheMode::FullValue
-        } else if per(CacheMode::Exponent) <= budget {
-            CacheMode::Exponent
-        } else {
-            tracing::info!(count = key.count, dtype = %key.dtype, "tensor exceeds CIERA_CACHE_MB alone: raw");
-            self.oversized.insert(key, ());
-            return false;
-        };
-        let need = per(mode);
-        let mut used: usize = self.groups.values().map(Group::memory).sum();
-        while used + need > budget {
-            let Some((&victim, _)) = self.groups.iter().min_by_key(|(k, g)| (g.last_use, k.id))
-            else {
-                break;
-            };
-            used -= self.groups[&victim].memory();
-            self.groups.remove(&victim);
-            self.stats.evictions += 1;
-            tracing::debug!(
-                count = victim.count,
-                "evicted a cache slot group (CIERA_CACHE_MB)"
-            );
-        }
-        let slots = (0..n)
-            .map(|_| CacheSlot::new(key.dtype, mode, key.count))
-            .collect();
-        self.groups.insert(
-            key,
-            Group {
-                slots,
-                mode,
-                state: GroupState::Cold,
-                last_use: self.clock,
-                raw_time: None,
-                pending_raw: None,
-                backoff: 256,
-                slow_streak: 0,
-                stats: SlotStats::default(),
-            },
-        );
-        true
     }
 }

@@ -18,9 +18,11 @@ pub struct SlotKey {
 pub enum CallKind {
     /// Uncompressed (type, size, algorithm, budget, mode or back-off said so).
     Raw,
-    /// Frames with the values, filling every rank's caches.
+    /// Uncompressed, then every rank filled its caches of every source from the result (the
+    /// first call of a tensor).
     Fill,
-    /// Frames coded against last call's caches.
+    /// Frames coded against last call's caches (a source whose cache held no copy of its
+    /// shard, a *miss*, sends its values in FILL frames within the same call).
     Delta,
 }
 
@@ -31,6 +33,9 @@ pub struct CallReport {
     /// A frame failed to decode (or verify) on some rank: the call was redone raw, its
     /// result is exact, and the tensor's caches refill next call.
     pub repaired: bool,
+    /// Sources that sent FILL frames in a delta call: their cache held no copy of the tensor
+    /// (a buffer that moved, an evicted or reset cache). Costs a FILL, not a repair.
+    pub misses: u64,
     /// Bytes of the gathered tensor (nranks x shard).
     pub raw_bytes: u64,
     /// Bytes that stood for them on the wire: frames, or the values for a raw call.
@@ -42,6 +47,7 @@ impl CallReport {
         CallReport {
             kind: CallKind::Raw,
             repaired: false,
+            misses: 0,
             raw_bytes: bytes,
             wire_bytes: bytes,
         }
@@ -53,7 +59,8 @@ impl CallReport {
     }
 }
 
-/// What happened to one group of slots (one tensor key) so far.
+/// What happened to the calls of one policy so far: one tensor (an explicit key), or every
+/// tensor of one shape (keys inferred from buffer addresses).
 #[derive(Clone, Debug, Default)]
 pub struct SlotStats {
     pub calls: u64,
@@ -69,6 +76,8 @@ pub struct SlotStats {
     pub hits: u64,
     pub frames: u64,
     pub repairs: u64,
+    /// Sources that sent FILL frames in delta calls (see [`CallReport::misses`]).
+    pub misses: u64,
 }
 
 /// Communicator-wide statistics.
@@ -86,8 +95,12 @@ pub struct Stats {
     pub decode_ns: u64,
     /// Wall time of framed calls minus their codec time on this rank.
     pub transfer_ns: u64,
+    /// Calls redone raw because a frame failed to decode or verify on some rank.
     pub repairs: u64,
+    /// Sources that sent FILL frames in delta calls (see [`CallReport::misses`]).
+    pub misses: u64,
     pub cache_bytes: usize,
+    /// Cache slots held (one per source rank and tensor).
     pub slots: usize,
     pub evictions: u64,
 }

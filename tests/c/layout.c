@@ -27,7 +27,7 @@ int main(void) {
     OFF(cieraStats_t, inPlaceCalls); OFF(cieraStats_t, failedCalls); OFF(cieraStats_t, rawCalls);
     OFF(cieraStats_t, fillCalls); OFF(cieraStats_t, deltaCalls); OFF(cieraStats_t, repairs);
     OFF(cieraStats_t, rawBytes); OFF(cieraStats_t, wireBytes); OFF(cieraStats_t, cacheBytes);
-    OFF(cieraStats_t, encodeNs); OFF(cieraStats_t, decodeNs);
+    OFF(cieraStats_t, encodeNs); OFF(cieraStats_t, decodeNs); OFF(cieraStats_t, misses);
     cieraConfig_t c = CIERA_CONFIG_INITIALIZER;
     printf("initializer.version %u\n", c.version);
     printf("initializer.size %zu\n", c.size);
