@@ -283,3 +283,74 @@ fn stats_show_every_communicator_even_when_nothing_was_served() {
         .count();
     assert_eq!(selves, RANKS, "{err}");
 }
+
+/// A python3 that imports mpi4py and numpy (Debian's, where pyenv shims hide it), or why none.
+fn python_with_mpi4py() -> Result<String, String> {
+    for py in ["/usr/bin/python3", "python3"] {
+        let ok = Command::new(py)
+            .args(["-c", "import mpi4py, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Ok(py.to_string());
+        }
+    }
+    Err("no python3 with mpi4py and numpy (apt-get install python3-mpi4py python3-numpy)".into())
+}
+
+/// An unmodified mpi4py program (tests/py/mpi4py_drift.py: drifting weights, fresh numpy arrays
+/// every step, fp32, bf16 and in place) stays exact under the preload, with compression chosen
+/// by policy and forced on; buffers that move are misses, never repairs or mismatched paths
+/// (f328414: "mismatched collective calls" at call 33 under auto, 2 repairs forced on).
+#[test]
+fn mpi4py_drift_under_the_preload_is_exact() {
+    let test = "mpi4py_drift_under_the_preload_is_exact";
+    let Some((_, preload)) = prepare(test) else {
+        return;
+    };
+    let python = match python_with_mpi4py() {
+        Ok(p) => p,
+        Err(why) => return skip::skip(test, &why),
+    };
+    let script = c_dir().join("../py/mpi4py_drift.py");
+    let (count, steps) = (262_144usize, 12usize);
+    for mode in ["auto", "on"] {
+        let (out, err) = mpirun_with(
+            &PathBuf::from(&python),
+            &[
+                script.display().to_string(),
+                count.to_string(),
+                steps.to_string(),
+            ],
+            &[
+                ("LD_PRELOAD", preload.clone()),
+                ("CIERA_STATS", "1".into()),
+                ("CIERA_MPI_16BIT", "bf16".into()),
+                ("CIERA_COMPRESS", mode.into()),
+                ("CIERA_TIMEOUT", "60".into()),
+            ],
+        );
+        let calls = 3 * steps;
+        for r in 0..RANKS {
+            let ok = format!("mpi4py_drift rank {r}: OK {calls} allgathers, 0 wrong");
+            assert!(out.contains(&ok), "{mode}: no '{ok}':\n{out}\n{err}");
+            let line = stats_line(&err, r, RANKS);
+            println!("{mode}: {line}");
+            assert!(
+                line.contains(&format!(": {calls} allgathers served by CIERA ("))
+                    && line.contains(" 0 failed;")
+                    && line.contains("; 0 repairs, "),
+                "{mode}: {line}"
+            );
+            if mode == "on" {
+                let misses: u64 = line
+                    .split("repairs, ")
+                    .nth(1)
+                    .and_then(|s| s.split(' ').next())
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_else(|| panic!("no misses in {line}"));
+                assert!(misses > 0, "fresh arrays must show as misses: {line}");
+            }
+        }
+    }
+}
