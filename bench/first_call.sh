@@ -22,12 +22,7 @@ CASES=${CASES:-"256M:float 1000M:bf16"}
 OUT=${OUT:-$(mktemp -d /tmp/ciera-first-call.XXXXXX)}
 mkdir -p "$OUT"
 
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-    echo "# mpicc/mpirun missing: installing Open MPI from Debian" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
-fi
+. bench/need_mpi.sh
 echo "# building libciera_mpi.so (release) and bench/first_call.c" >&2
 cargo build --release -q -p ciera-mpi
 mpicc -O2 -o "$OUT/first_call" bench/first_call.c

@@ -36,12 +36,7 @@ DTYPE=uint8 # 1-byte elements so every size down to 8 bytes divides among 2 and 
 OUT=${OUT:-$(mktemp -d /tmp/ciera-mpi-compare.XXXXXX)}
 mkdir -p "$OUT"
 
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-    echo "# mpicc/mpirun missing: installing Open MPI from Debian" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
-fi
+. bench/need_mpi.sh
 
 echo "# building ciera (release) and bench/mpi_allgather.c" >&2
 cargo build --release --quiet --bin ciera >&2

@@ -21,6 +21,7 @@ if [ -z "${OSU_BIN:-}" ]; then
         echo "osu_allgather.sh: set OSU_SRC (an OSU 7.x source tree) or OSU_BIN; nothing run"
         exit 0
     fi
+    . bench/need_mpi.sh
     echo "# building osu_allgather from $OSU_SRC" >&2
     u=$OSU_SRC/c/util
     mpicc -O2 -I "$u" -o "$OUT/osu_allgather" \

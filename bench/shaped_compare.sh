@@ -30,11 +30,7 @@ OUT=${OUT:-$(mktemp -d /tmp/ciera-shaped.XXXXXX)}
 mkdir -p "$OUT"
 NS=ciera-shaped-$$
 
-if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
-    echo "# installing Open MPI from Debian" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2 && apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
-fi
+. bench/need_mpi.sh
 cargo build --release --quiet --bin ciera >&2
 TARGET=${CARGO_TARGET_DIR:-target}
 CIERA=$(realpath "$TARGET/release/ciera")
