@@ -148,9 +148,10 @@ impl CacheSlot {
 
     /// Fill the slot with `values` (every element, as a raw FILL frame would) without a frame:
     /// the values reached every rank some other way (an uncompressed call) and every rank
-    /// fills its copy alike. The slot is warm at `version` afterwards, which every rank must
-    /// give identically (and unlike any version this slot's source used before).
-    pub fn fill_from(&mut self, values: &[u8], version: u64) -> Result<()> {
+    /// fills its copy alike. The slot is warm at its current version afterwards, which every
+    /// rank must have made identical (see [`CacheSlot::with_version`]) and unlike any version
+    /// this slot's source used before.
+    pub fn fill_from(&mut self, values: &[u8]) -> Result<()> {
         let expect = self.len * self.dtype.size();
         if values.len() != expect {
             return Err(CodecError::LengthMismatch {
@@ -162,7 +163,6 @@ impl CacheSlot {
         let len = self.len;
         self.chunk(0..len).fill(values);
         self.warm = self.dtype.is_compressible();
-        self.version = version;
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::group_codec::{GroupCodec, Incoming, OwnEncoder};
 use super::stats::{CallKind, CallReport, SlotKey};
 use super::store::Lineage;
-use super::{verify, CompressMode, Compressor, STATUS_FIXED_WORDS};
+use super::{caches_bytes, verify, CompressMode, Compressor, STATUS_FIXED_WORDS};
 use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
 use crate::engine::Engine;
 use crate::error::Result;
@@ -24,6 +24,11 @@ fn agreed_version(clock: u64, src: usize) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// An empty cache of source `src` at the version every rank gives it in call `clock`.
+fn agreed_slot(clock: u64, src: usize, dtype: DType, mode: CacheMode, count: usize) -> CacheSlot {
+    CacheSlot::with_version(dtype, mode, count, agreed_version(clock, src))
 }
 
 impl Compressor {
@@ -42,9 +47,7 @@ impl Compressor {
         dtype: DType,
     ) -> Result<CallReport> {
         let n = engine.size();
-        let need = n
-            .saturating_mul(count)
-            .saturating_mul(mode.bytes_per_element(dtype));
+        let need = caches_bytes(n, count, dtype, mode);
         self.stats.evictions += self
             .store
             .evict_to(self.config.cache_bytes.saturating_sub(need));
@@ -56,20 +59,22 @@ impl Compressor {
             let alloc = s.spawn(move || {
                 (0..n)
                     .map(|src| {
-                        let version = agreed_version(clock, src);
-                        let mut slot = CacheSlot::with_version(dtype, mode, count, version);
+                        let mut slot = agreed_slot(clock, src, dtype, mode, count);
                         slot.allocate();
                         slot
                     })
                     .collect::<Vec<_>>()
             });
-            let raw = self.raw(engine, send, recv, count, dtype);
-            (raw, alloc.join())
+            let raw = self.uncompressed_as(CallKind::Fill, engine, send, recv, count, dtype);
+            // A panic there is this thread's, as if the allocation had run here.
+            (
+                raw,
+                alloc
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            )
         });
-        let mut report = raw?;
-        let slots = slots.map_err(|_| {
-            crate::error::Error::InvalidArgument("cache allocation failed (out of memory?)".into())
-        })?;
+        let report = raw?;
         let raw_time = t.elapsed();
         self.fill_slots_from_result(engine.rank(), key, recv, slots.into_iter().enumerate())?;
         tracing::info!(
@@ -82,9 +87,6 @@ impl Compressor {
             cache_bytes = need,
             "first call of a tensor: raw, then every cache filled from the result"
         );
-        self.stats.raw_calls -= 1;
-        self.stats.fill_calls += 1;
-        report.kind = CallKind::Fill;
         Ok(report)
     }
 
@@ -102,10 +104,9 @@ impl Compressor {
         dtype: DType,
     ) -> Result<()> {
         let clock = self.clock;
-        let slots = srcs.iter().map(|&src| {
-            let version = agreed_version(clock, src);
-            (src, CacheSlot::with_version(dtype, mode, count, version))
-        });
+        let slots = srcs
+            .iter()
+            .map(|&src| (src, agreed_slot(clock, src, dtype, mode, count)));
         self.fill_slots_from_result(me, key, recv, slots)
     }
 
@@ -120,8 +121,7 @@ impl Compressor {
     ) -> Result<()> {
         for (src, mut slot) in slots {
             let shard = slot.len() * slot.dtype().size();
-            let version = slot.version();
-            slot.fill_from(&recv[src * shard..(src + 1) * shard], version)?;
+            slot.fill_from(&recv[src * shard..(src + 1) * shard])?;
             let lineage = Lineage {
                 slot,
                 last_use: self.clock,
@@ -249,13 +249,14 @@ impl Compressor {
         if probe > 0 && status.iter().all(|s| s[4] > 0) {
             p.raw_time = Some(Duration::from_nanos(probe));
         }
-        let bad: Vec<usize> = (0..n)
-            .filter(|src| {
+        let is_bad: Vec<bool> = (0..n)
+            .map(|src| {
                 status
                     .iter()
                     .any(|s| s[STATUS_FIXED_WORDS + src / 64] >> (src % 64) & 1 == 1)
             })
             .collect();
+        let bad: Vec<usize> = (0..n).filter(|&src| is_bad[src]).collect();
         // Account. Every rank saw the same frames, so all agree on the misses.
         let infos: Vec<&[FrameInfo]> = incoming
             .iter()
@@ -268,7 +269,7 @@ impl Compressor {
             .sum();
         let raw = (n * shard_bytes) as u64;
         let misses = (0..n)
-            .filter(|&src| !bad.contains(&src) && incoming[src].as_ref().is_some_and(|i| i.missed))
+            .filter(|&src| !is_bad[src] && incoming[src].as_ref().is_some_and(|i| i.missed))
             .count() as u64;
         // Every source missed: the call was a FILL of the whole tensor.
         let all_fill = misses == n as u64;
@@ -323,12 +324,9 @@ impl Compressor {
         // The caches of the sources that went well everywhere are kept (this rank's own under
         // its key); those of the others are refilled from the repaired result below.
         for (src, inc) in incoming.into_iter().enumerate() {
-            if let Some(inc) = inc.filter(|_| !bad.contains(&src)) {
-                let lineage = Lineage {
-                    slot: inc.lineage.slot,
-                    last_use: clock,
-                };
-                self.store.put(src, lineage, (src == me).then_some(key));
+            if let Some(mut inc) = inc.filter(|_| !is_bad[src]) {
+                inc.lineage.last_use = clock;
+                self.store.put(src, inc.lineage, (src == me).then_some(key));
             }
         }
         if !bad.is_empty() {

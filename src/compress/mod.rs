@@ -172,10 +172,7 @@ impl Compressor {
     /// The cache mode of the lineages of a new policy: the one asked for if it fits the
     /// budget, else full values if they fit, else exponents, else none (raw).
     fn mode_for(&self, key: SlotKey, n: usize, asked: Option<CacheMode>) -> Option<CacheMode> {
-        let per = |mode: CacheMode| {
-            n.saturating_mul(key.count)
-                .saturating_mul(mode.bytes_per_element(key.dtype))
-        };
+        let per = |mode: CacheMode| caches_bytes(n, key.count, key.dtype, mode);
         let budget = self.config.cache_bytes;
         if let Some(m) = asked.filter(|&m| per(m) <= budget) {
             Some(m)
@@ -297,11 +294,37 @@ impl Compressor {
         count: usize,
         dtype: DType,
     ) -> Result<CallReport> {
-        self.stats.raw_calls += 1;
+        self.uncompressed_as(CallKind::Raw, engine, send, recv, count, dtype)
+    }
+
+    /// An uncompressed call, counted as `kind`: Raw, or the Fill that starts a policy.
+    fn uncompressed_as(
+        &mut self,
+        kind: CallKind,
+        engine: &mut Engine,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<CallReport> {
+        if kind == CallKind::Fill {
+            self.stats.fill_calls += 1;
+        } else {
+            self.stats.raw_calls += 1;
+        }
         let bytes = recv.len() as u64;
         self.stats.raw_bytes += bytes;
         self.stats.wire_bytes += bytes;
         self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
-        Ok(CallReport::raw(bytes))
+        Ok(CallReport {
+            kind,
+            ..CallReport::raw(bytes)
+        })
     }
+}
+
+/// Bytes of the caches of one tensor on every rank: each of `n` sources' `count` elements.
+fn caches_bytes(n: usize, count: usize, dtype: DType, mode: CacheMode) -> usize {
+    n.saturating_mul(count)
+        .saturating_mul(mode.bytes_per_element(dtype))
 }

@@ -103,7 +103,7 @@ mod tests {
 
     fn lineage(version: u64, last_use: u64) -> Lineage {
         let mut slot = CacheSlot::with_version(DType::BF16, CacheMode::FullValue, 100, version);
-        slot.fill_from(&[0u8; 200], version).unwrap();
+        slot.fill_from(&[0u8; 200]).unwrap();
         Lineage { slot, last_use }
     }
 
