@@ -50,6 +50,15 @@ fn best<F: FnMut()>(mut f: F) -> f64 {
     best
 }
 
+/// The tiled tensor `name` of the step before `step` (e.g. "step_00101" -> step_00100).
+fn prev_step(dir: &std::path::Path, step: &str, name: &str) -> Option<Vec<u8>> {
+    let num: u64 = step.trim_start_matches("step_").parse().ok()?;
+    let st = SafeTensors::open(&dir.join(format!("step_{:05}.safetensors", num.checked_sub(1)?)))
+        .ok()?;
+    let t = st.get(name)?;
+    Some(tile(st.bytes(t)))
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` would pass nothing: run only when asked.
     if !std::env::args().any(|a| a == "--bench") {
@@ -96,6 +105,7 @@ fn main() {
             for (mode, cm, choice) in [
                 ("exp", CacheMode::Exponent, FrameChoice::Exp),
                 ("hybrid", CacheMode::FullValue, FrameChoice::Hybrid),
+                ("delta", CacheMode::Delta, FrameChoice::Delta),
             ] {
                 // CIERA_BENCH_ONLY=substring picks rows, e.g. "bf16 hybrid".
                 if let Ok(f) = std::env::var("CIERA_BENCH_ONLY") {
@@ -108,22 +118,48 @@ fn main() {
                 tx.set_frame_choice(choice);
                 let mut frame = Vec::with_capacity(bytes + 4096);
                 let mut out = vec![0u8; bytes];
-                tx.encode(&x0, &mut frame).unwrap();
-                rx.decode(&frame, &mut out).unwrap();
-                // Alternate the two steps so every timed run is a real delta of one step.
                 let (mut enc, mut dec) = (f64::INFINITY, f64::INFINITY);
                 let mut ratio = 0.0;
-                for r in 0..reps() * 2 {
-                    let x = if r % 2 == 0 { &x1 } else { &x0 };
-                    frame.clear();
-                    let t = Instant::now();
-                    let info = tx.encode(x, &mut frame).unwrap();
-                    enc = enc.min(t.elapsed().as_secs_f64());
-                    let t = Instant::now();
+                if cm == CacheMode::Delta {
+                    // Delta frames code each move with the previous one as context: run the
+                    // real sequence (step a-1, a, b) with fresh slots every time, timing b.
+                    let Some(xp) = prev_step(&dir, a, &ta.name) else {
+                        continue;
+                    };
+                    for _ in 0..reps() {
+                        for x in [&xp, &x0] {
+                            frame.clear();
+                            tx.encode(x, &mut frame).unwrap();
+                            rx.decode(&frame, &mut out).unwrap();
+                        }
+                        frame.clear();
+                        let t = Instant::now();
+                        let info = tx.encode(&x1, &mut frame).unwrap();
+                        enc = enc.min(t.elapsed().as_secs_f64());
+                        let t = Instant::now();
+                        rx.decode(&frame, &mut out).unwrap();
+                        dec = dec.min(t.elapsed().as_secs_f64());
+                        assert!(out == x1, "decoded bits differ");
+                        assert_eq!(info.mode, ciera::codec::Mode::Delta);
+                        ratio = info.raw_bytes as f64 / info.frame_bytes as f64;
+                        tx.poison();
+                    }
+                } else {
+                    tx.encode(&x0, &mut frame).unwrap();
                     rx.decode(&frame, &mut out).unwrap();
-                    dec = dec.min(t.elapsed().as_secs_f64());
-                    assert!(out == *x, "decoded bits differ");
-                    ratio = info.raw_bytes as f64 / info.frame_bytes as f64;
+                    // Alternate the two steps so every timed run is a real delta of one step.
+                    for r in 0..reps() * 2 {
+                        let x = if r % 2 == 0 { &x1 } else { &x0 };
+                        frame.clear();
+                        let t = Instant::now();
+                        let info = tx.encode(x, &mut frame).unwrap();
+                        enc = enc.min(t.elapsed().as_secs_f64());
+                        let t = Instant::now();
+                        rx.decode(&frame, &mut out).unwrap();
+                        dec = dec.min(t.elapsed().as_secs_f64());
+                        assert!(out == *x, "decoded bits differ");
+                        ratio = info.raw_bytes as f64 / info.frame_bytes as f64;
+                    }
                 }
                 let (eg, dg) = (bytes as f64 / enc / 1e9, bytes as f64 / dec / 1e9);
                 println!(

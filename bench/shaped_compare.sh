@@ -2,9 +2,11 @@
 # The compressed Allgather on a slow network, on one machine: a network namespace whose loopback
 # is shaped with tbf (the kernel has tbf, not netem), and in it, side by side on the same trace
 # tensor and sizes:
-#   ours raw          (CIERA_COMPRESS=off, TCP)
-#   ours exp / full   (auto, exponent cache / full-value cache, TCP)
-#   MPI_Allgather     (Open MPI, --mca btl tcp,self)
+#   ours raw                  (CIERA_COMPRESS=off, TCP)
+#   ours exp / full / delta   (auto, exponent / full-value / delta cache, TCP; MODES picks them,
+#                             any of `ciera perf --trace`'s modes: exp-on, full-on, delta-on
+#                             force compression)
+#   MPI_Allgather             (Open MPI, --mca btl tcp,self)
 # For every window of consecutive steps of the trace it prints the times and the ratios
 # raw/ours and MPI/ours. Needs root (ip netns, tc). Every bit ours receives is checked.
 # Timing: ours starts every call after a barrier and reports the mean over calls of the slowest
@@ -15,6 +17,7 @@
 #
 #   bench/shaped_compare.sh                                 # 1 Gbit/s, 4 ranks, 16 MiB
 #   RATE=1gbit NRANKS=4 SIZE=16M ITERS=5 TRACE=../shared/traces/olmoe-mini-s0 bench/shaped_compare.sh
+#   MODES=raw,delta,delta-on bench/shaped_compare.sh            # raw is always run (the baseline)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
@@ -26,6 +29,9 @@ REPEAT=${REPEAT:-1}
 TRACE=${TRACE:-../shared/traces/olmoe-mini-s0}
 [[ -d $TRACE ]] || TRACE=tests/data/olmoe-slice
 TENSOR=${TENSOR:-}
+MODES=${MODES:-raw,exp,full,delta}
+# raw is the baseline of every ratio: run it whether named or not.
+[[ ,$MODES, == *,raw,* ]] || MODES=raw,$MODES
 OUT=${OUT:-$(mktemp -d /tmp/ciera-shaped.XXXXXX)}
 mkdir -p "$OUT"
 NS=ciera-shaped-$$
@@ -46,9 +52,9 @@ ip netns exec "$NS" ip link set dev lo gso_max_size 9000
 # burst: a few packets' worth (tbf drops packets larger than the burst); latency bounds the
 # queue (10 ms).
 ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst 64kb latency 10ms
-echo "# netns $NS: loopback shaped with tbf rate $RATE; $NRANKS ranks; $SIZE gathered; trace $TRACE" >&2
+echo "# netns $NS: loopback shaped with tbf rate $RATE; $NRANKS ranks; $SIZE gathered; trace $TRACE; modes $MODES" >&2
 
-T_ARGS=(--trace "$TRACE" -n "$NRANKS" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" --json)
+T_ARGS=(--trace "$TRACE" -n "$NRANKS" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" --modes "$MODES" --json)
 [[ -n $TENSOR ]] && T_ARGS+=(--tensor "$TENSOR")
 for ((r = 1; r <= REPEAT; r++)); do
     ip netns exec "$NS" env CIERA_TRANSPORT=tcp "$CIERA" perf "${T_ARGS[@]}" >>"$OUT/ours.json"
@@ -57,9 +63,10 @@ for ((r = 1; r <= REPEAT; r++)); do
         "$OUT/mpi_allgather" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" -d uint8 -c 0 >>"$OUT/mpi.txt"
 done
 
-python3 - "$OUT/ours.json" "$OUT/mpi.txt" <<'PY'
+python3 - "$OUT/ours.json" "$OUT/mpi.txt" "$MODES" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+modes = [m for m in sys.argv[3].split(",") if m and m != "raw"]
 mpi = [l.split() for l in open(sys.argv[2]) if l.strip() and not l.startswith("#")]
 mpi_us = min(float(r[3]) for r in mpi) if mpi else float("nan")
 best = {}
@@ -71,13 +78,20 @@ wins = sorted({r["window"] for r in rows}, key=lambda w: int(w.split("-")[0]))
 wrong = sum(r["wrong"] for r in rows)
 print(f"# {rows[0]['tensor'] if rows else '?'}, {rows[0]['nranks'] if rows else '?'} ranks, "
       f"{rows[0]['size'] if rows else '?'} bytes gathered; MPI_Allgather (tcp) {mpi_us/1e3:.1f} ms")
-print(f"{'window':>9} {'raw ms':>8} {'exp ms':>8} {'full ms':>8} {'wire exp':>8} {'wire full':>9} "
-      f"{'raw/exp':>8} {'raw/full':>8} {'mpi/exp':>8} {'mpi/full':>8}")
+# Per mode: time, wire ratio, raw/mode and MPI/mode (speedups).
+cols = [("raw ms", lambda w, g: f"{g(w, 'raw') / 1e3:.1f}")]
+for m in modes:
+    cols += [
+        (f"{m} ms", lambda w, g, m=m: f"{g(w, m) / 1e3:.1f}"),
+        (f"wire {m}", lambda w, g, m=m: f"{g(w, m, 'wire_ratio'):.2f}"),
+        (f"raw/{m}", lambda w, g, m=m: f"{g(w, 'raw') / g(w, m):.2f}x"),
+        (f"mpi/{m}", lambda w, g, m=m: f"{mpi_us / g(w, m):.2f}x"),
+    ]
+g = lambda w, m, key="time_us": best.get((w, m), {}).get(key, float("nan"))
+width = [max(len(name), 8) for name, _ in cols]
+print(f"{'window':>9} " + " ".join(f"{name:>{k}}" for (name, _), k in zip(cols, width)))
 for w in wins:
-    g = lambda m, key="time_us": best.get((w, m), {}).get(key, float("nan"))
-    raw, e, f = g("raw"), g("exp"), g("full")
-    print(f"{w:>9} {raw/1e3:8.1f} {e/1e3:8.1f} {f/1e3:8.1f} {g('exp','wire_ratio'):8.2f} {g('full','wire_ratio'):9.2f} "
-          f"{raw/e:7.2f}x {raw/f:7.2f}x {mpi_us/e:7.2f}x {mpi_us/f:7.2f}x")
+    print(f"{w:>9} " + " ".join(f"{cell(w, g):>{k}}" for (_, cell), k in zip(cols, width)))
 print(f"# wrong elements: {wrong}")
 PY
 echo "# raw outputs in $OUT" >&2

@@ -3,19 +3,31 @@
 //! (a) the encoder, fed the case's inputs, produces exactly the stored frames;
 //! (b) a receiver decodes the stored frames back to exactly the inputs;
 //! (c) the frames are re-derived here, independently of the codec, from the document alone
-//!     (header fields, section layouts, sign+mantissa packing, mask codings, rANS, SH64; only
-//!     XXH3 comes from a library), and must match byte for byte. This makes WIRE.md a spec: a
-//!     change to the format must change the document, the vectors and this file together.
+//!     (header fields, section layouts, sign+mantissa packing, mask codings, rANS, SH64, and
+//!     for Delta frames keys, moves, tokens, contexts, the model section and the groups' lane
+//!     states and shared rANS word streams (tests/common/delta_spec.rs); only XXH3 comes from a
+//!     library), and must match byte for byte. This makes WIRE.md a spec: a change to the
+//!     format must change the document, the vectors and this file together.
 //!
-//! `CIERA_BLESS=1 cargo test --test codec_golden` rewrites the vectors from the encoder; (b)
-//! and (c) still run, so a blessed vector that contradicts the document fails anyway.
+//! Encoders write format version 2. `*_v1.hex` vectors are version 1 frames kept as they were
+//! stored before version 2 (never re-blessed): the current decoder must still decode them, and
+//! they must be the version 2 frames of the same inputs but for the version byte.
+//!
+//! `CIERA_BLESS=1 cargo test --test codec_golden` rewrites the vectors from the encoder (not
+//! the `_v1` ones); (b) and (c) still run, so a blessed vector that contradicts the document
+//! fails anyway.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use ciera::codec::bitmask::{self, MaskCoding};
-use ciera::codec::{checksum, frame, CacheMode, CacheSlot, FrameChoice, FrameInfo};
+use ciera::codec::{checksum, frame, CacheMode, CacheSlot, CodecError, FrameChoice, FrameInfo};
 use ciera::DType;
+
+#[path = "common/delta_spec.rs"]
+mod delta_spec;
+#[path = "common/frame_support.rs"]
+mod frame_support;
 
 // ---- the wire format, re-derived from docs/WIRE.md --------------------------------------------
 
@@ -307,7 +319,12 @@ mod spec {
         fmix(h)
     }
 
+    /// The format version encoders write ("Frame header", byte 4).
+    pub const FORMAT: u8 = 2;
+
     pub struct Header {
+        /// Format version byte: 2, or 1 for the kept version 1 vectors.
+        pub format: u8,
         pub dtype: DType,
         pub mode: u8,
         pub fill: bool,
@@ -320,7 +337,7 @@ mod spec {
     pub fn frame(h: &Header, s: [&[u8]; 4]) -> Vec<u8> {
         let mut f = Vec::new();
         f.extend_from_slice(b"CIRF");
-        f.push(1);
+        f.push(h.format);
         f.push(dtype_code(h.dtype));
         f.push(h.mode);
         f.push(h.fill as u8);
@@ -370,6 +387,280 @@ fn u32s(v: &[u32]) -> Vec<u8> {
 
 fn plain(steps: Vec<Vec<u8>>) -> Vec<(Vec<u8>, Option<u64>)> {
     steps.into_iter().map(|s| (s, None)).collect()
+}
+
+// ---- Delta case data ---------------------------------------------------------------------------
+
+/// Bits of a Delta-coded type (W) and of its mantissa.
+fn bits_of(d: DType) -> (u32, u32) {
+    match d {
+        DType::BF16 => (16, 7),
+        DType::F16 => (16, 10),
+        DType::F32 => (32, 23),
+        _ => panic!("{d} is not Delta-coded"),
+    }
+}
+
+fn to_bytes(d: DType, v: &[u32]) -> Vec<u8> {
+    match d.size() {
+        2 => v.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect(),
+        _ => u32s(v),
+    }
+}
+
+/// Eight special values per step, at elements 0..8: +0, -0, a NaN with a payload, +inf, 1.0,
+/// the smallest subnormal, -1.0, the largest finite value; then (step 1) every one of them
+/// moved: +0 -> -0 (one ulp down), -0 -> +0 (one up), the NaN's payload, +inf -> -inf, a sign
+/// flip 1.0 -> -1.0, the subnormal's sign, -1.0 -> -0.5, max -> +inf; and (step 2) back or on.
+fn specials(d: DType, step: usize) -> [u32; 8] {
+    let (w, mant) = bits_of(d);
+    let sign = 1u32 << (w - 1);
+    let inf = ((1u32 << (w - 1 - mant)) - 1) << mant;
+    let one = ((1u32 << (w - 2 - mant)) - 1) << mant;
+    let half = one - (1 << mant);
+    let qnan = inf | 1 << (mant - 1);
+    match step {
+        0 => [0, sign, qnan | 1, inf, one, 1, sign | one, inf - 1],
+        1 => [
+            sign,
+            0,
+            qnan | 5,
+            sign | inf,
+            sign | one,
+            sign | 1,
+            sign | half,
+            inf,
+        ],
+        _ => [
+            sign,
+            1,
+            qnan | 5,
+            sign | inf,
+            one,
+            sign | 1,
+            (sign | half) + 1,
+            inf - 1,
+        ],
+    }
+}
+
+/// A weight-like value (|x| around 2^-7 .. 2^-5, some negative).
+fn weight(d: DType, i: usize) -> u32 {
+    let (w, mant) = bits_of(d);
+    let bias = (1u32 << (w - 2 - mant)) - 1;
+    let e = bias - 7 + (i as u32 * 7) % 3;
+    let m = (i as u32).wrapping_mul(0x9E37_79B9) >> (32 - mant);
+    (i.is_multiple_of(5) as u32) << (w - 1) | e << mant | m
+}
+
+/// Moves of mixed sizes (ulps): mostly 0 and small, contexts -8..8 all reached (12 clips to
+/// 8), escapes (zigzag >= 32), a few large ones; `big` adds fp32 moves whose zigzag needs
+/// more than 15 extra bits (z >= 2^17), up to 2^29.
+fn mixed_move(i: usize, big: bool) -> i64 {
+    if i % 101 == 50 {
+        return 1000;
+    }
+    if i % 211 == 7 {
+        return -12345;
+    }
+    if big && i % 97 == 13 {
+        return [(1 << 16) + 5, -(1 << 20) - 3, (1 << 24) + 77, -(1 << 29)][i / 97 % 4];
+    }
+    match i % 16 {
+        0..=5 => 0,
+        6 => 1,
+        7 => -1,
+        8 => 2,
+        9 => -2,
+        10 => 3,
+        11 => -4,
+        12 => 7,
+        13 => -8,
+        14 => 12,
+        _ => [40, -25, 31, -300][i / 16 % 4],
+    }
+}
+
+/// A second step's moves, correlated with the first's so its contexts matter: repeat it, stop,
+/// or turn back by half.
+fn second_move(i: usize, big: bool) -> i64 {
+    match i % 3 {
+        0 => mixed_move(i, big),
+        1 => 0,
+        _ => -mixed_move(i, big) / 2,
+    }
+}
+
+/// `u` moved by `m` ulps (key space, modulo 2^W).
+fn moved(d: DType, u: u32, m: i64) -> u32 {
+    let w = bits_of(d).0;
+    let k = (delta_spec::key(u, w) as i64).wrapping_add(m) as u32 & delta_spec::mask(w);
+    delta_spec::unkey(k, w)
+}
+
+/// How a step changes element i's value.
+type StepFn<'a> = &'a dyn Fn(usize, u32) -> u32;
+
+/// Steps of a Delta case: weights (with the specials in front if `sp`), then `steps` applied
+/// in turn (step s > 0 puts `specials(d, s)` in front).
+fn delta_steps(d: DType, n: usize, sp: bool, steps: &[StepFn<'_>]) -> Vec<Vec<u8>> {
+    let mut v: Vec<u32> = (0..n).map(|i| weight(d, i)).collect();
+    let with_specials = |v: &mut Vec<u32>, s: usize| {
+        if sp {
+            for (x, sp) in v.iter_mut().zip(specials(d, s)) {
+                *x = sp;
+            }
+        }
+    };
+    with_specials(&mut v, 0);
+    let mut out = vec![to_bytes(d, &v)];
+    for (s, f) in steps.iter().enumerate() {
+        v = v.iter().enumerate().map(|(i, &u)| f(i, u)).collect();
+        with_specials(&mut v, s + 1);
+        out.push(to_bytes(d, &v));
+    }
+    out
+}
+
+/// Delta cases of several lanes (a partial last row in each group).
+fn delta_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let first = |i: usize, u: u32| moved(DType::BF16, u, mixed_move(i, false));
+    let second = |i: usize, u: u32| moved(DType::BF16, u, second_move(i, false));
+    v.push(Case {
+        name: "bf16_delta_1537",
+        about: "bf16, delta cache, Delta frames, 1537 values (3 lanes; the last row has lane 0 \
+                only): a FILL, then a Delta frame \
+                with every context 0 (byte 8, as the FILL left it) and moves of mixed sizes: 0, +-1 .. +-8, 12 \
+                (context +8), escapes (zigzag >= 32: 40, -25, -300, 1000, -12345), +0 -> -0 and \
+                -0 -> +0 (one ulp), a NaN payload, +inf -> -inf, the sign flip 1.0 -> -1.0; \
+                then a Delta frame against the contexts the first left (its previous moves \
+                clipped to -8..8: tables for up to 17 contexts)",
+        dtype: DType::BF16,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: None,
+        steps: plain(delta_steps(DType::BF16, 1537, true, &[&first, &second])),
+    });
+    let first_big = |i: usize, u: u32| moved(DType::F32, u, mixed_move(i, true));
+    let second_big = |i: usize, u: u32| moved(DType::F32, u, second_move(i, true));
+    v.push(Case {
+        name: "f32_delta_1025",
+        about: "fp32, delta cache, Delta frames, 1025 values (2 lanes, a partial last row): moves \
+                of mixed sizes as in bf16_delta_1537 plus moves of 2^16+5, -2^20-3, 2^24+77 and -2^29 ulps (zigzag \
+                >= 2^17: more than 15 extra bits, in two steps) and the sign flip 1.0 -> -1.0 \
+                (a move of about -2^31: 30 extra bits); two Delta frames, the second with the \
+                first's contexts",
+        dtype: DType::F32,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: None,
+        steps: plain(delta_steps(
+            DType::F32,
+            1025,
+            true,
+            &[&first_big, &second_big],
+        )),
+    });
+    let first16 = |i: usize, u: u32| moved(DType::F16, u, mixed_move(i, false));
+    let second16 = |i: usize, u: u32| moved(DType::F16, u, second_move(i, false));
+    v.push(Case {
+        name: "f16_delta_1537",
+        about:
+            "fp16, delta cache, Delta frames, 1537 values (3 lanes): moves of mixed sizes as in \
+                bf16_delta_1537 (with fp16's +-0, NaN, inf, subnormal and max), two Delta \
+                frames, the second with the first's contexts",
+        dtype: DType::F16,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: None,
+        steps: plain(delta_steps(DType::F16, 1537, true, &[&first16, &second16])),
+    });
+    // Chunk 1 of step 2 draws every mantissa afresh: Auto sends it as an Exp frame, which
+    // resets that chunk's contexts; step 3 then codes chunk 0 with the contexts of step 2 and
+    // chunk 1 with context 0 everywhere.
+    let wholesale = |i: usize, u: u32| {
+        if i >= 600 {
+            (u & !0x7f) | ((i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 57) as u32
+        } else {
+            moved(DType::BF16, u, mixed_move(i, false))
+        }
+    };
+    v.push(Case {
+        name: "bf16_delta_auto_chunked_1200",
+        about: "bf16, delta cache, frame choice Auto, 1200 values in chunks of 600 (offsets 0 \
+                and 600): a FILL; two Delta frames; then chunk 0 a Delta frame (contexts from \
+                step 1) while chunk 1's mantissas are all drawn afresh, which Auto sends as an \
+                Exp frame (it leaves context 0 behind); then two Delta frames again",
+        dtype: DType::BF16,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Auto,
+        chunk: Some(600),
+        steps: plain(delta_steps(
+            DType::BF16,
+            1200,
+            true,
+            &[&first, &wholesale, &second],
+        )),
+    });
+    v
+}
+
+/// Delta cases of small frames: one lane, a partial row, a FILL instead.
+fn small_delta_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let first = |i: usize, u: u32| moved(DType::BF16, u, mixed_move(i, false));
+    let second = |i: usize, u: u32| moved(DType::BF16, u, second_move(i, false));
+    v.push(Case {
+        name: "bf16_delta_fill_fallback_10",
+        about: "bf16, delta cache, Delta frames forced, 10 values: every Delta frame would be \
+                longer than the 84 bytes of the values plus the header (s1 alone is 5 + 17 \
+                bytes and a group length, s0 a lane state), so the warm sender sends raw FILLs",
+        dtype: DType::BF16,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: None,
+        steps: plain(delta_steps(DType::BF16, 10, true, &[&first, &second])),
+    });
+    let small = |i: usize, u: u32| {
+        moved(
+            DType::F32,
+            u,
+            [0i64, 0, 1, -1, 0, 2, 0, 0, -1, 0, 0, 1][i % 12],
+        )
+    };
+    v.push(Case {
+        name: "f32_delta_12",
+        about: "fp32, delta cache, Delta frames, 12 values (one lane): moves of 0, +-1 and 2, twice (no specials: their tokens would need tables too \
+                long for a frame of 48 value bytes)",
+        dtype: DType::F32,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: None,
+        steps: plain(delta_steps(DType::F32, 12, false, &[&small, &small])),
+    });
+    v.push(Case {
+        name: "bf16_delta_300",
+        about: "bf16, delta cache, Delta frames, 300 values: moves of mixed sizes as in \
+                bf16_delta_1537 (escapes, +-0, NaN payload, sign flip), then a second Delta frame \
+                with the first's contexts",
+        dtype: DType::BF16,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: None,
+        steps: plain(delta_steps(DType::BF16, 300, true, &[&first, &second])),
+    });
+    v.push(Case {
+        name: "bf16_delta_chunked_700",
+        about: "bf16, delta cache, Delta frames, 700 values in chunks of 256 (offsets 0, 256, \
+                512; the last chunk 188 values): per chunk a FILL, then Delta frames",
+        dtype: DType::BF16,
+        mode: CacheMode::Delta,
+        choice: FrameChoice::Delta,
+        chunk: Some(256),
+        steps: plain(delta_steps(DType::BF16, 700, true, &[&first, &second])),
+    });
+    v
 }
 
 fn cases() -> Vec<Case> {
@@ -596,6 +887,8 @@ fn cases() -> Vec<Case> {
             u32s(&[2, 0xFFFF_FFFE, 0x8000_0000]),
         ]),
     });
+    v.extend(delta_cases());
+    v.extend(small_delta_cases());
     v
 }
 
@@ -689,16 +982,19 @@ fn decode_case(c: &Case, frames: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
     outs
 }
 
-/// Re-derive every frame of a case from the document. `stored` supplies only what the format
-/// leaves to the encoder: the mode a full-value `Auto` slot picks, the coding of each mask (and
-/// a rANS block's frequency table).
-fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
+/// Re-derive every frame of a case from the document, in format version `format`. `stored`
+/// supplies only what the format leaves to the encoder: the mode an `Auto` slot picks, the
+/// coding of each mask (and a rANS block's frequency table), and a Delta frame's lanes, group
+/// and token tables (checked against the document's rules and the elements they describe).
+fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>], format: u8) -> Vec<Vec<Vec<u8>>> {
     let size = c.dtype.size();
     let n_all = c.steps[0].0.len() / size;
     let chunk = c.chunk.unwrap_or(n_all.max(1));
     let mut warm = false;
     let mut version = 0u64;
     let mut prev: Vec<u8> = Vec::new();
+    // Delta caches: the context byte of every element (8, "no previous move", after a FILL).
+    let mut contexts = vec![delta_spec::CONTEXT_NONE; n_all];
     let mut derived = Vec::new();
     for (step, ((input, restart), fs)) in c.steps.iter().zip(stored).enumerate() {
         if let Some(v) = restart {
@@ -717,6 +1013,7 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
             let actual = &fs[ci];
             let ctx = format!("{} step {step} chunk {ci}", c.name);
             let mut h = spec::Header {
+                format,
                 dtype: c.dtype,
                 mode: 0,
                 fill: false,
@@ -724,10 +1021,12 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                 offset: off as u64,
                 version,
             };
+            let ctxs = &mut contexts[off..off + n];
             let f = if !c.dtype.is_compressible() {
                 spec::frame(&h, [cur, &[], &[], &[]])
             } else if !warm {
                 h.fill = true;
+                ctxs.fill(delta_spec::CONTEXT_NONE);
                 spec::frame(&h, [cur, &[], &[], &[]])
             } else {
                 let old = &prev[off * size..(off + n) * size];
@@ -737,13 +1036,28 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                     .map(|i| spec::exponent(c.dtype, vals[i]) != spec::exponent(c.dtype, olds[i]))
                     .collect();
                 let fallback = actual[6] == 0;
+                // Exponent caches send Exp; full-value caches Exp or Hybrid (Hybrid for a
+                // forced Delta); delta caches any of the three.
                 let mode = match (c.mode, c.choice) {
                     (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => 1,
-                    (_, FrameChoice::Hybrid) => 2,
+                    (CacheMode::FullValue, FrameChoice::Hybrid | FrameChoice::Delta) => 2,
+                    (CacheMode::Delta, FrameChoice::Hybrid) => 2,
+                    (CacheMode::Delta, FrameChoice::Delta) => 3,
                     (_, FrameChoice::Auto) if fallback => {
                         panic!("{ctx}: cannot tell which delta an Auto slot replaced by a FILL")
                     }
-                    (_, FrameChoice::Auto) => actual[6],
+                    (CacheMode::FullValue, FrameChoice::Auto) => {
+                        assert!(
+                            actual[6] == 1 || actual[6] == 2,
+                            "{ctx}: mode {}",
+                            actual[6]
+                        );
+                        actual[6]
+                    }
+                    (CacheMode::Delta, FrameChoice::Auto) => {
+                        assert!((1..=3).contains(&actual[6]), "{ctx}: mode {}", actual[6]);
+                        actual[6]
+                    }
                 };
                 let mut h = spec::Header { mode, ..h };
                 // Each mask section's coding byte is read from the stored frame, the rest derived.
@@ -773,15 +1087,15 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                     }
                     m
                 };
-                let delta = if mode == 1 {
+                let (delta, new_ctx) = if mode == 1 {
                     let s0 = spec::pack_sm(c.dtype, &vals);
                     let s1 = coded(&exp_changed, spec::HEADER + s0.len());
                     let s2: Vec<u8> = (0..n)
                         .filter(|&i| exp_changed[i])
                         .map(|i| spec::exponent(c.dtype, vals[i]))
                         .collect();
-                    spec::frame(&h, [&s0, &s1, &s2, &[]])
-                } else {
+                    (spec::frame(&h, [&s0, &s1, &s2, &[]]), None)
+                } else if mode == 2 {
                     let changed: Vec<bool> = (0..n).map(|i| vals[i] != olds[i]).collect();
                     let idx: Vec<usize> = (0..n).filter(|&i| changed[i]).collect();
                     let s0 =
@@ -794,15 +1108,24 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
                         .filter(|&&i| exp_changed[i])
                         .map(|&i| spec::exponent(c.dtype, vals[i]))
                         .collect();
-                    spec::frame(&h, [&s0, &s1, &s2, &s3])
+                    (spec::frame(&h, [&s0, &s1, &s2, &s3]), None)
+                } else {
+                    let (f, new_ctx) = derive_delta(&ctx, &h, &olds, &vals, ctxs, actual, fallback);
+                    (f, Some(new_ctx))
                 };
                 // "An encoder never emits a frame longer than 64 + n x size bytes": a longer
-                // delta goes as a raw FILL.
+                // delta goes as a raw FILL (which leaves context 0 behind, as Exp and Hybrid
+                // frames do).
                 if delta.len() > spec::HEADER + n * size {
                     h.mode = 0;
                     h.fill = true;
+                    ctxs.fill(delta_spec::CONTEXT_NONE);
                     spec::frame(&h, [cur, &[], &[], &[]])
                 } else {
+                    match new_ctx {
+                        Some(nc) => ctxs.copy_from_slice(&nc),
+                        None => ctxs.fill(delta_spec::CONTEXT_NONE),
+                    }
                     delta
                 }
             };
@@ -820,6 +1143,63 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
         derived.push(frames);
     }
     derived
+}
+
+/// A Delta frame ("Delta") of a chunk whose old values are `olds`, new ones `vals` and
+/// contexts `ctxs`: the frame and the contexts it leaves. The lanes, group and tables come
+/// from the stored frame `actual` (checked against the encoder's rules the document states:
+/// lanes = clamp(n / 512, 1, 32), group = 32768); where the encoder sent a FILL instead
+/// (`fallback`), from those rules and the encoder's normalisation, which only size the frame.
+fn derive_delta(
+    what: &str,
+    h: &spec::Header,
+    olds: &[u32],
+    vals: &[u32],
+    ctxs: &[u8],
+    actual: &[u8],
+    fallback: bool,
+) -> (Vec<u8>, Vec<u8>) {
+    let n = vals.len();
+    let w = (8 * spec::size(h.dtype)) as u32;
+    let d: Vec<u32> = (0..n)
+        .map(|i| delta_spec::ulp_move(olds[i], vals[i], w))
+        .collect();
+    let z: Vec<u32> = d.iter().map(|&d| delta_spec::zigzag(d, w)).collect();
+    let lanes = (n / 512).clamp(1, 32);
+    let mut model = if fallback {
+        delta_spec::encoder_model(w, &z, ctxs, lanes, 32768)
+    } else {
+        let lens = frame_support::section_lens(actual);
+        assert_eq!(
+            lens[2..],
+            [0, 0],
+            "{what}: s2 and s3 of a Delta frame are empty"
+        );
+        let s1 = &actual[spec::HEADER + lens[0]..spec::HEADER + lens[0] + lens[1]];
+        let m = delta_spec::parse_s1(s1, n, w).unwrap_or_else(|e| panic!("{what}: s1: {e}"));
+        assert_eq!(
+            (m.lanes, m.group),
+            (lanes, 32768),
+            "{what}: the encoder's lanes = clamp(n / 512, 1, 32) and group = 32768"
+        );
+        delta_spec::tables_describe(&m, w, &z, ctxs)
+            .unwrap_or_else(|e| panic!("{what}: tables: {e}"));
+        let mine = delta_spec::encoder_model(w, &z, ctxs, m.lanes, m.group);
+        assert_eq!(mine.tables, m.tables, "{what}: the encoder's normalisation");
+        // Decode the stored groups by the document's pseudocode, too.
+        let s0 = &actual[spec::HEADER..spec::HEADER + lens[0]];
+        let (back, _) = delta_spec::decode(s0, &m, w, olds, ctxs)
+            .unwrap_or_else(|e| panic!("{what}: decoding by the document: {e}"));
+        assert_eq!(back, vals, "{what}: decoded by the document");
+        m
+    };
+    let (s0, lens) =
+        delta_spec::encode_groups(&model, w, &z, ctxs).unwrap_or_else(|e| panic!("{what}: {e}"));
+    model.lens = lens;
+    let s1 = delta_spec::write_s1(&model);
+    let f = spec::frame(h, [&s0, &s1, &[], &[]]);
+    let new_ctx = d.iter().map(|&d| delta_spec::context(d, w)).collect();
+    (f, new_ctx)
 }
 
 // ---- the hex files -------------------------------------------------------------------------------
@@ -910,16 +1290,45 @@ fn case_file(c: &Case, frames: &[Vec<(FrameInfo, Vec<u8>)>]) -> String {
         s += &format!("input {step} {}\n", hex(input));
         for (ci, (info, f)) in fs.iter().enumerate() {
             s += &format!(
-                "# {} frame{}, version {}, {} bytes\n",
+                "# {} frame{}, slot version {}, {} bytes\n",
                 info.mode.name(),
                 if info.fill { " (FILL)" } else { "" },
                 info.version,
                 f.len()
             );
+            if f[6] == 3 {
+                s += &delta_note(info, f);
+            }
             s += &frame_lines(&format!("frame {step}.{ci}"), f);
         }
     }
     s
+}
+
+/// A comment line that reads a Delta frame's s1: lanes, group, the tables, group lengths.
+fn delta_note(info: &FrameInfo, f: &[u8]) -> String {
+    let l = frame_support::section_lens(f);
+    let w = bits_of(info.dtype).0;
+    let s1 = &f[64 + l[0]..64 + l[0] + l[1]];
+    let Ok(m) = delta_spec::parse_s1(s1, info.count, w) else {
+        return "# (s1 does not parse)\n".into();
+    };
+    let tables: Vec<String> = m
+        .tables
+        .iter()
+        .enumerate()
+        .filter_map(|(c, t)| {
+            t.as_ref()
+                .map(|t| format!("{:+}:{}", c as i32 - 8, t.len()))
+        })
+        .collect();
+    format!(
+        "# s1: {} lane(s), groups of {}; tables (context:m) {}; group lengths {:?}\n",
+        m.lanes,
+        m.group,
+        tables.join(" "),
+        m.lens
+    )
 }
 
 fn textwrap(s: &str, width: usize) -> Vec<String> {
@@ -994,43 +1403,283 @@ fn read_or_bless(name: &str, fresh: String) -> String {
 
 // ---- the tests -----------------------------------------------------------------------------------
 
-#[test]
-fn frames_match_golden_vectors() {
-    for c in cases() {
-        let encoded = encode_case(&c);
-        let text = read_or_bless(&format!("{}.hex", c.name), case_file(&c, &encoded));
-        let (inputs, stored) = parse_case_file(&text);
-        // The file's inputs are the case's inputs.
-        assert_eq!(inputs.len(), c.steps.len(), "{}", c.name);
-        for (a, (b, _)) in inputs.iter().zip(&c.steps) {
-            assert_eq!(hex(a), hex(b), "{}: stored input", c.name);
-        }
-        // (a) encoder == stored bytes.
-        assert_eq!(stored.len(), encoded.len(), "{}", c.name);
-        for (step, (s, e)) in stored.iter().zip(&encoded).enumerate() {
-            assert_eq!(s.len(), e.len(), "{} step {step}: frame count", c.name);
-            for (ci, (sf, (_, ef))) in s.iter().zip(e).enumerate() {
-                assert_eq!(
-                    hex(ef),
-                    hex(sf),
-                    "{} step {step} chunk {ci}: encoder output differs from the golden frame",
-                    c.name
-                );
-            }
-        }
-        // (b) stored bytes decode to the inputs.
-        let outs = decode_case(&c, &stored);
-        for (step, (o, (i, _))) in outs.iter().zip(&c.steps).enumerate() {
+/// (a), (b) and (c) for one case; returns the stored frames.
+fn check_case(c: &Case) -> Vec<Vec<Vec<u8>>> {
+    let encoded = encode_case(c);
+    let text = read_or_bless(&format!("{}.hex", c.name), case_file(c, &encoded));
+    let (inputs, stored) = parse_case_file(&text);
+    // The file's inputs are the case's inputs.
+    assert_eq!(inputs.len(), c.steps.len(), "{}", c.name);
+    for (a, (b, _)) in inputs.iter().zip(&c.steps) {
+        assert_eq!(hex(a), hex(b), "{}: stored input", c.name);
+    }
+    // (a) encoder == stored bytes.
+    assert_eq!(stored.len(), encoded.len(), "{}", c.name);
+    for (step, (s, e)) in stored.iter().zip(&encoded).enumerate() {
+        assert_eq!(s.len(), e.len(), "{} step {step}: frame count", c.name);
+        for (ci, (sf, (_, ef))) in s.iter().zip(e).enumerate() {
             assert_eq!(
-                hex(o),
-                hex(i),
-                "{} step {step}: decoded golden frame",
+                hex(ef),
+                hex(sf),
+                "{} step {step} chunk {ci}: encoder output differs from the golden frame",
                 c.name
             );
         }
-        // (c) the document re-derives the stored bytes.
-        derive_case(&c, &stored);
     }
+    // (b) stored bytes decode to the inputs.
+    let outs = decode_case(c, &stored);
+    for (step, (o, (i, _))) in outs.iter().zip(&c.steps).enumerate() {
+        assert_eq!(
+            hex(o),
+            hex(i),
+            "{} step {step}: decoded golden frame",
+            c.name
+        );
+    }
+    // (c) the document re-derives the stored bytes.
+    derive_case(c, &stored, spec::FORMAT);
+    stored
+}
+
+#[test]
+fn frames_match_golden_vectors() {
+    for c in cases() {
+        check_case(&c);
+    }
+}
+
+/// What the Delta cases must show: every frame kind they promise is there.
+#[test]
+fn delta_cases_cover_what_they_say() {
+    let modes = |name: &str| -> Vec<Vec<(u8, bool)>> {
+        let c = cases().into_iter().find(|c| c.name == name).unwrap();
+        encode_case(&c)
+            .iter()
+            .map(|s| s.iter().map(|(_, f)| (f[6], f[7] & 1 == 1)).collect())
+            .collect()
+    };
+    let fill = (0u8, true);
+    let delta = (3u8, false);
+    assert_eq!(
+        modes("bf16_delta_fill_fallback_10"),
+        vec![vec![fill], vec![fill], vec![fill]]
+    );
+    assert_eq!(
+        modes("bf16_delta_chunked_700"),
+        vec![vec![fill; 3], vec![delta; 3], vec![delta; 3]]
+    );
+    for name in [
+        "bf16_delta_1537",
+        "f32_delta_1025",
+        "f16_delta_1537",
+        "f32_delta_12",
+        "bf16_delta_300",
+    ] {
+        assert_eq!(
+            modes(name),
+            vec![vec![(0, true)], vec![(3, false)], vec![(3, false)]],
+            "{name}"
+        );
+    }
+    assert_eq!(
+        modes("bf16_delta_auto_chunked_1200"),
+        vec![
+            vec![(0, true), (0, true)],
+            vec![(3, false), (3, false)],
+            vec![(3, false), (1, false)],
+            vec![(3, false), (3, false)],
+        ]
+    );
+    // The second Delta frame of each uses contexts other than 0 (its tables cover more than
+    // context 0), and the fp32 case has moves needing more than 15 extra bits.
+    for c in cases().iter().filter(|c| {
+        c.name.ends_with("_1537")
+            || c.name.ends_with("_1025")
+            || c.name.ends_with("_1200")
+            || c.name == "bf16_delta_300"
+    }) {
+        let e = encode_case(c);
+        let f = &e[2][0].1;
+        let l = frame_support::section_lens(f);
+        let w = bits_of(c.dtype).0;
+        let n = c.chunk.unwrap_or(c.steps[0].0.len() / c.dtype.size());
+        let m = delta_spec::parse_s1(&f[64 + l[0]..64 + l[0] + l[1]], n, w).unwrap();
+        let with_tables = m.tables.iter().filter(|t| t.is_some()).count();
+        assert!(
+            with_tables >= 10,
+            "{}: {with_tables} contexts with tables",
+            c.name
+        );
+        if c.dtype == DType::F32 {
+            let longest = m.tables.iter().flatten().map(|t| t.len()).max().unwrap();
+            // Token 32 + 2 (b - 5) with b >= 17: e = b - 1 > 15 extra bits.
+            assert!(
+                longest > 32 + 2 * (17 - 5),
+                "{}: longest table {longest}",
+                c.name
+            );
+        }
+    }
+}
+
+/// Delta frames too big to store, from the encoder, re-derived from the document: several
+/// groups of 32768 (32 lanes each, the last group short), every type, chunked, Auto.
+#[test]
+fn delta_frames_match_the_document_at_scale() {
+    let mut rng = frame_support::Rng(0xDE17A);
+    for (dtype, n, chunk, choice) in [
+        (DType::BF16, 70_001, None, FrameChoice::Delta),
+        (DType::F16, 40_000, Some(33_000), FrameChoice::Delta),
+        (DType::F32, 65_536 + 4096, None, FrameChoice::Auto),
+        (DType::BF16, 20_000, Some(5_000), FrameChoice::Auto),
+    ] {
+        let (w, mant) = bits_of(dtype);
+        let mut v: Vec<u32> = (0..n).map(|i| weight(dtype, i)).collect();
+        let mut steps = vec![to_bytes(dtype, &v)];
+        for s in 0..3 {
+            v = v
+                .iter()
+                .map(|&u| {
+                    let r = rng.next();
+                    let m = match r % 100 {
+                        0..=49 => 0,
+                        50..=89 => (r >> 8) as i64 % 5 - 2,
+                        90..=97 => (r >> 8) as i64 % 300 - 150,
+                        _ => ((r >> 8) % (1 << (w - 2))) as i64 - (1 << (w - 3)),
+                    };
+                    if s == 1 && r % 1000 == 999 {
+                        u ^ (1 << (w - 1)) // a sign flip
+                    } else if s == 2 && r.is_multiple_of(997) {
+                        (((1u32 << (w - 1 - mant)) - 1) << mant)
+                            | (r >> 40) as u32 & ((1 << mant) - 1)
+                    } else {
+                        moved(dtype, u, m)
+                    }
+                })
+                .collect();
+            steps.push(to_bytes(dtype, &v));
+        }
+        let c = Case {
+            name: "generated",
+            about: "",
+            dtype,
+            mode: CacheMode::Delta,
+            choice,
+            chunk,
+            steps: plain(steps),
+        };
+        let encoded = encode_case(&c);
+        let frames: Vec<Vec<Vec<u8>>> = encoded
+            .iter()
+            .map(|s| s.iter().map(|(_, f)| f.clone()).collect())
+            .collect();
+        let deltas = frames.iter().flatten().filter(|f| f[6] == 3).count();
+        assert!(deltas >= 3, "{dtype} n {n}: {deltas} Delta frames");
+        let outs = decode_case(&c, &frames);
+        for (o, (i, _)) in outs.iter().zip(&c.steps) {
+            assert!(o == i, "{dtype} n {n}: decoded");
+        }
+        derive_case(&c, &frames, spec::FORMAT);
+    }
+}
+
+/// Version 1 vectors (stored before version 2, never re-blessed) still decode, are version 1
+/// frames as the document describes them, and are the version 2 frames of the same inputs but
+/// for the version byte (and so the header checksum).
+#[test]
+fn version_1_frames_still_decode() {
+    for name in ["bf16_exp_8", "bf16_hybrid_rans_512"] {
+        let c = cases().into_iter().find(|c| c.name == name).unwrap();
+        let path = golden_dir().join(format!("{name}_v1.hex"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (kept, never blessed)", path.display()));
+        let (inputs, stored) = parse_case_file(&text);
+        for (a, (b, _)) in inputs.iter().zip(&c.steps) {
+            assert_eq!(hex(a), hex(b), "{name}_v1: stored input");
+        }
+        for f in stored.iter().flatten() {
+            assert_eq!(f[4], 1, "{name}_v1: a version 1 frame");
+        }
+        let outs = decode_case(&c, &stored);
+        for (step, (o, (i, _))) in outs.iter().zip(&c.steps).enumerate() {
+            assert_eq!(hex(o), hex(i), "{name}_v1 step {step}: decoded");
+        }
+        derive_case(&c, &stored, 1);
+        let now = encode_case(&c);
+        for (s, e) in stored.iter().zip(&now) {
+            for (old, (_, new)) in s.iter().zip(e) {
+                let mut g = old.clone();
+                g[4] = spec::FORMAT;
+                frame_support::reseal(&mut g);
+                assert_eq!(
+                    hex(&g),
+                    hex(new),
+                    "{name}: version 1 and 2 frames differ in more than byte 4"
+                );
+            }
+        }
+    }
+}
+
+/// "A decoder refuses versions it does not know, with an error naming both"; "a mode 3 frame
+/// that says version 1 is refused"; a version 1 frame of modes 0-2 decodes.
+#[test]
+fn format_versions_are_checked() {
+    let c = cases()
+        .into_iter()
+        .find(|c| c.name == "bf16_delta_1537")
+        .unwrap();
+    let e = encode_case(&c);
+    let (fill, delta) = (&e[0][0].1, &e[1][0].1);
+    assert_eq!((fill[4], delta[4], delta[6]), (2, 2, 3));
+    let len = c.steps[0].0.len() / 2;
+    let rx_at = |frames: &[&Vec<u8>]| {
+        let mut rx = CacheSlot::new(DType::BF16, CacheMode::Delta, len);
+        let mut out = vec![0u8; 2 * len];
+        for f in frames {
+            rx.decode(f, &mut out).unwrap();
+        }
+        (rx, out)
+    };
+    for v in [0u8, 3, 4, 0x80, 0xff] {
+        for f in [fill, delta] {
+            let mut g = f.clone();
+            g[4] = v;
+            frame_support::reseal(&mut g);
+            let (mut rx, mut out) = rx_at(&[fill]);
+            match rx.decode(&g, &mut out) {
+                Err(CodecError::CorruptFrame {
+                    what: "format version",
+                    detail,
+                }) => {
+                    assert!(
+                        detail.contains(&format!("version {v}")) && detail.contains('2'),
+                        "the error names the frame's version and the known ones: {detail}"
+                    );
+                }
+                other => panic!("version {v}: {other:?}"),
+            }
+        }
+    }
+    // Mode 3 with version 1: refused, however it is sealed.
+    let mut g = delta.clone();
+    g[4] = 1;
+    frame_support::reseal(&mut g);
+    let (mut rx, mut out) = rx_at(&[fill]);
+    let r = rx.decode(&g, &mut out);
+    assert!(
+        matches!(r, Err(CodecError::CorruptFrame { what: "mode", .. })),
+        "{r:?}"
+    );
+    assert!(!rx.is_warm(), "a refused frame poisons the slot");
+    // The same frame at version 2 is taken; a version 1 FILL (mode 0) too.
+    let (_, out) = rx_at(&[fill, delta]);
+    assert_eq!(out, c.steps[1].0);
+    let mut g = fill.clone();
+    g[4] = 1;
+    frame_support::reseal(&mut g);
+    let (_, out) = rx_at(&[&g]);
+    assert_eq!(out, c.steps[0].0);
 }
 
 /// Spot checks of header fields against the document's table, written out by hand, so a
@@ -1041,7 +1690,7 @@ fn header_layout_by_hand() {
     let e = encode_case(c);
     let f = &e[1][0].1;
     assert_eq!(&f[0..4], b"CIRF");
-    assert_eq!(f[4], 1, "format version");
+    assert_eq!(f[4], 2, "format version");
     assert_eq!(f[5], 9, "bf16 is ncclBfloat16 = 9");
     assert_eq!(f[6], 1, "exp mode");
     assert_eq!(f[7], 0, "no flags");

@@ -3,13 +3,19 @@
 //! with payloads, infinities, signed zeros, subnormals and random bit patterns) and every
 //! frame must reproduce its input bit for bit, with both sides at the same version.
 //!
-//! Covered: every `DType`, both cache modes, every frame choice, lengths 0, 1, odd, around the
-//! 64-element block, ~100k; whole-slot and chunked coding (random chunk sizes, chunks decoded in
-//! a shuffled order and on two threads); poisoning mid-sequence; and the refusals (a replayed or
-//! future frame: `VersionMismatch`; another element type: `DTypeMismatch`; another count,
-//! offset or buffer size: `LengthMismatch`; a delta for a cold slot or a hybrid frame for an
-//! exponent slot: `SlotState`). `simd_and_plain_paths_agree` re-runs this binary with
+//! Covered: every `DType`, all three cache modes (exponent, full-value, delta), every frame
+//! choice, lengths 0, 1, odd, around the 64-element block, ~100k; whole-slot and chunked coding
+//! (random chunk sizes, chunks decoded in a shuffled order and on two threads); poisoning
+//! mid-sequence; and the refusals (a replayed or future frame: `VersionMismatch`; another
+//! element type: `DTypeMismatch`; another count, offset or buffer size: `LengthMismatch`; a
+//! delta for a cold slot, a hybrid frame for an exponent slot or a Delta frame for a slot
+//! without contexts: `SlotState`). `simd_and_plain_paths_agree` re-runs this binary with
 //! `CIERA_NO_SIMD=1` and checks that both paths produce the same bytes.
+//!
+//! Delta slots (values and one context byte per element, docs/WIRE.md "Delta") also get drift
+//! in ulps (`Drift::ulp`: key-space moves of 1 to 2^30 ulps, which cross exponents, signs and
+//! special values), and the sender switches its frame choice between iterations (Delta, Auto,
+//! Exp, Hybrid: contexts must follow every frame kind on both sides).
 //!
 //! Failures found by proptest are persisted in tests/codec_props.proptest-regressions (commit
 //! it) and replayed first on every run.
@@ -133,6 +139,25 @@ struct Drift {
     p: f64,
     /// Probability that an element becomes a special value.
     special: f64,
+    /// Probability that an element moves by a number of ulps (in the order of the values:
+    /// across exponents, through zero and into the special values); mostly 1 to 15, a tenth of
+    /// them up to 2^(W-2).
+    ulp: f64,
+}
+
+/// `v` moved by `m` ulps: the W-bit pattern mapped to an integer that is monotone in the value
+/// (negative values reversed, -0 just below +0), moved, mapped back (modulo 2^W). Written
+/// from the IEEE layout, not from the codec.
+fn ulp_step(v: u64, size: usize, m: i64) -> u64 {
+    let w = 8 * size as u32;
+    let (top, all) = (1u64 << (w - 1), low_bits(w));
+    let key = if v & top != 0 { !v & all } else { v | top };
+    let k = (key as i64).wrapping_add(m) as u64 & all;
+    if k & top != 0 {
+        k & !top
+    } else {
+        !k & all
+    }
 }
 
 fn initial_tensor(rng: &mut Rng, dtype: DType, len: usize, special: f64) -> Vec<u8> {
@@ -156,6 +181,18 @@ fn drift_step(rng: &mut Rng, dtype: DType, prev: &[u8], d: Drift) -> Vec<u8> {
         let mut x = load(prev, size, i);
         if rng.chance(d.special) {
             x = special_value(rng, dtype);
+        } else if rng.chance(d.ulp) {
+            let w = 8 * size;
+            let bits = if rng.chance(0.9) {
+                1 + rng.below(4)
+            } else {
+                rng.below(w - 1)
+            };
+            let m = (rng.next() & low_bits(bits as u32)).max(1) as i64;
+            x = ulp_step(x, size, if rng.chance(0.5) { m } else { -m });
+            if rng.chance(0.01) {
+                x ^= 1 << (w - 1); // a sign flip
+            }
         } else if let Some(fb) = float_bits(dtype) {
             if rng.chance(d.q) {
                 // A small update: re-draw some low mantissa bits, sometimes the sign.
@@ -235,6 +272,8 @@ struct Pair {
     synced: bool,
     frames: usize,
     bytes: usize,
+    /// Frames the sender produced, by mode (header byte 6).
+    by_mode: std::cell::Cell<[usize; 4]>,
 }
 
 fn assert_kind(r: Result<FrameInfo, CodecError>, what: &str, ok: impl Fn(&CodecError) -> bool) {
@@ -264,7 +303,14 @@ impl Pair {
             synced: false,
             frames: 0,
             bytes: 0,
+            by_mode: Default::default(),
         }
+    }
+
+    /// The sender switches to another frame choice (the receiver needs none).
+    fn set_choice(&mut self, choice: FrameChoice) {
+        self.choice = choice;
+        self.tx.set_frame_choice(choice);
     }
 
     fn ctx(&self) -> String {
@@ -335,16 +381,26 @@ impl Pair {
             .count();
         let want = match (self.mode, self.choice) {
             (CacheMode::Exponent, _) | (_, FrameChoice::Exp) => Some(Mode::Exp),
-            (CacheMode::FullValue, FrameChoice::Hybrid) => Some(Mode::Hybrid),
-            (CacheMode::FullValue, FrameChoice::Auto) => None,
+            // A full-value slot asked for Delta frames sends Hybrid (it has no contexts).
+            (CacheMode::FullValue, FrameChoice::Hybrid | FrameChoice::Delta) => Some(Mode::Hybrid),
+            (CacheMode::Delta, FrameChoice::Hybrid) => Some(Mode::Hybrid),
+            (CacheMode::Delta, FrameChoice::Delta) => Some(Mode::Delta),
+            (_, FrameChoice::Auto) => None,
         };
         if let Some(m) = want {
             assert_eq!(info.mode, m, "{ctx}");
         }
+        if self.mode != CacheMode::Delta {
+            assert_ne!(
+                info.mode,
+                Mode::Delta,
+                "{ctx}: a Delta frame needs a delta slot"
+            );
+        }
         assert_eq!(info.exp_changes, exp_changed, "{ctx}: exponent changes");
         match info.mode {
             Mode::Exp => assert_eq!(info.value_changes, None, "{ctx}"),
-            Mode::Hybrid => assert_eq!(
+            Mode::Hybrid | Mode::Delta => assert_eq!(
                 info.value_changes,
                 Some(value_changed),
                 "{ctx}: value changes"
@@ -363,6 +419,9 @@ impl Pair {
             (info.dtype, info.mode, info.count, info.offset, info.version)
         );
         assert_eq!(p.flags, if info.fill { frame::FLAG_FILL } else { 0 });
+        let mut m = self.by_mode.get();
+        m[f[6] as usize] += 1;
+        self.by_mode.set(m);
     }
 
     /// One iteration, whole slot: encode, probe refusals on copies of the receiver, decode.
@@ -506,22 +565,32 @@ impl Pair {
             }
         }
         if probes.other_mode && self.rx.is_warm() {
-            // Exp frames only need exponents, which both cache modes hold; hybrid frames need values.
-            let other = match self.mode {
-                CacheMode::Exponent => CacheMode::FullValue,
-                CacheMode::FullValue => CacheMode::Exponent,
-            };
-            let mut s = slot_at(dtype, other, self.choice, len, v, true, &self.rx_last);
-            let mut out = buf();
-            let r = s.decode(f, &mut out);
-            if info.mode == Mode::Hybrid {
-                assert_kind(r, &ctx, |e| matches!(e, CodecError::SlotState { .. }));
-            } else {
-                assert!(
-                    r.is_ok() && out == input,
-                    "{ctx}: {:?} frame on a {other:?} slot: {r:?}",
-                    info.mode
-                );
+            // Exp frames only need exponents, which every cache mode holds; Hybrid frames need
+            // values (full-value and delta slots); Delta frames need values and contexts (delta
+            // slots). A delta slot built from values has the contexts of a FILL, which an Exp or
+            // Hybrid frame does not read.
+            for other in [CacheMode::Exponent, CacheMode::FullValue, CacheMode::Delta] {
+                if other == self.mode {
+                    continue;
+                }
+                let mut s = slot_at(dtype, other, self.choice, len, v, true, &self.rx_last);
+                let mut out = buf();
+                let r = s.decode(f, &mut out);
+                let refused = match info.mode {
+                    Mode::Hybrid => other == CacheMode::Exponent,
+                    Mode::Delta => true,
+                    _ => false,
+                };
+                if refused {
+                    assert_kind(r, &ctx, |e| matches!(e, CodecError::SlotState { .. }));
+                    assert!(!s.is_warm(), "{ctx}: a refused frame poisons the slot");
+                } else {
+                    assert!(
+                        r.is_ok() && out == input,
+                        "{ctx}: {:?} frame on a {other:?} slot: {r:?}",
+                        info.mode
+                    );
+                }
             }
         }
     }
@@ -778,18 +847,29 @@ struct Run {
     iters: usize,
     drift: Drift,
     seed: u64,
-    /// Probability of each disturbance per iteration (poison, probes, chunking).
+    /// Probability of each disturbance per iteration (poison, probes, chunking, and on delta
+    /// slots a switch of the sender's frame choice).
     stir: f64,
 }
 
 impl Run {
     fn go(&self) -> Pair {
         let mut rng = Rng(self.seed);
-        let mut pair = Pair::new(self.dtype, self.mode, self.choice, self.len);
-        let mut x = initial_tensor(&mut rng, self.dtype, self.len, self.drift.special);
+        let len = self.len;
+        let mut pair = Pair::new(self.dtype, self.mode, self.choice, len);
+        let mut x = initial_tensor(&mut rng, self.dtype, len, self.drift.special);
         for it in 0..self.iters {
             if it > 0 {
                 x = drift_step(&mut rng, self.dtype, &x, self.drift);
+            }
+            if self.mode == CacheMode::Delta && rng.chance(self.stir * 0.3) {
+                let c = [
+                    FrameChoice::Delta,
+                    FrameChoice::Auto,
+                    FrameChoice::Exp,
+                    FrameChoice::Hybrid,
+                ][rng.below(4)];
+                pair.set_choice(c);
             }
             let r = rng.below(1000) as f64 / 1000.0;
             if r < self.stir * 0.15 {
@@ -808,7 +888,7 @@ impl Run {
                 let chunk = match rng.below(4) {
                     0 => 64 * (1 + rng.below(4)),
                     1 => 1 + rng.below(8),
-                    _ => 1 + rng.below(self.len + 10),
+                    _ => 1 + rng.below(len + 10),
                 };
                 let threads = rng.chance(0.3);
                 pair.step_chunked(&x, chunk, &mut rng, threads);
@@ -829,15 +909,30 @@ fn compressible() -> impl Strategy<Value = DType> {
 }
 
 fn modes() -> impl Strategy<Value = CacheMode> {
-    prop::sample::select(vec![CacheMode::Exponent, CacheMode::FullValue])
+    prop::sample::select(vec![
+        CacheMode::Exponent,
+        CacheMode::FullValue,
+        CacheMode::Delta,
+    ])
 }
 
 fn choices() -> impl Strategy<Value = FrameChoice> {
     prop::sample::select(vec![
         FrameChoice::Exp,
         FrameChoice::Hybrid,
+        FrameChoice::Delta,
         FrameChoice::Auto,
     ])
+}
+
+/// Delta slots mostly send Delta frames or choose (Auto).
+fn delta_choices() -> impl Strategy<Value = FrameChoice> {
+    prop_oneof![
+        3 => Just(FrameChoice::Delta),
+        3 => Just(FrameChoice::Auto),
+        1 => Just(FrameChoice::Exp),
+        1 => Just(FrameChoice::Hybrid),
+    ]
 }
 
 fn lengths() -> impl Strategy<Value = usize> {
@@ -860,7 +955,23 @@ fn drifts() -> impl Strategy<Value = Drift> {
         probabilities(),
         prop_oneof![Just(0.0), Just(0.001), Just(0.05), Just(0.5), Just(1.0)],
     )
-        .prop_map(|(q, p, special)| Drift { q, p, special })
+        .prop_map(|(q, p, special)| Drift {
+            q,
+            p,
+            special,
+            ulp: 0.0,
+        })
+}
+
+/// Drift in ulps first, with the other kinds mixed in.
+fn delta_drifts() -> impl Strategy<Value = Drift> {
+    (
+        prop_oneof![Just(0.0), Just(0.01), Just(0.3), 0.0..1.0f64],
+        prop_oneof![Just(0.0), Just(0.002), Just(0.03)],
+        prop_oneof![Just(0.0), Just(0.001), Just(0.05), Just(1.0)],
+        prop_oneof![Just(0.01), Just(0.3), Just(0.9), Just(1.0), 0.0..1.0f64],
+    )
+        .prop_map(|(q, p, special, ulp)| Drift { q, p, special, ulp })
 }
 
 /// `cases` per run; `PROPTEST_CASES` overrides it (e.g. a long soak: PROPTEST_CASES=100000).
@@ -905,30 +1016,58 @@ proptest! {
     }
 }
 
-const ALL_MODES: [(CacheMode, FrameChoice); 4] = [
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Delta slots of the three compressed types: drift in ulps (with sign flips, exponent
+    /// crossings, special values, random bit patterns), whole and chunked, the sender's frame
+    /// choice switching between iterations.
+    #[test]
+    fn delta_drift_round_trips(
+        dtype in compressible(), choice in delta_choices(), len in lengths(),
+        iters in 2usize..12, drift in delta_drifts(), seed in any::<u64>(), stir in 0.0..0.7f64,
+    ) {
+        let mode = CacheMode::Delta;
+        Run { dtype, mode, choice, len, iters, drift, seed, stir }.go();
+    }
+}
+
+/// Slot modes and frame choices of every frame kind but Delta (delta slots sending Exp or
+/// Hybrid frames: their contexts go back to "no previous move").
+const ALL_MODES: [(CacheMode, FrameChoice); 6] = [
     (CacheMode::Exponent, FrameChoice::Auto),
     (CacheMode::FullValue, FrameChoice::Exp),
     (CacheMode::FullValue, FrameChoice::Hybrid),
     (CacheMode::FullValue, FrameChoice::Auto),
+    (CacheMode::Delta, FrameChoice::Exp),
+    (CacheMode::Delta, FrameChoice::Hybrid),
+];
+
+/// Delta slots that send Delta frames (or choose them).
+const DELTA_CODING: [(CacheMode, FrameChoice); 2] = [
+    (CacheMode::Delta, FrameChoice::Delta),
+    (CacheMode::Delta, FrameChoice::Auto),
+];
+
+const BLOCK_LENS: [usize; 28] = [
+    0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255,
+    256, 257, 1023, 1024, 1025,
 ];
 
 /// Every length around the 64-element block (and the fp16 8-value packing group), every dtype
 /// and mode, with every refusal probed on every frame.
 #[test]
 fn block_boundary_lengths() {
-    let lens = [
-        0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 192, 193,
-        255, 256, 257, 1023, 1024, 1025,
-    ];
-    for (k, &len) in lens.iter().enumerate() {
+    for (k, &len) in BLOCK_LENS.iter().enumerate() {
         for dtype in DType::ALL {
-            for (mode, choice) in ALL_MODES {
+            for (mode, choice) in ALL_MODES.into_iter().chain(DELTA_CODING) {
                 let mut rng = Rng(k as u64 * 1000 + dtype.code() as u64);
                 let mut pair = Pair::new(dtype, mode, choice, len);
                 let drift = Drift {
                     q: 0.3,
                     p: 0.05,
                     special: 0.02,
+                    ulp: if mode == CacheMode::Delta { 0.3 } else { 0.0 },
                 };
                 let mut x = initial_tensor(&mut rng, dtype, len, 0.02);
                 for it in 0..4 {
@@ -942,6 +1081,127 @@ fn block_boundary_lengths() {
             }
         }
     }
+}
+
+/// Delta frames of lengths where their geometry changes: lanes = clamp(n / 512, 1, 32) steps
+/// (a lane up to 1023, two from 1024, 32 from 16384), partial last rows, groups of 32768 (a
+/// second group, a short last one, lanes with no element in the last group), with every
+/// refusal probed; then chunked, and in ranges.
+#[test]
+fn delta_geometry_boundaries() {
+    let lens = [
+        1usize,
+        7,
+        33,
+        100,
+        511,
+        512,
+        1023,
+        1024,
+        1025,
+        1536,
+        2047,
+        2048,
+        2049,
+        2559,
+        2560,
+        4095,
+        4096,
+        16383,
+        16384,
+        16385,
+        32767,
+        32768,
+        32769,
+        32768 + 31,
+        65536,
+        65536 + 2048 + 5,
+    ];
+    for (k, &len) in lens.iter().enumerate() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for (mode, choice) in DELTA_CODING {
+                let mut rng = Rng(0xDE17A + k as u64 * 1000 + dtype.code() as u64);
+                let mut pair = Pair::new(dtype, mode, choice, len);
+                let drift = Drift {
+                    q: 0.02,
+                    p: 0.002,
+                    special: 0.001,
+                    ulp: 0.6,
+                };
+                let mut x = initial_tensor(&mut rng, dtype, len, 0.01);
+                for it in 0..4 {
+                    if it > 0 {
+                        x = drift_step(&mut rng, dtype, &x, drift);
+                    }
+                    let probes = if it == 2 {
+                        Probes::all()
+                    } else {
+                        Probes::default()
+                    };
+                    pair.step_whole(&x, probes);
+                }
+                // (Auto finds Exp smaller on short chunks.)
+                if len
+                    >= if choice == FrameChoice::Auto {
+                        2048
+                    } else {
+                        100
+                    }
+                {
+                    let m = pair.by_mode.get();
+                    assert!(m[3] >= 2, "{}: {m:?}", pair.ctx());
+                }
+                x = drift_step(&mut rng, dtype, &x, drift);
+                pair.step_chunked(&x, (len / 3).max(1), &mut rng, true);
+                x = drift_step(&mut rng, dtype, &x, drift);
+                pair.step_ranges(&x, &mut rng);
+            }
+        }
+    }
+}
+
+/// The delta drift runs do what they are for: most frames of drifting delta slots are Delta
+/// frames, ulp drift compresses well below the raw size, and switching choices reaches every
+/// frame kind.
+#[test]
+fn delta_runs_send_delta_frames() {
+    let mut total = [0usize; 4];
+    let (mut bytes, mut raw) = (0, 0);
+    for seed in 0..24u64 {
+        let dtype = [DType::BF16, DType::F16, DType::F32][seed as usize % 3];
+        let choice = [FrameChoice::Delta, FrameChoice::Auto][seed as usize / 3 % 2];
+        let pair = Run {
+            dtype,
+            mode: CacheMode::Delta,
+            choice,
+            len: 3000 + 1000 * (seed as usize % 5),
+            iters: 10,
+            drift: Drift {
+                q: 0.0,
+                p: 0.0,
+                special: 0.0005,
+                ulp: 0.7,
+            },
+            seed,
+            stir: if seed < 12 { 0.0 } else { 0.6 },
+        }
+        .go();
+        let m = pair.by_mode.get();
+        for (t, x) in total.iter_mut().zip(m) {
+            *t += x;
+        }
+        if seed < 12 {
+            // No disturbance: a FILL, then Delta frames only (Auto finds them the smallest).
+            assert_eq!((m[0], m[3]), (1, 9), "{}: {m:?}", pair.ctx());
+            bytes += pair.bytes;
+            raw += 10 * pair.len * dtype.size();
+        }
+    }
+    assert!(
+        bytes * 2 < raw,
+        "ulp drift: {bytes} frame bytes for {raw} raw bytes"
+    );
+    assert!(total.iter().all(|&x| x > 0), "frames by mode {total:?}");
 }
 
 /// A value of one special class from random bits.
@@ -983,12 +1243,13 @@ fn special_values_round_trip() {
                 Box::new(move |r: u64| r & low_bits(8 * size as u32)),
             ),
         ];
-        for (mode, choice) in ALL_MODES {
-            let mut pair = Pair::new(dtype, mode, choice, 300);
+        for (mode, choice) in ALL_MODES.into_iter().chain(DELTA_CODING) {
+            let len = 300;
+            let mut pair = Pair::new(dtype, mode, choice, len);
             let mut rng = Rng(dtype.code() as u64);
             for (_class, make) in classes.iter().chain(classes.iter().rev()) {
-                let mut x = vec![0u8; 300 * size];
-                for i in 0..300 {
+                let mut x = vec![0u8; len * size];
+                for i in 0..len {
                     // Mix the class with the previous iteration's values so both frames and
                     // masks see transitions into and out of the class.
                     let v = if rng.chance(0.7) {
@@ -1008,7 +1269,7 @@ fn special_values_round_trip() {
 #[test]
 fn large_tensors() {
     for dtype in [DType::BF16, DType::F16, DType::F32] {
-        for (mode, choice) in ALL_MODES {
+        for (mode, choice) in ALL_MODES.into_iter().chain(DELTA_CODING) {
             let len = 100_003;
             let mut rng = Rng(0xC1E7A + dtype.code() as u64);
             let mut pair = Pair::new(dtype, mode, choice, len);
@@ -1026,6 +1287,7 @@ fn large_tensors() {
                         q,
                         p,
                         special: 0.0005,
+                        ulp: if mode == CacheMode::Delta { 0.5 } else { 0.0 },
                     },
                 );
                 if it % 2 == 0 {
@@ -1050,8 +1312,9 @@ const ROLE_VAR: &str = "CIERA_CODECTEST_ROLE";
 const OUT_VAR: &str = "CIERA_CODECTEST_OUT";
 
 /// A deterministic transcript of everything the SIMD switch can influence: frames of drifting
-/// tensors (bf16 exponent caches take the AVX2 path), decodes of damaged frames (resealed, so
-/// the deep decoders run), and SH64 of assorted lengths. Identical transcripts from both
+/// tensors (bf16 exponent caches take the AVX2 path; so do Delta frames of 16-bit types with 32
+/// lanes), decodes of damaged frames (resealed, so the deep decoders run), and SH64 of assorted
+/// lengths. Identical transcripts from both
 /// processes mean identical behaviour.
 fn transcript() -> Vec<u8> {
     let mut t = Vec::new();
@@ -1076,6 +1339,7 @@ fn transcript() -> Vec<u8> {
                                 q: 0.5,
                                 p,
                                 special: 0.001,
+                                ulp: 0.0,
                             },
                         );
                     }
@@ -1106,6 +1370,57 @@ fn transcript() -> Vec<u8> {
                     rx.decode(&f, &mut o).unwrap();
                     assert!(o == x);
                     prev = o;
+                }
+            }
+        }
+    }
+    // Delta slots sending Delta frames (their AVX2 paths: 16-bit types, 32 lanes from 16384
+    // elements): frames, and damaged copies decoded by receivers that took the same history
+    // (so their contexts are the ones the damaged frame was coded against).
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for (mode, choice) in DELTA_CODING {
+            for len in [300, 2048, 16_384, 40_000 + 17] {
+                let mut tx = CacheSlot::with_version(dtype, mode, len, 7);
+                let mut rx = CacheSlot::with_version(dtype, mode, len, 9);
+                tx.set_frame_choice(choice);
+                let mut x = initial_tensor(&mut rng, dtype, len, 0.001);
+                let mut history: Vec<Vec<u8>> = Vec::new();
+                for it in 0..5 {
+                    if it > 0 {
+                        let d = Drift {
+                            q: 0.01,
+                            p: 0.001,
+                            special: 0.001,
+                            ulp: [0.2, 0.9, 1.0, 0.5][it - 1],
+                        };
+                        x = drift_step(&mut rng, dtype, &x, d);
+                    }
+                    let mut f = Vec::new();
+                    tx.encode(&x, &mut f).unwrap();
+                    t.extend_from_slice(&(f.len() as u64).to_le_bytes());
+                    t.extend_from_slice(&f);
+                    for d in 0..4 {
+                        let mut g = f.clone();
+                        let at = frame::HEADER_LEN + rng.below(g.len() - frame::HEADER_LEN);
+                        g[at] ^= 1 << (d * 3 % 8);
+                        reseal(&mut g);
+                        let mut s = CacheSlot::new(dtype, mode, len);
+                        let mut o = vec![0u8; x.len()];
+                        for h in &history {
+                            s.decode(h, &mut o).unwrap();
+                        }
+                        match s.decode(&g, &mut o) {
+                            Ok(_) => {
+                                t.push(1);
+                                t.extend_from_slice(&o);
+                            }
+                            Err(_) => t.push(0),
+                        }
+                    }
+                    let mut o = vec![0u8; x.len()];
+                    rx.decode(&f, &mut o).unwrap();
+                    assert!(o == x);
+                    history.push(f);
                 }
             }
         }

@@ -78,14 +78,14 @@ fn perf_trace_replays_the_bundled_slice_exactly_and_compresses() {
             "-w",
             "3",
             "--modes",
-            "raw,exp-on,full-on",
+            "raw,exp-on,full-on,delta,delta-on",
         ],
         &[("CIERA_TRANSPORT", "shm")],
     );
     let windows: std::collections::BTreeSet<&str> =
         rows.iter().map(|r| r["window"].as_str().unwrap()).collect();
     assert!(windows.len() >= 3, "windows of the slice: {windows:?}");
-    assert_eq!(rows.len(), windows.len() * 3);
+    assert_eq!(rows.len(), windows.len() * 5);
     for r in &rows {
         assert_eq!(r["wrong"].as_u64(), Some(0), "{r}");
         let wire = r["wire_ratio"].as_f64().unwrap();
@@ -98,6 +98,13 @@ fn perf_trace_replays_the_bundled_slice_exactly_and_compresses() {
                 assert_eq!(r["compressed_calls"].as_u64(), Some(3), "{r}");
             }
             "full-on" => assert!(wire > 1.5, "{r}"),
+            // Delta caches: the smallest of Exp, Hybrid and Delta per chunk.
+            "delta-on" => {
+                assert!(wire > 1.5, "{r}");
+                assert_eq!(r["compressed_calls"].as_u64(), Some(3), "{r}");
+            }
+            // Auto: compressed or raw as the timings say; exact either way.
+            "delta" => assert!(wire >= 1.0, "{r}"),
             m => panic!("unexpected mode {m}"),
         }
     }
@@ -213,6 +220,26 @@ fn bad_input_is_one_clear_line() {
             "no tensor named \"nope\"",
         ),
         (
+            &[
+                "perf",
+                "-n",
+                "2",
+                "--trace",
+                "tests/data/olmoe-slice",
+                "--modes",
+                "delta-on,zstd",
+            ][..],
+            &[][..],
+            2,
+            "--modes: unknown mode \"zstd\" (one of raw, exp, full, delta, exp-on, full-on, delta-on)",
+        ),
+        (
+            &["perf", "-n", "2", "--trace", "tests/data/olmoe-slice"][..],
+            &[("CIERA_CACHE_MODE", "zstd")][..],
+            2,
+            "CIERA_CACHE_MODE=\"zstd\": expected auto, exp, full or delta",
+        ),
+        (
             &["perf", "-n", "2"][..],
             &[("CIERA_ALGO", "bogus")][..],
             2,
@@ -309,7 +336,7 @@ fn help_texts_name_the_real_options() {
         help.contains("-i ITERS") && !help.contains("-n ITERS"),
         "{help}"
     );
-    assert!(help.contains("--mode exp|hybrid|auto|all"), "{help}");
+    assert!(help.contains("--mode exp|hybrid|auto|delta|all"), "{help}");
     assert!(help.contains("perf --trace DIR"), "{help}");
     let out = ciera().args(["perf", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);

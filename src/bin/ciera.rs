@@ -5,11 +5,11 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: ciera <command> [args]
 
 commands:
-  analyze DIR [--mode exp|hybrid|auto|all] [--json]
+  analyze DIR [--mode exp|hybrid|auto|delta|all] [--json]
         what CIERA would save on consecutive safetensors snapshots in DIR (checks every bit)
   perf [-n N] [-b MIN] [-e MAX] [-f FACTOR] [-i ITERS] [-w WARMUP] [-c CHECK] [-R 0|1] [--json]
         nccl-tests style Allgather timings (run `ciera perf --help`)
-  perf --trace DIR [-n N] [--modes raw,exp,full,...] ...
+  perf --trace DIR [-n N] [--modes raw,exp,full,delta,...] ...
         the compressed Allgather replaying a real training trace, every bit checked
   launch -n N [--] PROGRAM [ARGS...]
         run N ranks of PROGRAM on this machine

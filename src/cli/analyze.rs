@@ -1,9 +1,11 @@
-//! `ciera analyze DIR [--mode exp|hybrid|auto|all] [--json]`: what would CIERA save on these
-//! checkpoints? Pairs consecutive snapshots, runs the real encoder and decoder over the
+//! `ciera analyze DIR [--mode exp|hybrid|auto|delta|all] [--json]`: what would CIERA save on
+//! these checkpoints? Pairs consecutive snapshots, runs the real encoder and decoder over the
 //! iterations as one source rank would (one sender slot and one receiver slot per tensor and
 //! mode), checks every decoded bit, and prints per pair and tensor the change rates, the ratio
-//! achieved, the entropy bounds as the traces' BOUNDS.txt defines them, and codec speed.
+//! achieved, the entropy bounds as the traces' BOUNDS.txt and DELTA_BOUNDS.txt define them, and
+//! codec speed.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -12,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::safetensors::SafeTensors;
 use crate::DType;
 
-const HELP: &str = "usage: ciera analyze DIR [--mode exp|hybrid|auto|all] [--json]
+const HELP: &str = "usage: ciera analyze DIR [--mode exp|hybrid|auto|delta|all] [--json]
 
 Reads every *.safetensors file in DIR (one snapshot per training step; the step is taken from
 the file's metadata \"step\" or the digits in its name), pairs consecutive steps, and for each
@@ -22,10 +24,16 @@ and checks every bit. Modes:
   hybrid  full-value cache (element size/element): unchanged values cost ~nothing
   auto    full-value cache; each frame is hybrid where that saves at least a fifth of the
           bytes of exp (hybrid costs more codec time), else exp
-  all     (default) all three
+  delta   delta cache (element size + 1 byte/element: the value and its previous move); each
+          chunk sends the smallest of exp, hybrid and delta (the change in ulps, coded with
+          the previous change as context)
+  all     (default) all four
 Columns: p_exp = fraction of exponents changed, q_val = fraction of values unchanged, ratio =
 raw bytes / frame bytes (headers included), bound = the entropy bound for the mode's cache
-(exc_bound for exp, hyb_bound for hybrid and auto), eff = ratio / bound.
+(exc_bound for exp, hyb_bound for hybrid and auto, dc_bound for delta), eff = ratio / bound.
+dc_bound = bits / H(d | previous d), d = the change in ulps: taken from DIR/DELTA_BOUNDS.txt
+where it lists the pair and tensor (a warning if it differs from ours by over 1%), else
+computed; --json rows of delta also give unchanged, d_bound (bits / H(d)) and bound_source.
 Exits 1 if any decoded bit differs from the input, 2 on bad arguments or unreadable input.";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -33,6 +41,7 @@ enum AnalyzeMode {
     Exp,
     Hybrid,
     Auto,
+    Delta,
 }
 
 impl AnalyzeMode {
@@ -41,26 +50,34 @@ impl AnalyzeMode {
             AnalyzeMode::Exp => "exp",
             AnalyzeMode::Hybrid => "hybrid",
             AnalyzeMode::Auto => "auto",
+            AnalyzeMode::Delta => "delta",
         }
     }
     fn slot(self, dtype: DType, len: usize) -> CacheSlot {
         let mut s = CacheSlot::new(
             dtype,
-            if self == AnalyzeMode::Exp {
-                CacheMode::Exponent
-            } else {
-                CacheMode::FullValue
+            match self {
+                AnalyzeMode::Exp => CacheMode::Exponent,
+                AnalyzeMode::Hybrid | AnalyzeMode::Auto => CacheMode::FullValue,
+                AnalyzeMode::Delta => CacheMode::Delta,
             },
             len,
         );
         s.set_frame_choice(match self {
             AnalyzeMode::Exp => FrameChoice::Exp,
             AnalyzeMode::Hybrid => FrameChoice::Hybrid,
-            AnalyzeMode::Auto => FrameChoice::Auto,
+            AnalyzeMode::Auto | AnalyzeMode::Delta => FrameChoice::Auto,
         });
         s
     }
 }
+
+const ALL_MODES: [AnalyzeMode; 4] = [
+    AnalyzeMode::Exp,
+    AnalyzeMode::Hybrid,
+    AnalyzeMode::Auto,
+    AnalyzeMode::Delta,
+];
 
 struct Options {
     dir: PathBuf,
@@ -70,7 +87,7 @@ struct Options {
 
 fn parse_args(args: &[String]) -> std::result::Result<Options, String> {
     let mut dir = None;
-    let mut modes = vec![AnalyzeMode::Exp, AnalyzeMode::Hybrid, AnalyzeMode::Auto];
+    let mut modes = ALL_MODES.to_vec();
     let mut json = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -79,14 +96,17 @@ fn parse_args(args: &[String]) -> std::result::Result<Options, String> {
             "--mode" => {
                 let m = it
                     .next()
-                    .ok_or("--mode needs a value: exp, hybrid, auto or all")?;
+                    .ok_or("--mode needs a value: exp, hybrid, auto, delta or all")?;
                 modes = match m.as_str() {
                     "exp" => vec![AnalyzeMode::Exp],
                     "hybrid" => vec![AnalyzeMode::Hybrid],
                     "auto" => vec![AnalyzeMode::Auto],
-                    "all" => vec![AnalyzeMode::Exp, AnalyzeMode::Hybrid, AnalyzeMode::Auto],
+                    "delta" => vec![AnalyzeMode::Delta],
+                    "all" => ALL_MODES.to_vec(),
                     other => {
-                        return Err(format!("unknown mode '{other}' (exp, hybrid, auto or all)"))
+                        return Err(format!(
+                            "unknown mode '{other}' (exp, hybrid, auto, delta or all)"
+                        ))
                     }
                 };
             }
@@ -285,12 +305,214 @@ pub fn pair_stats(dtype: DType, prev: &[u8], cur: &[u8]) -> Option<PairStats> {
     })
 }
 
+/// Empirical order-0 entropy, in bits per symbol, of a sample given by the counts of its
+/// distinct symbols (in any order; zeros are skipped): sum (c/n) log2 (n/c), exactly 0 for a
+/// sample of one symbol.
+pub fn entropy_of_counts(counts: impl IntoIterator<Item = u64>) -> f64 {
+    let counts: Vec<u64> = counts.into_iter().filter(|&c| c > 0).collect();
+    let n = counts.iter().sum::<u64>() as f64;
+    counts
+        .iter()
+        .map(|&c| c as f64 / n * (n / c as f64).log2())
+        .sum()
+}
+
+/// The lengths of the runs of equal values of a sorted slice.
+fn run_lengths<T: PartialEq>(sorted: &[T]) -> impl Iterator<Item = u64> + '_ {
+    sorted.chunk_by(|a, b| a == b).map(|run| run.len() as u64)
+}
+
+/// Empirical order-0 entropy H(X), in bits per symbol, of a sample of symbols.
+pub fn entropy(symbols: &[u64]) -> f64 {
+    let mut v = symbols.to_vec();
+    v.sort_unstable();
+    entropy_of_counts(run_lengths(&v))
+}
+
+/// Empirical conditional entropy H(X | C), in bits per symbol, of the sample of pairs
+/// (`symbols[i]`, `contexts[i]`): the entropy of X within each context, weighted by the
+/// context's share of the sample. Never above `entropy(symbols)`; equal to it (to the bit)
+/// when every context is the same.
+pub fn conditional_entropy(symbols: &[u64], contexts: &[u8]) -> f64 {
+    assert_eq!(symbols.len(), contexts.len(), "one context per symbol");
+    let n = symbols.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let mut v: Vec<(u8, u64)> = contexts
+        .iter()
+        .copied()
+        .zip(symbols.iter().copied())
+        .collect();
+    v.sort_unstable();
+    let h: f64 = v
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|ctx| ctx.len() as f64 / n as f64 * entropy_of_counts(run_lengths(ctx)))
+        .sum();
+    h.min(entropy(symbols))
+}
+
+/// The previous move of an element is clipped to this many ulps either way for a context.
+pub const DELTA_CONTEXT_CLIP: i64 = 8;
+
+/// The ulp-delta statistics of DELTA_BOUNDS.txt for one pair of one tensor (see the traces'
+/// README): with `key` the total-order key of a value's bits (bits XOR all-ones when the sign
+/// bit is set, else bits OR the sign bit) and `d = key(new) - key(old)` modulo 2^bits, the
+/// move in ulps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaStats {
+    /// Fraction of elements with d = 0.
+    pub unchanged: f64,
+    /// bits / H(d): the order-0 bound.
+    pub d_bound: f64,
+    /// bits / H(d | d_prev), d_prev the element's previous move (signed, clipped to -8..8;
+    /// 0 at the first pair of a window): the bound with the previous move as context.
+    pub dc_bound: f64,
+}
+
+/// The DELTA_BOUNDS.txt statistics of the pair `prev` -> `cur` (bf16, fp16: 16-bit keys;
+/// fp32: 32-bit keys; None for other types or no elements). `moves` holds each element's
+/// previous move, clipped to -8..8 (all 0 at the first pair of a window), and is updated to
+/// this pair's moves.
+pub fn delta_stats(dtype: DType, prev: &[u8], cur: &[u8], moves: &mut [i8]) -> Option<DeltaStats> {
+    let sz = dtype.size();
+    let bits = match dtype {
+        DType::BF16 | DType::F16 => 16u32,
+        DType::F32 => 32,
+        _ => return None,
+    };
+    let n = cur.len() / sz;
+    if n == 0 {
+        return None;
+    }
+    assert!(
+        prev.len() == cur.len() && moves.len() == n,
+        "one move per element"
+    );
+    let sign = 1u64 << (bits - 1);
+    let ones = (1u64 << bits) - 1;
+    let key = |w: u64| if w & sign != 0 { w ^ ones } else { w | sign };
+    let word = |b: &[u8], i: usize| -> u64 {
+        if sz == 2 {
+            u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u64
+        } else {
+            u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes")) as u64
+        }
+    };
+    let mut ds = Vec::with_capacity(n);
+    let mut ctx = Vec::with_capacity(n);
+    let mut same = 0usize;
+    for (i, m) in moves.iter_mut().enumerate() {
+        let d = key(word(cur, i)).wrapping_sub(key(word(prev, i))) & ones;
+        same += (d == 0) as usize;
+        ds.push(d);
+        ctx.push((*m as i64 + DELTA_CONTEXT_CLIP) as u8);
+        // d as a signed move of `bits` bits.
+        let signed = if d & sign != 0 {
+            d as i64 - (1i64 << bits)
+        } else {
+            d as i64
+        };
+        *m = signed.clamp(-DELTA_CONTEXT_CLIP, DELTA_CONTEXT_CLIP) as i8;
+    }
+    let bits = bits as f64;
+    Some(DeltaStats {
+        unchanged: same as f64 / n as f64,
+        d_bound: bits / entropy(&ds),
+        dc_bound: bits / conditional_entropy(&ds, &ctx),
+    })
+}
+
+/// DELTA_BOUNDS.txt of a trace folder: (step, tensor) -> its statistics. Lines
+/// `STEP TENSOR unchanged=X d_bound=Y dc_bound=Z`; lines starting with `#` are comments. An
+/// absent file is an empty table, an unreadable one too (with a warning); a line that does not
+/// parse is reported and skipped.
+fn read_delta_bounds(path: &Path) -> HashMap<(u64, String), DeltaStats> {
+    let mut out = HashMap::new();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "ciera analyze: warning: {}: {e}; computing every dc_bound",
+                    path.display()
+                );
+            }
+            return out;
+        }
+    };
+    for (no, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match parse_delta_line(line) {
+            Some((step, tensor, st)) => {
+                out.insert((step, tensor), st);
+            }
+            None => eprintln!(
+                "ciera analyze: warning: {}:{}: not `STEP TENSOR unchanged=X d_bound=Y dc_bound=Z`; ignored",
+                path.display(),
+                no + 1
+            ),
+        }
+    }
+    out
+}
+
+fn parse_delta_line(line: &str) -> Option<(u64, String, DeltaStats)> {
+    let mut it = line.split_whitespace();
+    let step = it.next()?.parse().ok()?;
+    let tensor = it.next()?.to_string();
+    let (mut u, mut d, mut dc) = (None, None, None);
+    for kv in it {
+        let (k, v) = kv.split_once('=')?;
+        let v: f64 = v.parse().ok()?;
+        match k {
+            "unchanged" => u = Some(v),
+            "d_bound" => d = Some(v),
+            "dc_bound" => dc = Some(v),
+            _ => {}
+        }
+    }
+    Some((
+        step,
+        tensor,
+        DeltaStats {
+            unchanged: u?,
+            d_bound: d?,
+            dc_bound: dc?,
+        },
+    ))
+}
+
+/// The delta statistics of a row: those reported (from DELTA_BOUNDS.txt when it lists the
+/// pair, else ours) and ours.
+#[derive(Clone, Copy, Debug)]
+struct DeltaRow {
+    used: DeltaStats,
+    computed: DeltaStats,
+    from_file: bool,
+}
+
+impl DeltaRow {
+    fn source(&self) -> &'static str {
+        if self.from_file {
+            "DELTA_BOUNDS.txt"
+        } else {
+            "computed"
+        }
+    }
+}
+
 struct Row {
     step: u64,
     tensor: String,
     dtype: DType,
     mode: AnalyzeMode,
     stats: PairStats,
+    /// Delta rows: the ulp-delta statistics.
+    delta: Option<DeltaRow>,
     raw_bytes: usize,
     frame_bytes: usize,
     exact: bool,
@@ -303,10 +525,10 @@ impl Row {
         self.raw_bytes as f64 / self.frame_bytes as f64
     }
     fn bound(&self) -> f64 {
-        if self.mode == AnalyzeMode::Exp {
-            self.stats.exc_bound
-        } else {
-            self.stats.hyb_bound
+        match (self.mode, self.delta) {
+            (AnalyzeMode::Exp, _) => self.stats.exc_bound,
+            (AnalyzeMode::Delta, Some(d)) => d.used.dc_bound,
+            _ => self.stats.hyb_bound,
         }
     }
 }
@@ -318,11 +540,21 @@ struct Track {
     shape: Vec<usize>,
     prev: Vec<u8>,
     prev_step: u64,
+    /// Per element its previous move in ulps, clipped (delta mode only; all 0 at the first
+    /// pair of a window).
+    moves: Vec<i8>,
     slots: Vec<(AnalyzeMode, CacheSlot, CacheSlot)>,
 }
 
 fn run(opts: &Options) -> Result<bool> {
     let snaps = list_snapshots(&opts.dir)?;
+    let want_delta = opts.modes.contains(&AnalyzeMode::Delta);
+    let delta_file = opts.dir.join("DELTA_BOUNDS.txt");
+    let file_bounds = if want_delta {
+        read_delta_bounds(&delta_file)
+    } else {
+        HashMap::new()
+    };
     let mut tracks: Vec<Track> = Vec::new();
     let mut rows: Vec<Row> = Vec::new();
     let mut frame = Vec::new();
@@ -357,6 +589,7 @@ fn run(opts: &Options) -> Result<bool> {
                         shape: t.shape.clone(),
                         prev: Vec::new(),
                         prev_step: u64::MAX,
+                        moves: Vec::new(),
                         slots: opts
                             .modes
                             .iter()
@@ -388,6 +621,38 @@ fn run(opts: &Options) -> Result<bool> {
             } else {
                 None
             };
+            let mut delta = None;
+            if want_delta {
+                if !consecutive {
+                    // The first pair of a window has no previous move.
+                    tr.moves.clear();
+                    tr.moves.resize(t.elements(), 0);
+                } else if let Some(computed) = delta_stats(t.dtype, &tr.prev, bytes, &mut tr.moves)
+                {
+                    let listed = file_bounds.get(&(snap.step, t.name.clone())).copied();
+                    if let Some(f) = listed {
+                        let off = (computed.dc_bound - f.dc_bound).abs() / f.dc_bound.abs();
+                        // Equal covers two infinite bounds; NaN (an odd file value) disagrees.
+                        let agree = computed.dc_bound == f.dc_bound || off <= 0.01;
+                        if !agree {
+                            eprintln!(
+                                "ciera analyze: warning: step {} tensor {}: dc_bound {:.4} computed, {:.4} in {} ({:.1}% apart)",
+                                snap.step,
+                                t.name,
+                                computed.dc_bound,
+                                f.dc_bound,
+                                delta_file.display(),
+                                off * 100.0
+                            );
+                        }
+                    }
+                    delta = Some(DeltaRow {
+                        used: listed.unwrap_or(computed),
+                        computed,
+                        from_file: listed.is_some(),
+                    });
+                }
+            }
             for (mode, tx, rx) in tr.slots.iter_mut() {
                 if !consecutive {
                     // A new window of steps: start over from a cold cache (raw warm-up frame).
@@ -428,6 +693,11 @@ fn run(opts: &Options) -> Result<bool> {
                     dtype: t.dtype,
                     mode: *mode,
                     stats,
+                    delta: if *mode == AnalyzeMode::Delta {
+                        delta
+                    } else {
+                        None
+                    },
                     raw_bytes: info.raw_bytes,
                     frame_bytes: info.frame_bytes,
                     exact,
@@ -450,7 +720,7 @@ fn run(opts: &Options) -> Result<bool> {
 
 fn print_row(r: &Row, json: bool) {
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "step": r.step,
             "tensor": r.tensor,
             "dtype": r.dtype.name(),
@@ -469,6 +739,19 @@ fn print_row(r: &Row, json: bool) {
             "encode_gbps": round(r.encode_gbps, 3),
             "decode_gbps": round(r.decode_gbps, 3),
         });
+        if let Some(d) = &r.delta {
+            let o = v.as_object_mut().expect("an object");
+            o.insert("unchanged".into(), round(d.used.unchanged, 6).into());
+            o.insert("d_bound".into(), round(d.used.d_bound, 4).into());
+            o.insert("dc_bound".into(), round(d.used.dc_bound, 4).into());
+            o.insert("bound_source".into(), d.source().into());
+            if d.from_file {
+                o.insert(
+                    "dc_bound_computed".into(),
+                    round(d.computed.dc_bound, 4).into(),
+                );
+            }
+        }
         println!("{v}");
     } else {
         println!(
@@ -513,8 +796,21 @@ fn print_summary(rows: &[Row]) {
             .iter()
             .map(|r| r.ratio() / r.bound())
             .fold(f64::INFINITY, f64::min);
+        // Delta rows: where their bound (dc_bound) came from.
+        let source = if m == AnalyzeMode::Delta {
+            let listed = sel
+                .iter()
+                .filter(|r| r.delta.is_some_and(|d| d.from_file))
+                .count();
+            format!(
+                " (eff against dc_bound: {listed} from DELTA_BOUNDS.txt, {} computed)",
+                sel.len() - listed
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "  {:>8} {:>6}: {:>3} pairs, ratio {:.3}, worst eff {:.3}, exact {}",
+            "  {:>8} {:>6}: {:>3} pairs, ratio {:.3}, worst eff {:.3}, exact {}{source}",
             d.name(),
             m.name(),
             sel.len(),

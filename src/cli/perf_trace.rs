@@ -28,7 +28,8 @@ Replays a real training trace through the compressed Allgather and checks every 
   -i, --iters N        timed calls per window, size and mode (default 10)
   -w, --warmup N       untimed calls first, the cache-filling one included (default 3)
   --modes LIST         comma list of: raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
-                       full (auto, full-value cache), exp-on, full-on (compression forced)
+                       full (auto, full-value cache), delta (auto, delta cache: Delta frames
+                       besides Exp and Hybrid), exp-on, full-on, delta-on (compression forced)
                        (default raw,exp,full)
   --stat mean|median   time statistic over calls (default mean; median resists a noisy host)
   --json               one object per row: size count type time_us algbw busbw wrong mode step
@@ -144,8 +145,11 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
                     .filter(|m| !m.is_empty())
                     .collect();
                 for m in &o.modes {
-                    if !["raw", "exp", "full", "exp-on", "full-on"].contains(&m.as_str()) {
-                        return Err(format!("--modes: unknown mode {m:?}"));
+                    if !MODES.contains(&m.as_str()) {
+                        return Err(format!(
+                            "--modes: unknown mode {m:?} (one of {})",
+                            MODES.join(", ")
+                        ));
                     }
                 }
                 Some(v)
@@ -261,14 +265,22 @@ fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     Ok(out)
 }
 
+/// The `--modes` entries.
+const MODES: [&str; 7] = [
+    "raw", "exp", "full", "delta", "exp-on", "full-on", "delta-on",
+];
+
 /// The per-call options of a `--modes` entry; `key` keeps each mode's caches apart.
 fn mode_options(mode: &str, key: u64) -> GatherOptions {
     let (compress, cache_mode) = match mode {
         "raw" => (CompressMode::Off, None),
         "exp" => (CompressMode::Auto, Some(CacheMode::Exponent)),
         "full" => (CompressMode::Auto, Some(CacheMode::FullValue)),
+        "delta" => (CompressMode::Auto, Some(CacheMode::Delta)),
         "exp-on" => (CompressMode::On, Some(CacheMode::Exponent)),
-        _ => (CompressMode::On, Some(CacheMode::FullValue)),
+        "full-on" => (CompressMode::On, Some(CacheMode::FullValue)),
+        "delta-on" => (CompressMode::On, Some(CacheMode::Delta)),
+        other => unreachable!("--modes {other:?} passed the check in parse"),
     };
     GatherOptions {
         key: Some(key),
@@ -308,7 +320,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 o.iters, o.warmup
             );
             println!(
-                "# {:>9} {:>10} {:>10} {:>8} {:>7} {:>10} {:>11} {:>6} {:>7} {:>10} {:>6}",
+                "# {:>9} {:>10} {:>10} {:>8} {:>8} {:>10} {:>11} {:>6} {:>7} {:>10} {:>6}",
                 "window",
                 "size",
                 "count",
@@ -422,7 +434,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
                         );
                     } else {
                         println!(
-                            "  {:>9} {:>10} {:>10} {:>8} {:>7} {:>10.1} {:>11.3} {:>6.2} {:>7} {:>10} {:>6}",
+                            "  {:>9} {:>10} {:>10} {:>8} {:>8} {:>10.1} {:>11.3} {:>6.2} {:>7} {:>10} {:>6}",
                             wname,
                             size,
                             count,

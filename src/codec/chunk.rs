@@ -1,6 +1,7 @@
 //! One chunk of a cache slot: encoding and decoding its frame (Raw/FILL, Exp, Hybrid), with
 //! the delta kernels of `kernels.rs` (and their AVX2 twins in `simd.rs`).
 
+use super::delta;
 use super::error::{CodecError, Result};
 use super::float::{Bf16, Layout, F16, F32};
 use super::frame::{self, Frame, Mode};
@@ -20,6 +21,8 @@ pub struct SlotChunk<'a> {
     pub(super) offset: usize,
     pub(super) len: usize,
     pub(super) state: &'a mut [u8],
+    /// Delta slots: the context byte of every element (empty otherwise).
+    pub(super) ctx: &'a mut [u8],
 }
 
 impl SlotChunk<'_> {
@@ -158,7 +161,7 @@ impl SlotChunk<'_> {
                     self.fill(out);
                 }
             }
-            Mode::Exp | Mode::Hybrid => {
+            Mode::Exp | Mode::Hybrid | Mode::Delta => {
                 if !self.dtype.is_compressible() {
                     return Err(CodecError::corrupt(
                         "mode",
@@ -196,6 +199,10 @@ impl SlotChunk<'_> {
     pub(super) fn fill(&mut self, values: &[u8]) {
         match (self.mode, self.dtype) {
             (CacheMode::FullValue, _) => self.state.copy_from_slice(values),
+            (CacheMode::Delta, _) => {
+                self.state.copy_from_slice(values);
+                self.ctx.fill(delta::CONTEXT_NONE);
+            }
             (CacheMode::Exponent, DType::BF16) => fill_exps::<Bf16>(values, self.state),
             (CacheMode::Exponent, DType::F16) => fill_exps::<F16>(values, self.state),
             (CacheMode::Exponent, DType::F32) => fill_exps::<F32>(values, self.state),
@@ -238,10 +245,10 @@ fn encode_delta_with<L: Layout>(
 ) -> Delta {
     let n = c.len;
     frame::begin(out);
-    let choice = if c.mode == CacheMode::Exponent {
-        FrameChoice::Exp
-    } else {
-        c.choice
+    let mut choice = match (c.mode, c.choice) {
+        (CacheMode::Exponent, _) => FrameChoice::Exp,
+        (CacheMode::FullValue, FrameChoice::Delta) => FrameChoice::Hybrid,
+        (_, ch) => ch,
     };
     let Scratch {
         masks,
@@ -251,8 +258,47 @@ fn encode_delta_with<L: Layout>(
         sm,
         exp_sub,
         vals,
+        delta: ds,
     } = s;
     exps.clear();
+    if c.mode == CacheMode::Delta {
+        if matches!(choice, FrameChoice::Delta | FrameChoice::Auto) {
+            let sc = delta::scan::<L>(input, c.state, c.ctx, ds);
+            if choice == FrameChoice::Auto {
+                // The smallest of the three frames, each estimated from pass one's counts
+                // (the masks near their entropy).
+                let d_est = delta::estimate(&sc, n, delta::width::<L>());
+                let (k, ke) = (sc.changed, sc.exp_changed);
+                let exp_est = L::sm_len(n) as f64 + mask_entropy_bytes(ke, n) + ke as f64;
+                let hyb_est = L::sm_len(k) as f64
+                    + mask_entropy_bytes(k, n)
+                    + mask_entropy_bytes(ke, k)
+                    + ke as f64
+                    + 300.0;
+                choice = if (d_est as f64) <= exp_est.min(hyb_est) {
+                    FrameChoice::Delta
+                } else if hyb_est < exp_est {
+                    FrameChoice::Hybrid
+                } else {
+                    FrameChoice::Exp
+                };
+            }
+            if choice == FrameChoice::Delta {
+                let (s0, s1) = delta::write::<L>(&sc, c.ctx, ds, out);
+                c.state.copy_from_slice(input);
+                return Delta {
+                    mode: Mode::Delta,
+                    s0_hash: None,
+                    sections: [s0, s1, 0, 0],
+                    exp_changes: sc.exp_changed,
+                    value_changes: Some(sc.changed),
+                };
+            }
+        }
+        // An Exp or Hybrid frame leaves no moves behind: the next frame codes every element
+        // as a first move (both sides alike).
+        c.ctx.fill(delta::CONTEXT_NONE);
+    }
     if choice == FrameChoice::Exp {
         return write_exp::<L>(c, input, out, masks, exps);
     }
@@ -268,14 +314,11 @@ fn encode_delta_with<L: Layout>(
         let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
         let pe = bitmask::plan(exp_changed, n, None);
         let exp_bytes = L::sm_len(n) + pe.bytes + ke;
-        let h = |x: usize, m: usize| {
-            if m == 0 {
-                0.0
-            } else {
-                m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0
-            }
-        };
-        let hybrid_est = L::sm_len(k) as f64 + h(k, n) + h(ke, k) + ke as f64 + 300.0;
+        let hybrid_est = L::sm_len(k) as f64
+            + mask_entropy_bytes(k, n)
+            + mask_entropy_bytes(ke, k)
+            + ke as f64
+            + 300.0;
         if hybrid_est * 1.25 >= exp_bytes as f64 {
             return write_exp::<L>(c, input, out, masks, exps);
         }
@@ -301,6 +344,15 @@ fn encode_delta_with<L: Layout>(
     }
 }
 
+/// Bytes of a mask of `m` bits with `x` set, coded at its entropy.
+fn mask_entropy_bytes(x: usize, m: usize) -> f64 {
+    if m == 0 {
+        0.0
+    } else {
+        m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0
+    }
+}
+
 fn write_exp<L: Layout>(
     c: &mut SlotChunk<'_>,
     input: &[u8],
@@ -313,7 +365,7 @@ fn write_exp<L: Layout>(
     let d0 = out.len();
     let mut cache = match c.mode {
         CacheMode::Exponent => CacheRef::Exp(c.state),
-        CacheMode::FullValue => CacheRef::Full(c.state),
+        CacheMode::FullValue | CacheMode::Delta => CacheRef::Full(c.state),
     };
     let s0_hash = simd::encode_exp::<L>(input, &mut cache, out, masks, exps);
     if s0_hash.is_none() {
@@ -379,7 +431,7 @@ fn decode_delta_with<L: Layout>(
             }
             let mut cache = match c.mode {
                 CacheMode::Exponent => CacheRef::Exp(c.state),
-                CacheMode::FullValue => CacheRef::Full(c.state),
+                CacheMode::FullValue | CacheMode::Delta => CacheRef::Full(c.state),
             };
             // The fused path checks s0 as it decodes (the slot is poisoned if that fails);
             // the plain path checks first.
@@ -390,10 +442,11 @@ fn decode_delta_with<L: Layout>(
                     kernels::decode_exp::<L>(s0, masks, s2, cache, out)?;
                 }
             }
+            c.ctx.fill(delta::CONTEXT_NONE);
             Ok((ones, None))
         }
         Mode::Hybrid => {
-            if c.mode != CacheMode::FullValue {
+            if !c.mode.holds_values() {
                 return Err(CodecError::SlotState {
                     detail: "hybrid frame for an exponent-only slot (cache modes disagree)".into(),
                 });
@@ -415,6 +468,30 @@ fn decode_delta_with<L: Layout>(
             }
             f.verify_s0()?;
             kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
+            c.ctx.fill(delta::CONTEXT_NONE);
+            Ok((ke, Some(k)))
+        }
+        Mode::Delta => {
+            if c.mode != CacheMode::Delta {
+                return Err(CodecError::SlotState {
+                    detail: format!(
+                        "delta frame for a {} slot (cache modes disagree)",
+                        c.mode.name()
+                    ),
+                });
+            }
+            if !s2.is_empty() || !s3.is_empty() {
+                return Err(CodecError::corrupt(
+                    "delta frame",
+                    format!(
+                        "sections s2/s3 hold {}/{} bytes; must be empty",
+                        s2.len(),
+                        s3.len()
+                    ),
+                ));
+            }
+            f.verify_s0()?;
+            let (k, ke) = delta::decode::<L>(s0, s1, c.state, c.ctx, out, &mut scratch.delta)?;
             Ok((ke, Some(k)))
         }
         Mode::Raw => unreachable!(),

@@ -3,9 +3,9 @@
 //! ```text
 //! off len field
 //!   0   4 magic "CIRF"
-//!   4   1 format version (1)
+//!   4   1 format version (2; version 1 frames, which have no Delta mode, still decode)
 //!   5   1 dtype (ncclDataType_t number)
-//!   6   1 mode: 0 raw, 1 exp (exponent delta), 2 hybrid (value delta)
+//!   6   1 mode: 0 raw, 1 exp (exponent delta), 2 hybrid (value delta), 3 delta (ulp moves)
 //!   7   1 flags: bit 0 FILL (raw frame that (re)fills the receiver's cache slot); others zero
 //!   8   8 element count n
 //!  16   8 element offset of this chunk within the cache slot
@@ -23,7 +23,9 @@ use crate::coded_enum::coded_enum;
 use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"CIRF";
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
+/// The oldest format version this build still decodes (version 1: no Delta mode).
+pub const OLDEST_FORMAT_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 64;
 pub const FLAG_FILL: u8 = 1;
 
@@ -40,6 +42,9 @@ coded_enum! {
         /// of changed values, s2 mask (over the changed ones) of exponent changes, s3 new
         /// exponents.
         Hybrid = 2,
+        /// Ulp moves against a delta cache (values and previous moves): s0 the lane streams,
+        /// s1 the lane count, the token tables per context and the lane lengths.
+        Delta = 3,
     }
 }
 
@@ -49,6 +54,7 @@ impl Mode {
             Mode::Raw => "raw",
             Mode::Exp => "exp",
             Mode::Hybrid => "hybrid",
+            Mode::Delta => "delta",
         }
     }
 }
@@ -181,11 +187,11 @@ pub fn peek_len(bytes: &[u8]) -> Result<usize> {
 /// Parse and verify the frame at the start of `bytes` (which may hold more after it).
 pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
     let len = peek_len(bytes)?;
-    if bytes[4] != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&bytes[4]) {
         return Err(CodecError::corrupt(
             "format version",
             format!(
-                "frame has version {}, this build reads {FORMAT_VERSION}",
+                "frame has version {}, this build reads {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}",
                 bytes[4]
             ),
         ));
@@ -210,7 +216,13 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
         CodecError::corrupt("dtype", format!("unknown element type {}", bytes[5]))
     })?;
     let mode = Mode::from_code(bytes[6])
-        .ok_or_else(|| CodecError::corrupt("mode", format!("unknown mode {}", bytes[6])))?;
+        .filter(|&m| m != Mode::Delta || bytes[4] >= 2)
+        .ok_or_else(|| {
+            CodecError::corrupt(
+                "mode",
+                format!("unknown mode {} in a version {} frame", bytes[6], bytes[4]),
+            )
+        })?;
     let flags = bytes[7];
     if flags & !FLAG_FILL != 0 || (flags & FLAG_FILL != 0 && mode != Mode::Raw) {
         return Err(CodecError::corrupt(

@@ -28,6 +28,8 @@
 pub mod bitmask;
 pub mod checksum;
 mod chunk;
+pub mod delta;
+mod delta_simd;
 mod error;
 pub mod float;
 pub mod frame;

@@ -13,6 +13,7 @@ pub(super) struct Scratch {
     pub(super) sm: Vec<u8>,
     pub(super) exp_sub: Vec<u64>,
     pub(super) vals: Vec<u32>,
+    pub(super) delta: super::delta::DeltaScratch,
 }
 
 thread_local! {

@@ -13,7 +13,7 @@ use super::float::{Layout, BLOCK};
 use super::kernels::{self, CacheRef};
 use crate::DType;
 
-fn enabled() -> bool {
+pub(super) fn enabled() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;

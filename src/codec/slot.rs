@@ -13,6 +13,9 @@ pub enum CacheMode {
     Exponent,
     /// The whole previous value: element size per element. Enables `Exp` and `Hybrid` frames.
     FullValue,
+    /// The whole previous value and the element's previous move (one context byte): element
+    /// size + 1 per element. Enables `Exp`, `Hybrid` and `Delta` frames.
+    Delta,
 }
 
 impl CacheMode {
@@ -24,6 +27,20 @@ impl CacheMode {
         match self {
             CacheMode::Exponent => 1,
             CacheMode::FullValue => dtype.size(),
+            CacheMode::Delta => dtype.size() + 1,
+        }
+    }
+
+    /// Whether the slot keeps whole values (Hybrid frames possible).
+    pub fn holds_values(self) -> bool {
+        self != CacheMode::Exponent
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::Exponent => "exp",
+            CacheMode::FullValue => "full",
+            CacheMode::Delta => "delta",
         }
     }
 }
@@ -33,8 +50,11 @@ impl CacheMode {
 pub enum FrameChoice {
     Exp,
     Hybrid,
-    /// Per chunk: Hybrid where it saves at least a fifth of the bytes of Exp (it costs
-    /// several times the codec time), else Exp.
+    /// Delta frames (delta slots only; a full-value slot sends Hybrid).
+    Delta,
+    /// Per chunk: full-value slots send Hybrid where it saves at least a fifth of the bytes of
+    /// Exp (it costs several times the codec time), else Exp; delta slots send the smallest of
+    /// Exp, Hybrid and Delta.
     Auto,
 }
 
@@ -82,7 +102,10 @@ pub struct CacheSlot {
     len: usize,
     version: u64,
     warm: bool,
+    /// The cached values (full-value and delta slots) or cached fields (exponent slots).
     state: Vec<u8>,
+    /// Delta slots: per element its previous move, clipped (see `delta::context_of`).
+    ctx: Vec<u8>,
 }
 
 /// A fresh random slot version. A slot takes one whenever it becomes cold, and its FILL frames
@@ -114,6 +137,7 @@ impl CacheSlot {
             version,
             warm: false,
             state: Vec::new(),
+            ctx: Vec::new(),
         }
     }
 
@@ -177,16 +201,40 @@ impl CacheSlot {
     /// decode does not take the page faults (e.g. on another thread while a transfer runs).
     pub fn allocate(&mut self) {
         self.ensure_state();
-        for b in self.state.iter_mut().step_by(4096) {
+        for b in self
+            .state
+            .iter_mut()
+            .step_by(4096)
+            .chain(self.ctx.iter_mut().step_by(4096))
+        {
             // A write the compiler cannot drop: the page is then resident.
             *b = std::hint::black_box(0);
         }
     }
 
     fn ensure_state(&mut self) {
-        let want = self.memory_bytes();
+        let per = self.mode.bytes_per_element(self.dtype);
+        let ctx = if self.mode == CacheMode::Delta && per > 0 {
+            self.len
+        } else {
+            0
+        };
+        let want = self.len * per - ctx;
         if self.state.len() != want {
             self.state = vec![0u8; want];
+        }
+        if self.ctx.len() != ctx {
+            self.ctx = vec![0u8; ctx];
+        }
+    }
+
+    /// Value (or cached field) bytes per element of the state.
+    fn value_bytes(&self) -> usize {
+        let per = self.mode.bytes_per_element(self.dtype);
+        if self.mode == CacheMode::Delta && per > 0 {
+            per - 1
+        } else {
+            per
         }
     }
 
@@ -199,7 +247,8 @@ impl CacheSlot {
         }
         assert!(chunk_elems > 0, "chunk_elems must be positive");
         self.ensure_state();
-        let per = self.mode.bytes_per_element(self.dtype);
+        let per = self.value_bytes();
+        let has_ctx = !self.ctx.is_empty();
         let (dtype, mode, choice, version, warm, len) = (
             self.dtype,
             self.mode,
@@ -210,11 +259,15 @@ impl CacheSlot {
         );
         let mut out = Vec::with_capacity(len.div_ceil(chunk_elems));
         let mut rest: &mut [u8] = &mut self.state;
+        let mut rest_ctx: &mut [u8] = &mut self.ctx;
         let mut offset = 0;
         while offset < len {
             let n = chunk_elems.min(len - offset);
             let (head, tail) = std::mem::take(&mut rest).split_at_mut(n * per);
             rest = tail;
+            let (ctx, tail) =
+                std::mem::take(&mut rest_ctx).split_at_mut(if has_ctx { n } else { 0 });
+            rest_ctx = tail;
             out.push(SlotChunk {
                 dtype,
                 mode,
@@ -224,6 +277,7 @@ impl CacheSlot {
                 offset,
                 len: n,
                 state: head,
+                ctx,
             });
             offset += n;
         }
@@ -238,7 +292,12 @@ impl CacheSlot {
             self.len
         );
         self.ensure_state();
-        let per = self.mode.bytes_per_element(self.dtype);
+        let per = self.value_bytes();
+        let ctx = if self.ctx.is_empty() {
+            &mut self.ctx[..]
+        } else {
+            &mut self.ctx[elems.clone()]
+        };
         SlotChunk {
             dtype: self.dtype,
             mode: self.mode,
@@ -248,6 +307,7 @@ impl CacheSlot {
             offset: elems.start,
             len: elems.len(),
             state: &mut self.state[elems.start * per..elems.end * per],
+            ctx,
         }
     }
 

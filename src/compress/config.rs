@@ -50,8 +50,11 @@ pub struct CompressConfig {
     pub verify: bool,
     /// Shards smaller than this go raw (latency-bound: nothing to win).
     pub min_shard_bytes: usize,
-    /// Force one cache mode (`CIERA_CACHE_MODE=exp|full`); None: full-value caches while they
-    /// fit the budget, else exponent caches.
+    /// Ask for one cache mode (`CIERA_CACHE_MODE=exp|full|delta`; it falls back to smaller
+    /// caches when it does not fit the budget: delta, full values, exponents, raw); None
+    /// (`auto`): the policy of `Compressor::mode_for` (delta caches for 16-bit types when the
+    /// ring crosses a network link, else full-value caches while they fit, else exponent
+    /// caches).
     pub cache_mode: Option<CacheMode>,
 }
 
@@ -73,6 +76,17 @@ impl Default for CompressConfig {
 /// A cache budget of `mb` MiB in bytes, or None when that does not fit a `usize`.
 pub fn cache_mb_to_bytes(mb: usize) -> Option<usize> {
     mb.checked_mul(1 << 20)
+}
+
+/// `CIERA_CACHE_MODE`: Some(None) for `auto`, Some(mode) for a mode, None if not a spelling.
+fn parse_cache_mode(v: &str) -> Option<Option<CacheMode>> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "auto" => Some(None),
+        "exp" | "exponent" => Some(Some(CacheMode::Exponent)),
+        "full" | "value" | "full-value" => Some(Some(CacheMode::FullValue)),
+        "delta" => Some(Some(CacheMode::Delta)),
+        _ => None,
+    }
 }
 
 fn env_var(name: &str) -> Option<String> {
@@ -108,16 +122,11 @@ impl CompressConfig {
             })?;
         }
         if let Some(v) = env_var("CIERA_CACHE_MODE") {
-            c.cache_mode = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" => None,
-                "exp" | "exponent" => Some(CacheMode::Exponent),
-                "full" | "value" | "full-value" => Some(CacheMode::FullValue),
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "CIERA_CACHE_MODE={v:?}: expected auto, exp or full"
-                    )))
-                }
-            };
+            c.cache_mode = parse_cache_mode(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "CIERA_CACHE_MODE={v:?}: expected auto, exp, full or delta"
+                ))
+            })?;
         }
         if let Some(v) = env_var("CIERA_COMPRESS_MIN_BYTES") {
             c.min_shard_bytes = parse_size(&v).ok_or_else(|| {
@@ -167,5 +176,14 @@ mod tests {
         assert_eq!(CompressMode::parse("maybe"), None);
         assert_eq!(cache_mb_to_bytes(4096), Some(4096 << 20));
         assert_eq!(cache_mb_to_bytes(usize::MAX >> 10), None);
+    }
+
+    #[test]
+    fn cache_modes_parse() {
+        assert_eq!(parse_cache_mode("auto"), Some(None));
+        assert_eq!(parse_cache_mode("exp"), Some(Some(CacheMode::Exponent)));
+        assert_eq!(parse_cache_mode("Full"), Some(Some(CacheMode::FullValue)));
+        assert_eq!(parse_cache_mode(" delta "), Some(Some(CacheMode::Delta)));
+        assert_eq!(parse_cache_mode("zstd"), None);
     }
 }

@@ -11,8 +11,10 @@ use crate::engine::{ChunkRef, FrameCodec, FrameEncoder};
 use crate::error::{Error, Result};
 use crate::DType;
 
-/// Frame format code in message headers for CIERA frames (docs/WIRE.md).
-pub const FRAME_FORMAT: u8 = 1;
+/// Frame format code in message headers for CIERA frames: the format version of docs/WIRE.md
+/// (2: with Delta frames). Ranks of builds that disagree fail the call as a mismatch naming the
+/// two formats, rather than decoding frames the other cannot read.
+pub const FRAME_FORMAT: u8 = crate::codec::frame::FORMAT_VERSION;
 
 /// Encodes this rank's chunks against its own lineage (the copy of what it sent last time,
 /// which every receiver holds too): deltas when warm, FILL frames when new.

@@ -169,21 +169,28 @@ impl Compressor {
         }
     }
 
-    /// The cache mode of the lineages of a new policy: the one asked for if it fits the
-    /// budget, else full values if they fit, else exponents, else none (raw).
-    fn mode_for(&self, key: SlotKey, n: usize, asked: Option<CacheMode>) -> Option<CacheMode> {
+    /// The cache mode of the lineages of a new policy: the one asked for (`CIERA_CACHE_MODE`
+    /// or the call's options), else [`default_cache_mode`]; then, while the caches of that
+    /// mode do not fit the budget, the next smaller one: delta, full values, exponents, none
+    /// (raw). `network_ring`: the ring crosses a network link ([`ring_crosses_network`]).
+    fn mode_for(
+        &self,
+        key: SlotKey,
+        n: usize,
+        asked: Option<CacheMode>,
+        network_ring: bool,
+    ) -> Option<CacheMode> {
         let per = |mode: CacheMode| caches_bytes(n, key.count, key.dtype, mode);
-        let budget = self.config.cache_bytes;
-        if let Some(m) = asked.filter(|&m| per(m) <= budget) {
-            Some(m)
-        } else if asked != Some(CacheMode::Exponent) && per(CacheMode::FullValue) <= budget {
-            Some(CacheMode::FullValue)
-        } else if per(CacheMode::Exponent) <= budget {
-            Some(CacheMode::Exponent)
-        } else {
+        let first = asked.unwrap_or_else(|| default_cache_mode(key.dtype, network_ring));
+        let fits = BY_SIZE
+            .iter()
+            .skip_while(|&&m| m != first)
+            .copied()
+            .find(|&m| per(m) <= self.config.cache_bytes);
+        if fits.is_none() {
             tracing::info!(count = key.count, dtype = %key.dtype, "tensor exceeds CIERA_CACHE_MB alone: raw");
-            None
         }
+        fits
     }
 
     /// Allgather with compression where it pays (`opts` may override the mode and name the
@@ -215,7 +222,12 @@ impl Compressor {
         let key = Self::key_for(send, recv, count, dtype, opts.key);
         let pkey = Self::policy_key(key);
         if !self.policies.contains_key(&pkey) {
-            let new_mode = self.mode_for(key, n, opts.cache_mode.or(self.config.cache_mode));
+            let new_mode = self.mode_for(
+                key,
+                n,
+                opts.cache_mode.or(self.config.cache_mode),
+                ring_crosses_network(engine.topology()),
+            );
             self.policies.insert(
                 pkey,
                 Policy {
@@ -323,8 +335,135 @@ impl Compressor {
     }
 }
 
+/// The cache modes from the largest caches to the smallest: the order in which a mode that
+/// does not fit the budget falls back.
+const BY_SIZE: [CacheMode; 3] = [CacheMode::Delta, CacheMode::FullValue, CacheMode::Exponent];
+
+/// The cache mode a new policy starts from when none is asked for (before the budget):
+/// delta caches for 16-bit types (bf16, fp16) when the ring crosses a network link, else
+/// full-value caches.
+///
+/// Why delta only there: Delta frames (the change of each value in ulps, coded with its
+/// previous change as context) code at ~0.1-0.3 GB/s per core today. That is slower than shared
+/// memory moves the raw bytes (several GB/s per link), so within one host the codec time would
+/// exceed the wire time it saves, and full-value caches (Exp frames at ~2 GB/s per core, Hybrid
+/// where it pays) are the better trade. A 1-10 Gbit/s network carries only 0.125-1.25 GB/s, so
+/// a byte saved there is worth far more time than coding it costs: on bf16 at peak learning
+/// rate Delta frames reach ~5.3x (bound ~5.6x, the traces' DELTA_BOUNDS.txt) against ~1.9x
+/// for Exp and ~2.2x for Hybrid (`ciera analyze --mode all`), and a delta slot still sends Exp
+/// or Hybrid for chunks where they are smaller.
+/// fp32 keeps full values: its low mantissa bits move by many ulps each step, so Delta gains
+/// less there (~1.8x against ~1.3x on the trace) for twice the bytes through the slower codec.
+/// A delta cache costs one byte per element more than a full-value cache.
+fn default_cache_mode(dtype: DType, network_ring: bool) -> CacheMode {
+    if network_ring && matches!(dtype, DType::BF16 | DType::F16) {
+        CacheMode::Delta
+    } else {
+        CacheMode::FullValue
+    }
+}
+
+/// Whether a link of the ring (rank r to r+1, the schedule compressed calls run on in auto
+/// mode) is a network link. Every rank holds the same topology, so every rank agrees.
+fn ring_crosses_network(t: &crate::algo::Topology) -> bool {
+    let n = t.nranks();
+    n > 1 && (0..n).any(|r| t.link(r, (r + 1) % n) == crate::algo::LinkClass::Network)
+}
+
 /// Bytes of the caches of one tensor on every rank: each of `n` sources' `count` elements.
 fn caches_bytes(n: usize, count: usize, dtype: DType, mode: CacheMode) -> usize {
     n.saturating_mul(count)
         .saturating_mul(mode.bytes_per_element(dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Topology;
+
+    fn key(count: usize, dtype: DType) -> SlotKey {
+        SlotKey {
+            id: 1,
+            inferred: false,
+            count,
+            dtype,
+        }
+    }
+
+    fn compressor(cache_bytes: usize) -> Compressor {
+        Compressor::new(CompressConfig {
+            cache_bytes,
+            ..CompressConfig::default()
+        })
+    }
+
+    #[test]
+    fn rings_that_cross_a_network_link() {
+        assert!(!ring_crosses_network(&Topology::single_host(4)));
+        assert!(!ring_crosses_network(&Topology::single_host(1)));
+        assert!(ring_crosses_network(&Topology::new(&[0, 0, 1, 1], true)));
+        // Ranks on one host that talk TCP.
+        assert!(ring_crosses_network(&Topology::new(&[7, 7], false)));
+        assert!(!ring_crosses_network(&Topology::new(&[3], false)));
+    }
+
+    #[test]
+    fn default_mode_is_delta_for_16_bit_types_over_a_network_only() {
+        let c = compressor(DEFAULT_CACHE_MB << 20);
+        let (n, count) = (4, 1000);
+        for dtype in [DType::BF16, DType::F16] {
+            assert_eq!(
+                c.mode_for(key(count, dtype), n, None, true),
+                Some(CacheMode::Delta)
+            );
+            assert_eq!(
+                c.mode_for(key(count, dtype), n, None, false),
+                Some(CacheMode::FullValue)
+            );
+        }
+        assert_eq!(
+            c.mode_for(key(count, DType::F32), n, None, true),
+            Some(CacheMode::FullValue)
+        );
+        // What is asked for wins where it fits, network or not.
+        assert_eq!(
+            c.mode_for(key(count, DType::BF16), n, Some(CacheMode::Exponent), true),
+            Some(CacheMode::Exponent)
+        );
+        assert_eq!(
+            c.mode_for(key(count, DType::F32), n, Some(CacheMode::Delta), false),
+            Some(CacheMode::Delta)
+        );
+    }
+
+    #[test]
+    fn modes_fall_back_to_smaller_caches_delta_full_exp_raw() {
+        let (n, count, dtype) = (4, 1000, DType::BF16);
+        let bytes = |m: CacheMode| caches_bytes(n, count, dtype, m);
+        assert_eq!(bytes(CacheMode::Delta), 4 * 1000 * 3);
+        for (budget, want) in [
+            (bytes(CacheMode::Delta), Some(CacheMode::Delta)),
+            (bytes(CacheMode::Delta) - 1, Some(CacheMode::FullValue)),
+            (bytes(CacheMode::FullValue) - 1, Some(CacheMode::Exponent)),
+            (bytes(CacheMode::Exponent) - 1, None),
+        ] {
+            let c = compressor(budget);
+            assert_eq!(
+                c.mode_for(key(count, dtype), n, None, true),
+                want,
+                "{budget}"
+            );
+            assert_eq!(
+                c.mode_for(key(count, dtype), n, Some(CacheMode::Delta), false),
+                want,
+                "{budget}"
+            );
+        }
+        // Asking for a smaller cache never climbs to a larger one.
+        let c = compressor(bytes(CacheMode::Delta));
+        assert_eq!(
+            c.mode_for(key(count, dtype), n, Some(CacheMode::FullValue), true),
+            Some(CacheMode::FullValue)
+        );
+    }
 }

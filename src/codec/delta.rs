@@ -1,0 +1,877 @@
+//! Delta frames: each value's move in units in the last place (ulps), entropy-coded with the
+//! element's previous move as context. Layout in docs/WIRE.md ("Delta").
+//!
+//! Per element: `key(u)` maps the value's bits to an integer that is monotone in the value
+//! (sign set: `!u`, else `u | sign bit`), `d = key(new) - key(old)` modulo 2^W (W = 16 or 32)
+//! is the move in ulps, exact and invertible for every bit pattern (NaN payloads, infinities,
+//! -0, subnormals). `z = zigzag(d)` is split into a *token* (the value itself below
+//! `DIRECT` (32), else its bit length and next bit) and *extra bits* sent verbatim. Tokens are
+//! coded by rANS with one static frequency table per context; the context is the element's
+//! previous move clipped to -8..8, which the slot keeps per element (one byte) and both sides
+//! update alike after every frame. A chunk is cut in groups of elements; in a group, elements
+//! are dealt round-robin to `lanes` interleaved coder states that share one word stream, taken
+//! in lane order row by row. Groups share nothing (a GPU decodes one per warp, a thread per
+//! lane; the CPU decodes eight lanes per AVX2 vector, `delta_simd.rs`), and nothing is
+//! adaptive within a frame.
+
+use super::error::{CodecError, Result};
+use super::float::Layout;
+
+/// Probability precision of the token tables.
+pub const PROB_BITS: u32 = 12;
+pub(super) const PROB_SCALE: u32 = 1 << PROB_BITS;
+/// Lower bound of a lane state; states live in [RANS_L, RANS_L << 16) and renormalise by
+/// 16-bit words (at most one per step: no data-dependent loop in a decoder).
+pub(super) const RANS_L: u32 = 1 << 15;
+/// Contexts: the previous move clipped to -CLIP..CLIP, stored as move + CLIP.
+pub const CLIP: i32 = 8;
+pub const NCTX: usize = 2 * CLIP as usize + 1;
+/// The context byte of "no previous move" (a filled slot, or after an Exp or Hybrid frame):
+/// that of a move of 0.
+pub const CONTEXT_NONE: u8 = CLIP as u8;
+/// zigzag values below 2^DIRECT_BITS are tokens themselves.
+pub const DIRECT_BITS: u32 = 5;
+const DIRECT: u32 = 1 << DIRECT_BITS;
+/// Interleaved coder states (lanes) per group the encoder uses: a GPU warp.
+pub const LANES: usize = 32;
+/// Most lanes a frame may declare.
+pub const MAX_LANES: usize = 64;
+/// Elements per group the encoder uses (64 KiB of bf16).
+pub const GROUP_ELEMS: usize = 32768;
+/// Most elements a group may declare (its stream length then fits 32 bits: at most three words
+/// per element, plus the states).
+pub const MAX_GROUP_ELEMS: usize = 1 << 24;
+/// Extra bits travel in steps of at most this many bits.
+const EXTRA_STEP: u32 = 15;
+
+/// Tokens of a W-bit type: the direct ones, then two per bit length DIRECT_BITS..W-1.
+pub const fn tokens(width: u32) -> usize {
+    (DIRECT + (width - DIRECT_BITS) * 2) as usize
+}
+const MAX_TOKENS: usize = tokens(32);
+/// Entries of one histogram of pass one: 32 contexts by 128 tokens (NCTX <= 32, tokens < 128).
+const HIST: usize = 32 * 128;
+
+/// Bits of a type's ordered key.
+pub fn width<L: Layout>() -> u32 {
+    (L::BYTES * 8) as u32
+}
+
+#[inline(always)]
+fn mask(w: u32) -> u32 {
+    if w == 32 {
+        u32::MAX
+    } else {
+        (1 << w) - 1
+    }
+}
+
+/// The total-order key of a W-bit value: monotone in the value, -0 just below +0.
+#[inline(always)]
+pub fn key(u: u32, w: u32) -> u32 {
+    let sign = 1u32 << (w - 1);
+    if u & sign != 0 {
+        !u & mask(w)
+    } else {
+        u | sign
+    }
+}
+
+#[inline(always)]
+pub fn unkey(k: u32, w: u32) -> u32 {
+    let sign = 1u32 << (w - 1);
+    if k & sign != 0 {
+        k & !sign
+    } else {
+        !k & mask(w)
+    }
+}
+
+/// The move from `old` to `new` in ulps, as a W-bit two's complement number.
+#[inline(always)]
+pub fn ulp_move(old: u32, new: u32, w: u32) -> u32 {
+    key(new, w).wrapping_sub(key(old, w)) & mask(w)
+}
+
+/// The context byte of a move: the move as a signed number clipped to -CLIP..CLIP, plus CLIP.
+#[inline(always)]
+pub fn context_of(d: u32, w: u32) -> u8 {
+    let s = ((d << (32 - w)) as i32) >> (32 - w);
+    (s.clamp(-CLIP, CLIP) + CLIP) as u8
+}
+
+#[inline(always)]
+fn zigzag(d: u32, w: u32) -> u32 {
+    let s = ((d << (32 - w)) as i32) >> (32 - w);
+    ((s << 1) ^ (s >> 31)) as u32 & mask(w)
+}
+
+#[inline(always)]
+fn unzigzag(z: u32, w: u32) -> u32 {
+    ((z >> 1) ^ (0u32.wrapping_sub(z & 1))) & mask(w)
+}
+
+/// Token of a zigzag value, and how many extra bits follow it.
+#[inline(always)]
+fn tokenize(z: u32) -> (u8, u32) {
+    if z < DIRECT {
+        (z as u8, 0)
+    } else {
+        let b = 31 - z.leading_zeros();
+        let t = DIRECT + (b - DIRECT_BITS) * 2 + ((z >> (b - 1)) & 1);
+        (t as u8, b - 1)
+    }
+}
+
+/// The high part of a zigzag value from its token, and its extra bit count.
+#[inline(always)]
+fn detokenize(t: u32) -> (u32, u32) {
+    if t < DIRECT {
+        (t, 0)
+    } else {
+        let b = (t - DIRECT) / 2 + DIRECT_BITS;
+        ((2 | (t & 1)) << (b - 1), b - 1)
+    }
+}
+
+/// The coding temporaries of Delta frames.
+#[derive(Default)]
+pub(super) struct DeltaScratch {
+    /// Zigzag move of every element, and its token.
+    z: Vec<u32>,
+    tok: Vec<u8>,
+    /// The symbol table as the vector encoder gathers it.
+    enc: super::delta_simd::EncTable,
+    /// Four histograms of pass one.
+    hist: Vec<u32>,
+    /// Decoder lookup: per context PROB_SCALE entries.
+    dec: Vec<u32>,
+    /// The lane section and 16 zero bytes (the vector decoder reads 8 words at a time).
+    pad: Vec<u8>,
+    /// The words of the group being encoded.
+    words: Vec<u16>,
+}
+
+/// What pass one of the encoder learned about a chunk.
+pub(super) struct Scan {
+    pub hist: [[u32; MAX_TOKENS]; NCTX],
+    pub extra_bits: u64,
+    /// Values that changed at all, and whose cached field (exponent) changed.
+    pub changed: usize,
+    pub exp_changed: usize,
+}
+
+/// The zigzag move, token and extra bit count of a value moving from `a` to `b`.
+#[inline(always)]
+pub(super) fn token_of(a: u32, b: u32, w: u32) -> (u32, u8, u32) {
+    let z = zigzag(ulp_move(a, b, w), w);
+    let (t, e) = tokenize(z);
+    (z, t, e)
+}
+
+/// Pass one: moves, tokens and their histograms per context.
+pub(super) fn scan<L: Layout>(
+    input: &[u8],
+    old: &[u8],
+    ctx: &[u8],
+    s: &mut DeltaScratch,
+) -> Box<Scan> {
+    let w = width::<L>();
+    let n = ctx.len();
+    let mut sc = Box::new(Scan {
+        hist: [[0; MAX_TOKENS]; NCTX],
+        extra_bits: 0,
+        changed: 0,
+        exp_changed: 0,
+    });
+    let counts = match super::delta_simd::scan16::<L>(input, old, &mut s.z, &mut s.tok) {
+        Some(c) => c,
+        None => {
+            s.z.clear();
+            s.tok.clear();
+            s.z.reserve(n);
+            s.tok.reserve(n);
+            let mut c = super::delta_simd::ScanCounts::default();
+            for i in 0..n {
+                let (a, b) = (L::load(old, i), L::load(input, i));
+                let (z, t, e) = token_of(a, b, w);
+                c.extra_bits += e as u64;
+                c.changed += (a != b) as usize;
+                c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
+                s.z.push(z);
+                s.tok.push(t);
+            }
+            c
+        }
+    };
+    // Four histograms in turn, so that runs of one (context, token) do not wait on each other;
+    // indexed (context & 31) << 7 | token & 127, so that no index needs a bounds check.
+    s.hist.clear();
+    s.hist.resize(4 * HIST, 0);
+    let (h0, rest) = s.hist.split_at_mut(HIST);
+    let (h1, rest) = rest.split_at_mut(HIST);
+    let (h2, h3) = rest.split_at_mut(HIST);
+    let (h0, h1, h2, h3): (
+        &mut [u32; HIST],
+        &mut [u32; HIST],
+        &mut [u32; HIST],
+        &mut [u32; HIST],
+    ) = (
+        h0.try_into().expect("HIST"),
+        h1.try_into().expect("HIST"),
+        h2.try_into().expect("HIST"),
+        h3.try_into().expect("HIST"),
+    );
+    let at = |c: u8, t: u8| ((c as usize & 31) << 7) | (t as usize & 127);
+    let (ctx4, tok4) = (ctx.chunks_exact(4), s.tok.chunks_exact(4));
+    let (ctx_rest, tok_rest) = (ctx4.remainder(), tok4.remainder());
+    for (c, t) in ctx4.zip(tok4) {
+        h0[at(c[0], t[0])] += 1;
+        h1[at(c[1], t[1])] += 1;
+        h2[at(c[2], t[2])] += 1;
+        h3[at(c[3], t[3])] += 1;
+    }
+    for (&c, &t) in ctx_rest.iter().zip(tok_rest) {
+        h0[at(c, t)] += 1;
+    }
+    for (c, acc) in sc.hist.iter_mut().enumerate() {
+        for (t, a) in acc.iter_mut().enumerate() {
+            let k = c << 7 | t;
+            *a = h0[k] + h1[k] + h2[k] + h3[k];
+        }
+    }
+    sc.extra_bits = counts.extra_bits;
+    sc.changed = counts.changed;
+    sc.exp_changed = counts.exp_changed;
+    sc
+}
+
+/// Lanes per group and elements per group the encoder uses for a chunk of `n` elements: fewer
+/// lanes for small chunks (each costs its 4-byte state).
+pub fn geometry(n: usize) -> (usize, usize) {
+    ((n / 512).clamp(1, LANES), GROUP_ELEMS)
+}
+
+/// Bytes of lane states and group lengths of a chunk of `n` elements.
+fn lane_overhead(n: usize) -> usize {
+    let (lanes, group) = geometry(n);
+    n.div_ceil(group) * (4 * lanes + 4)
+}
+
+/// Scale a histogram to frequencies summing to PROB_SCALE, every present token >= 1.
+fn normalize(hist: &[u32], freq: &mut [u32]) {
+    let total: u64 = hist.iter().map(|&h| h as u64).sum();
+    let mut sum: i64 = 0;
+    for (f, &h) in freq.iter_mut().zip(hist) {
+        *f = if h == 0 {
+            0
+        } else {
+            (((h as u64) * PROB_SCALE as u64 + total / 2) / total).max(1) as u32
+        };
+        sum += *f as i64;
+    }
+    // Spread the rounding error over the largest tokens, keeping each present one >= 1.
+    let mut diff = PROB_SCALE as i64 - sum;
+    let mut order: Vec<usize> = (0..hist.len()).filter(|&t| hist[t] > 0).collect();
+    order.sort_by_key(|&t| std::cmp::Reverse(freq[t]));
+    while diff != 0 {
+        for &t in &order {
+            if diff == 0 {
+                break;
+            }
+            if diff > 0 {
+                freq[t] += 1;
+                diff -= 1;
+            } else if freq[t] > 1 {
+                freq[t] -= 1;
+                diff += 1;
+            }
+        }
+    }
+}
+
+/// Estimated frame payload bytes (sections, not the header) of a Delta frame for a scan.
+pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
+    let ntok = tokens(w);
+    let mut bits = sc.extra_bits as f64;
+    let mut table = 2usize;
+    for h in &sc.hist {
+        let h = &h[..ntok];
+        let total: u64 = h.iter().map(|&x| x as u64).sum();
+        table += 1;
+        if total == 0 {
+            continue;
+        }
+        let m = h.iter().rposition(|&x| x > 0).map_or(0, |p| p + 1);
+        table += m + h.iter().filter(|&&x| x as u64 * 32 > total).count();
+        let lt = (total as f64).log2();
+        for &x in h.iter().filter(|&&x| x > 0) {
+            bits += x as f64 * (lt - (x as f64).log2());
+        }
+    }
+    (bits / 8.0) as usize + table + 5 + lane_overhead(n)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(b: &[u8], pos: &mut usize) -> Result<u32> {
+    let mut v: u32 = 0;
+    for shift in [0u32, 7, 14] {
+        let byte = *b
+            .get(*pos)
+            .ok_or_else(|| CodecError::corrupt("delta tables", "ends inside a frequency"))?;
+        *pos += 1;
+        v |= ((byte & 0x7f) as u32) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(CodecError::corrupt(
+        "delta tables",
+        "frequency varint longer than 3 bytes",
+    ))
+}
+
+/// An encoder's view of one (context, token): ryg's reciprocal form of `x / freq` (exact for
+/// x < 2^31, which every state is).
+#[derive(Clone, Copy, Default)]
+struct EncSym {
+    cum: u32,
+    x_max: u32,
+    rcp_freq: u32,
+    rcp_shift: u32,
+    bias: u32,
+    cmpl_freq: u32,
+}
+
+impl EncSym {
+    fn new(cum: u32, freq: u32) -> EncSym {
+        let x_max = ((RANS_L >> PROB_BITS) << 16) * freq;
+        let cmpl_freq = PROB_SCALE - freq;
+        if freq < 2 {
+            // x / 1 = x: q = x (rcp 2^32 - 1 then a correction folded into the bias).
+            EncSym {
+                cum,
+                x_max,
+                rcp_freq: u32::MAX,
+                rcp_shift: 0,
+                bias: cum + PROB_SCALE - 1,
+                cmpl_freq,
+            }
+        } else {
+            let shift = 32 - (freq - 1).leading_zeros();
+            EncSym {
+                cum,
+                x_max,
+                rcp_freq: (1u64 << (shift + 31)).div_ceil(freq as u64) as u32,
+                rcp_shift: shift - 1,
+                bias: cum,
+                cmpl_freq,
+            }
+        }
+    }
+}
+
+/// The words of a group, in encoding order (reversed when written out). Sized up front (at
+/// most three words per element, plus slack for 8-word vector stores), so that a step writes
+/// its word without a branch and only advances where it emitted.
+pub(super) struct Words<'a> {
+    pub(super) buf: &'a mut [u16],
+    pub(super) pos: usize,
+}
+
+impl Words<'_> {
+    #[inline(always)]
+    fn emit_if(&mut self, x: &mut u32, over: bool) {
+        self.buf[self.pos] = *x as u16;
+        self.pos += over as usize;
+        *x = if over { *x >> 16 } else { *x };
+    }
+
+    #[inline(always)]
+    fn put(&mut self, x: &mut u32, s: &EncSym) {
+        self.emit_if(x, *x >= s.x_max);
+        let q = (((*x as u64) * s.rcp_freq as u64) >> 32) as u32 >> s.rcp_shift;
+        *x = *x + s.bias + q * s.cmpl_freq;
+    }
+
+    /// `bits` (<= EXTRA_STEP) raw bits `v`.
+    #[inline(always)]
+    fn put_bits(&mut self, x: &mut u32, v: u32, bits: u32) {
+        self.emit_if(x, *x >= (RANS_L << 16) >> bits);
+        *x = (*x << bits) | v;
+    }
+}
+
+/// Write a Delta frame's sections for the chunk scanned into `sc` / `s` (values `input`);
+/// returns the lengths of s0 and s1. Updates the contexts; the caller updates the values.
+pub(super) fn write<L: Layout>(
+    sc: &Scan,
+    ctx: &mut [u8],
+    s: &mut DeltaScratch,
+    out: &mut Vec<u8>,
+) -> (usize, usize) {
+    let w = width::<L>();
+    let ntok = tokens(w);
+    let n = ctx.len();
+    let (lanes, group) = geometry(n);
+    // Tables.
+    let mut model = Vec::with_capacity(5 + NCTX * 40 + 4 * n.div_ceil(group));
+    model.push(lanes as u8);
+    model.extend_from_slice(&(group as u32).to_le_bytes());
+    let mut syms = vec![EncSym::default(); NCTX * ntok];
+    let mut freq = [0u32; MAX_TOKENS];
+    for c in 0..NCTX {
+        let h = &sc.hist[c][..ntok];
+        let m = h.iter().rposition(|&x| x > 0).map_or(0, |p| p + 1);
+        model.push(m as u8);
+        if m == 0 {
+            continue;
+        }
+        normalize(&h[..m], &mut freq[..m]);
+        let mut cum = 0;
+        for t in 0..m {
+            put_varint(&mut model, freq[t]);
+            if freq[t] > 0 {
+                syms[c * ntok + t] = EncSym::new(cum, freq[t]);
+            }
+            cum += freq[t];
+        }
+    }
+    let vector = lanes == 32 && w == 16 && super::simd::enabled();
+    if vector {
+        let e = &mut s.enc;
+        e.packed.clear();
+        for y in &syms {
+            // Absent tokens (freq 0) are never gathered: any value does.
+            e.packed.push(y.cum | (y.cmpl_freq & 0xfff) << 12);
+        }
+    }
+    // Groups of `group` elements, each coded backwards (rANS) into one stream shared by its
+    // lanes: the exact reverse of the decoder's order (rows; in a row the token steps of every
+    // lane, then their extra bits; lanes in order).
+    let s0_start = out.len();
+    let syms = &syms[..];
+    let (z, tok, enc_table) = (&s.z[..], &s.tok[..], &s.enc);
+    let two_steps = w > EXTRA_STEP + DIRECT_BITS;
+    let mut x = vec![RANS_L; lanes];
+    let mut base = 0;
+    while base < n {
+        let cnt = group.min(n - base);
+        s.words.resize(3 * cnt + 16, 0);
+        let mut words = Words {
+            buf: &mut s.words[..],
+            pos: 0,
+        };
+        x.fill(RANS_L);
+        let (rows, rem) = (cnt / lanes, cnt % lanes);
+        let row = |first: usize, m: usize, x: &mut [u32], words: &mut Words<'_>| {
+            if two_steps {
+                for l in (0..m).rev() {
+                    let zi = z[first + l];
+                    let hi = tokenize(zi).1.saturating_sub(EXTRA_STEP);
+                    words.put_bits(&mut x[l], (zi >> EXTRA_STEP) & mask(hi), hi);
+                }
+            }
+            for l in (0..m).rev() {
+                let zi = z[first + l];
+                let lo = tokenize(zi).1.min(EXTRA_STEP);
+                words.put_bits(&mut x[l], zi & mask(lo), lo);
+            }
+            for l in (0..m).rev() {
+                let i = first + l;
+                words.put(&mut x[l], &syms[ctx[i] as usize * ntok + tok[i] as usize]);
+            }
+        };
+        row(base + rows * lanes, rem, &mut x, &mut words);
+        let plain_rows = if vector
+            && super::delta_simd::encode_rows(
+                w, enc_table, ntok, z, tok, ctx, &mut x, &mut words, base, rows,
+            ) {
+            0
+        } else {
+            rows
+        };
+        for k in (0..plain_rows).rev() {
+            row(base + k * lanes, lanes, &mut x, &mut words);
+        }
+        for xl in &x {
+            out.extend_from_slice(&xl.to_le_bytes());
+        }
+        let at = out.len();
+        out.resize(at + 2 * words.pos, 0);
+        for (o, &wd) in out[at..]
+            .chunks_exact_mut(2)
+            .zip(words.buf[..words.pos].iter().rev())
+        {
+            o.copy_from_slice(&wd.to_le_bytes());
+        }
+        model.extend_from_slice(&((4 * lanes + 2 * words.pos) as u32).to_le_bytes());
+        base += cnt;
+    }
+    let s0 = out.len() - s0_start;
+    out.extend_from_slice(&model);
+    for (c, &z) in ctx.iter_mut().zip(s.z.iter()) {
+        *c = context_of(unzigzag(z, w), w);
+    }
+    (s0, model.len())
+}
+
+/// Decode a Delta frame (`s0` lane streams, `s1` model) against a chunk's values `state` and
+/// contexts `ctx`, into `out`; updates both. On error `out`, `state` and `ctx` hold
+/// unspecified bytes (the caller poisons the slot). Returns the number of changed values and
+/// of values whose cached field (exponent) changed.
+pub(super) fn decode<L: Layout>(
+    s0: &[u8],
+    s1: &[u8],
+    state: &mut [u8],
+    ctx: &mut [u8],
+    out: &mut [u8],
+    s: &mut DeltaScratch,
+) -> Result<(usize, usize)> {
+    let w = width::<L>();
+    let ntok = tokens(w);
+    let n = ctx.len();
+    if s1.len() < 5 {
+        return Err(CodecError::corrupt(
+            "delta tables",
+            "shorter than the lane and group sizes",
+        ));
+    }
+    let lanes = s1[0] as usize;
+    let group = u32::from_le_bytes([s1[1], s1[2], s1[3], s1[4]]) as usize;
+    if lanes == 0 || lanes > MAX_LANES || group == 0 || group > MAX_GROUP_ELEMS {
+        return Err(CodecError::corrupt(
+            "delta tables",
+            format!(
+                "{lanes} lanes of groups of {group} elements (1..={MAX_LANES} lanes, \
+                 1..={MAX_GROUP_ELEMS} elements)"
+            ),
+        ));
+    }
+    let groups = n.div_ceil(group);
+    // Tables into the decoder lookup: sym | (slot - cum) << 7 | freq << 19; 0 = no token.
+    let mut pos = 5;
+    // A present context's table is written whole (its frequencies sum to PROB_SCALE); an
+    // absent one is zeroed (entry 0: no token).
+    s.dec.resize(NCTX * PROB_SCALE as usize, 0);
+    for c in 0..NCTX {
+        let m = *s1
+            .get(pos)
+            .ok_or_else(|| CodecError::corrupt("delta tables", "end before the last context"))?
+            as usize;
+        pos += 1;
+        if m == 0 {
+            s.dec[c * PROB_SCALE as usize..(c + 1) * PROB_SCALE as usize].fill(0);
+            continue;
+        }
+        if m > ntok {
+            return Err(CodecError::corrupt(
+                "delta tables",
+                format!(
+                    "context {} declares {m} tokens; {} has {ntok}",
+                    c as i32 - CLIP,
+                    L::DTYPE
+                ),
+            ));
+        }
+        let table = &mut s.dec[c * PROB_SCALE as usize..(c + 1) * PROB_SCALE as usize];
+        let mut cum = 0u32;
+        for t in 0..m {
+            let f = get_varint(s1, &mut pos)?;
+            if f > PROB_SCALE - cum {
+                return Err(CodecError::corrupt(
+                    "delta tables",
+                    format!(
+                        "context {}: frequencies exceed {PROB_SCALE}",
+                        c as i32 - CLIP
+                    ),
+                ));
+            }
+            for (j, e) in table[cum as usize..(cum + f) as usize]
+                .iter_mut()
+                .enumerate()
+            {
+                *e = t as u32 | (j as u32) << 7 | f << 19;
+            }
+            cum += f;
+        }
+        if cum != PROB_SCALE {
+            return Err(CodecError::corrupt(
+                "delta tables",
+                format!(
+                    "context {}: frequencies sum to {cum}, not {PROB_SCALE}",
+                    c as i32 - CLIP
+                ),
+            ));
+        }
+    }
+    if s1.len() != pos + 4 * groups {
+        return Err(CodecError::corrupt(
+            "delta tables",
+            format!(
+                "{} bytes after the tables for {groups} group lengths",
+                s1.len() - pos.min(s1.len())
+            ),
+        ));
+    }
+    let lens = &s1[pos..];
+    let vector = lanes == 32 && L::BYTES == 2 && super::simd::enabled();
+    if vector {
+        s.pad.clear();
+        s.pad.extend_from_slice(s0);
+        s.pad.extend_from_slice(&[0; 16]);
+    }
+    let mut v = Values::<L> {
+        s0,
+        dec: &s.dec,
+        state,
+        ctx,
+        out,
+        w,
+        changed: 0,
+        exp_changed: 0,
+        no_table: false,
+        _l: std::marker::PhantomData,
+    };
+    let mut x = vec![0u32; lanes];
+    let mut p = 0usize;
+    for g in 0..groups {
+        let base = g * group;
+        let cnt = group.min(n - base);
+        let o = 4 * g;
+        let len = u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize;
+        if len < 4 * lanes || !(len - 4 * lanes).is_multiple_of(2) || len > s0.len() - p {
+            return Err(CodecError::corrupt(
+                "delta lanes",
+                format!(
+                    "group {g}: {len} bytes ({lanes} states and whole words expected), {} left \
+                     in the section",
+                    s0.len() - p
+                ),
+            ));
+        }
+        for (l, xl) in x.iter_mut().enumerate() {
+            let q = p + 4 * l;
+            *xl = u32::from_le_bytes([s0[q], s0[q + 1], s0[q + 2], s0[q + 3]]);
+            if !(RANS_L..RANS_L << 16).contains(xl) {
+                return Err(CodecError::corrupt(
+                    "delta lanes",
+                    format!("group {g} lane {l}: state {xl:#x} out of range"),
+                ));
+            }
+        }
+        let mut rd = Reader {
+            at: p + 4 * lanes,
+            end: p + len,
+        };
+        let (rows, rem) = (cnt / lanes, cnt % lanes);
+        let mut plain_from = 0;
+        if vector {
+            let mut rc = super::delta_simd::RowCounts::default();
+            if super::delta_simd::decode_rows::<L>(
+                &s.pad,
+                s0.len(),
+                &s.dec,
+                &mut x,
+                &mut rd,
+                v.state,
+                v.ctx,
+                v.out,
+                base,
+                rows,
+                &mut rc,
+            ) {
+                v.changed += rc.changed;
+                v.exp_changed += rc.exp_changed;
+                v.no_table |= rc.no_table;
+                plain_from = rows;
+            }
+        }
+        for k in plain_from..rows {
+            v.row(&mut x, &mut rd, base + k * lanes, lanes);
+        }
+        v.row(&mut x, &mut rd, base + rows * lanes, rem);
+        if v.no_table {
+            return Err(CodecError::corrupt(
+                "delta tables",
+                format!("an element of group {g} has a context the frame has no table for"),
+            ));
+        }
+        if rd.at != rd.end || x.iter().any(|&xl| xl != RANS_L) {
+            return Err(CodecError::corrupt(
+                "delta lanes",
+                format!(
+                    "group {g}: stream ends {} bytes {} its last element, final states {:x?} \
+                     (expected {RANS_L:#x})",
+                    rd.end.abs_diff(rd.at),
+                    if rd.at > rd.end { "before" } else { "after" },
+                    x.iter()
+                        .filter(|&&xl| xl != RANS_L)
+                        .take(4)
+                        .collect::<Vec<_>>()
+                ),
+            ));
+        }
+        p += len;
+    }
+    if p != s0.len() {
+        return Err(CodecError::corrupt(
+            "delta lanes",
+            format!("groups hold {p} bytes of a {}-byte section", s0.len()),
+        ));
+    }
+    Ok((v.changed, v.exp_changed))
+}
+
+/// Where a group's shared word stream is read. Past its end it reads zeros (and the check
+/// after the group, every word consumed exactly, catches it).
+pub(super) struct Reader {
+    pub(super) at: usize,
+    pub(super) end: usize,
+}
+
+/// What a decoder writes to.
+struct Values<'a, L> {
+    s0: &'a [u8],
+    dec: &'a [u32],
+    state: &'a mut [u8],
+    ctx: &'a mut [u8],
+    out: &'a mut [u8],
+    w: u32,
+    changed: usize,
+    exp_changed: usize,
+    /// Some element's context had no table.
+    no_table: bool,
+    _l: std::marker::PhantomData<L>,
+}
+
+impl<L: Layout> Values<'_, L> {
+    /// Read one word into a state below RANS_L (one suffices after any step).
+    #[inline(always)]
+    fn refill(&self, rd: &mut Reader, x: &mut u32) {
+        if *x < RANS_L {
+            let word = if rd.at + 2 <= rd.end {
+                u16::from_le_bytes([self.s0[rd.at], self.s0[rd.at + 1]]) as u32
+            } else {
+                0
+            };
+            *x = (*x << 16) | word;
+            rd.at += 2;
+        }
+    }
+
+    /// Decode the row of `m` elements starting at element `first` (lane l has element
+    /// first + l): token steps of every lane, then extra bits, then the values.
+    fn row(&mut self, x: &mut [u32], rd: &mut Reader, first: usize, m: usize) {
+        let w = self.w;
+        let mut zs = [0u32; MAX_LANES];
+        let mut ebs = [0u32; MAX_LANES];
+        for l in 0..m {
+            let c = self.ctx[first + l] as usize;
+            let xs = &mut x[l];
+            let e = self.dec[c * PROB_SCALE as usize + (*xs & (PROB_SCALE - 1)) as usize];
+            self.no_table |= e == 0;
+            *xs = (e >> 19) * (*xs >> PROB_BITS) + ((e >> 7) & 0xfff);
+            self.refill(rd, xs);
+            (zs[l], ebs[l]) = detokenize(e & 0x7f);
+        }
+        for l in 0..m {
+            let lo = ebs[l].min(EXTRA_STEP);
+            zs[l] |= x[l] & mask(lo);
+            x[l] >>= lo;
+            self.refill(rd, &mut x[l]);
+        }
+        if w > EXTRA_STEP + DIRECT_BITS {
+            for l in 0..m {
+                let hi = ebs[l].saturating_sub(EXTRA_STEP);
+                zs[l] |= (x[l] & mask(hi)) << EXTRA_STEP;
+                x[l] >>= hi;
+                self.refill(rd, &mut x[l]);
+            }
+        }
+        for (l, &z) in zs.iter().enumerate().take(m) {
+            let i = first + l;
+            let dm = unzigzag(z, w);
+            let old = L::load(self.state, i);
+            let new = unkey(key(old, w).wrapping_add(dm) & mask(w), w);
+            self.changed += (dm != 0) as usize;
+            self.exp_changed += (L::exp(old) != L::exp(new)) as usize;
+            L::store(self.out, i, new);
+            L::store(self.state, i, new);
+            self.ctx[i] = context_of(dm, w);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_moves_are_bijective_on_16_bits() {
+        for u in 0..=0xffffu32 {
+            assert_eq!(unkey(key(u, 16), 16), u);
+            let z = zigzag(u, 16);
+            assert_eq!(unzigzag(z, 16), u);
+            let (t, e) = tokenize(z);
+            let (hi, e2) = detokenize(t as u32);
+            assert_eq!(e, e2);
+            assert!((t as usize) < tokens(16));
+            assert_eq!(hi | (z & mask(e)), z);
+        }
+        // Monotone: keys sort like the values (-0 just below +0).
+        let v = |x: f32| x.to_bits() >> 16;
+        assert!(key(v(-1.0), 16) < key(v(-0.0), 16));
+        assert_eq!(key(v(-0.0), 16) + 1, key(v(0.0), 16));
+        assert!(key(v(0.0), 16) < key(v(1e-40), 16));
+        assert_eq!(ulp_move(v(1.0), v(1.0078125), 16), 1);
+    }
+
+    #[test]
+    fn reciprocal_encoding_equals_division() {
+        // Every state an encoder divides is in [x_max >> 16, x_max) after renormalisation.
+        for freq in 1..=PROB_SCALE {
+            let s = EncSym::new(0, freq);
+            let lo = s.x_max >> 16;
+            let mut x = lo;
+            while x < s.x_max {
+                let mut buf = [0u16; 2];
+                let mut w = Words {
+                    buf: &mut buf,
+                    pos: 0,
+                };
+                let mut y = x;
+                w.put(&mut y, &s);
+                assert_eq!(w.pos, 0);
+                assert_eq!(y, (x / freq) * PROB_SCALE + x % freq, "freq {freq} x {x}");
+                x += 1 + (s.x_max - lo) / 997 + (x & 7);
+            }
+            for x in [s.x_max - 2, s.x_max - 1] {
+                let mut buf = [0u16; 2];
+                let mut w = Words {
+                    buf: &mut buf,
+                    pos: 0,
+                };
+                let mut y = x;
+                w.put(&mut y, &s);
+                assert_eq!(y, (x / freq) * PROB_SCALE + x % freq, "freq {freq} x {x}");
+            }
+        }
+    }
+
+    #[test]
+    fn contexts_clip_moves() {
+        assert_eq!(context_of(0, 16), 8);
+        assert_eq!(context_of(0xffff, 16), 7);
+        assert_eq!(context_of(100, 16), 16);
+        assert_eq!(context_of(0x8000, 16), 0);
+        assert_eq!(context_of(u32::MAX, 32), 7);
+    }
+}

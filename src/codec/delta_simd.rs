@@ -1,0 +1,565 @@
+//! AVX2 coding of Delta frames for the 16-bit types (bf16, fp16): the 32 lanes of a group as
+//! four vectors of eight states, one row of 32 elements per step, bit for bit what the plain
+//! coder in `delta.rs` computes on valid frames. The lanes of a group share one word stream:
+//! the lanes of a vector that need a word take the next ones in lane order (a shuffle from a
+//! table indexed by the need mask, no gather), and the encoder stores the words of the lanes
+//! that emit likewise. On a damaged stream both decoders fail (the checks after each group),
+//! not necessarily with the same garbage on the way. tests/codec_props.rs runs both paths on
+//! the same frames. Dispatch: [`decode_rows`] / [`encode_rows`] return false when they do not
+//! apply (no AVX2, `CIERA_NO_SIMD=1`, another lane count or type), and the caller codes those
+//! rows plainly.
+#![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
+
+use super::delta::{Reader, Words, CLIP, NCTX, PROB_SCALE};
+use super::float::Layout;
+
+/// The outcome of the rows a vector decoder did.
+#[derive(Default)]
+pub(super) struct RowCounts {
+    pub changed: usize,
+    pub exp_changed: usize,
+    /// Some element's context had no table.
+    pub no_table: bool,
+}
+
+/// Decode `rows` full rows of 32 elements starting at element `base`, for a group of 32 lanes
+/// in states `x` reading the group's stream from `rd`. `padded` is the lane section followed by
+/// at least 16 bytes (a refill loads 8 words). Returns false (and does nothing) when this path
+/// does not apply.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_rows<L: Layout>(
+    padded: &[u8],
+    s0_len: usize,
+    dec: &[u32],
+    x: &mut [u32],
+    rd: &mut Reader,
+    state: &mut [u8],
+    ctx: &mut [u8],
+    out: &mut [u8],
+    base: usize,
+    rows: usize,
+    counts: &mut RowCounts,
+) -> bool {
+    if L::BYTES != 2 || x.len() != 32 || !super::simd::enabled() {
+        return false;
+    }
+    let end = base + rows * 32;
+    assert!(
+        padded.len() >= s0_len + 16
+            && dec.len() == NCTX * PROB_SCALE as usize
+            && ctx.len() >= end
+            && state.len() >= 2 * end
+            && out.len() >= 2 * end
+            && rd.end <= s0_len,
+        "delta avx2 decode: inconsistent buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2 is present (enabled() checked it). The asserts above bound every
+        // access: rows of 32 elements below `end` in ctx/state/out; table indices are
+        // min(ctx, 16) * 4096 + (x & 4095) < dec.len(); word loads read 16 bytes at
+        // min(rd.at, s0_len) <= padded.len() - 16.
+        unsafe {
+            avx2::rows::<L>(
+                padded, s0_len, dec, x, rd, state, ctx, out, base, rows, counts,
+            );
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// For a mask of lanes: lane j's rank among the set lanes (ascending), for expanding words.
+const fn expand_table() -> [[i32; 8]; 256] {
+    let mut t = [[0i32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut j, mut c) = (0, 0);
+        while j < 8 {
+            if (m >> j) & 1 == 1 {
+                t[m][j] = c;
+                c += 1;
+            }
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+}
+
+/// For a mask of lanes: the set lanes from the highest down, for compressing words.
+const fn compress_desc_table() -> [[i32; 8]; 256] {
+    let mut t = [[0i32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut j, mut c) = (8, 0);
+        while j > 0 {
+            j -= 1;
+            if (m >> j) & 1 == 1 {
+                t[m][c] = j;
+                c += 1;
+            }
+        }
+        m += 1;
+    }
+    t
+}
+
+static EXPAND: [[i32; 8]; 256] = expand_table();
+static COMPRESS_DESC: [[i32; 8]; 256] = compress_desc_table();
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Reader, RowCounts, Words, CLIP, COMPRESS_DESC, EXPAND};
+    use crate::codec::delta::{PROB_BITS, PROB_SCALE, RANS_L};
+    use crate::codec::float::Layout;
+
+    /// Refill the lanes of `x` that are below RANS_L with the next words of the stream, in
+    /// lane order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn refill(x: &mut __m256i, rd: &mut Reader, base: *const u8, limit: usize) {
+        let need = _mm256_cmpgt_epi32(_mm256_set1_epi32(RANS_L as i32), *x);
+        let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+        if m == 0 {
+            return;
+        }
+        let words =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(base.add(rd.at.min(limit)) as *const __m128i));
+        let idx = _mm256_loadu_si256(EXPAND[m].as_ptr() as *const __m256i);
+        let w = _mm256_permutevar8x32_epi32(words, idx);
+        *x = _mm256_blendv_epi8(*x, _mm256_or_si256(_mm256_slli_epi32(*x, 16), w), need);
+        rd.at += 2 * m.count_ones() as usize;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn rows<L: Layout>(
+        padded: &[u8],
+        limit: usize,
+        dec: &[u32],
+        xl: &mut [u32],
+        rd: &mut Reader,
+        state: &mut [u8],
+        ctx: &mut [u8],
+        out: &mut [u8],
+        base: usize,
+        rows: usize,
+        counts: &mut RowCounts,
+    ) {
+        let mut x = [_mm256_setzero_si256(); 4];
+        for (v, xv) in x.iter_mut().enumerate() {
+            *xv = _mm256_loadu_si256(xl.as_ptr().add(8 * v) as *const __m256i);
+        }
+        let s0 = padded.as_ptr();
+        let table = dec.as_ptr() as *const i32;
+        let zero = _mm256_setzero_si256();
+        let one = _mm256_set1_epi32(1);
+        let mslot = _mm256_set1_epi32(PROB_SCALE as i32 - 1);
+        let m4095 = _mm256_set1_epi32(4095);
+        let m7fff = _mm256_set1_epi32(0x7fff);
+        let m8000 = _mm256_set1_epi32(0x8000);
+        let mffff = _mm256_set1_epi32(0xffff);
+        let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
+        let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
+        let (mut unchanged, mut exp_changed) = (0u32, 0u32);
+        let mut no_table = zero;
+        // Each phase runs over the four vectors before the next one starts, so that their
+        // gathers are in flight together (the lanes are independent).
+        for k in 0..rows {
+            let row = base + k * 32;
+            let mut t = [zero; 4];
+            for v in 0..4 {
+                let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    ctx.as_ptr().add(row + 8 * v) as *const __m128i
+                ));
+                let c = _mm256_min_epu32(c, _mm256_set1_epi32(2 * CLIP));
+                let idx = _mm256_or_si256(
+                    _mm256_slli_epi32(c, PROB_BITS as i32),
+                    _mm256_and_si256(x[v], mslot),
+                );
+                t[v] = _mm256_i32gather_epi32::<4>(table, idx);
+            }
+            for v in 0..4 {
+                let e = t[v];
+                no_table = _mm256_or_si256(no_table, _mm256_cmpeq_epi32(e, zero));
+                let f = _mm256_srli_epi32(e, 19);
+                let bias = _mm256_and_si256(_mm256_srli_epi32(e, 7), m4095);
+                x[v] = _mm256_add_epi32(
+                    _mm256_mullo_epi32(f, _mm256_srli_epi32(x[v], PROB_BITS as i32)),
+                    bias,
+                );
+                t[v] = _mm256_and_si256(e, _mm256_set1_epi32(0x7f));
+            }
+            for xv in x.iter_mut() {
+                refill(xv, rd, s0, limit);
+            }
+            let mut zs = [zero; 4];
+            for v in 0..4 {
+                // Token -> zigzag high part and extra bit count (at most 14 for 16 bits).
+                let tv = t[v];
+                let big = _mm256_cmpgt_epi32(tv, _mm256_set1_epi32(31));
+                let bm1 = _mm256_add_epi32(
+                    _mm256_srli_epi32(_mm256_sub_epi32(tv, _mm256_set1_epi32(32)), 1),
+                    _mm256_set1_epi32(4),
+                );
+                let eb = _mm256_and_si256(bm1, big);
+                let zb = _mm256_sllv_epi32(
+                    _mm256_or_si256(_mm256_set1_epi32(2), _mm256_and_si256(tv, one)),
+                    bm1,
+                );
+                let z = _mm256_blendv_epi8(tv, zb, big);
+                let low = _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one);
+                zs[v] = _mm256_or_si256(z, _mm256_and_si256(x[v], low));
+                x[v] = _mm256_srlv_epi32(x[v], eb);
+            }
+            for xv in x.iter_mut() {
+                refill(xv, rd, s0, limit);
+            }
+            for (v, &z) in zs.iter().enumerate() {
+                let i = row + 8 * v;
+                // Move -> new value.
+                let d = _mm256_and_si256(
+                    _mm256_xor_si256(
+                        _mm256_srli_epi32(z, 1),
+                        _mm256_sub_epi32(zero, _mm256_and_si256(z, one)),
+                    ),
+                    mffff,
+                );
+                let old = _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    state.as_ptr().add(2 * i) as *const __m128i
+                ));
+                let ms = _mm256_srai_epi32(_mm256_slli_epi32(old, 16), 31);
+                let key =
+                    _mm256_xor_si256(old, _mm256_or_si256(m8000, _mm256_and_si256(ms, m7fff)));
+                let nk = _mm256_and_si256(_mm256_add_epi32(key, d), mffff);
+                let mn = _mm256_srai_epi32(_mm256_slli_epi32(nk, 16), 31);
+                let new =
+                    _mm256_xor_si256(nk, _mm256_xor_si256(mffff, _mm256_and_si256(mn, m7fff)));
+                let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(new, new));
+                let lo = _mm256_castsi256_si128(packed);
+                _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
+                _mm_storeu_si128(state.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
+                // Context byte: the move clipped to -CLIP..CLIP, plus CLIP.
+                let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
+                let cl = _mm256_add_epi32(
+                    _mm256_min_epi32(
+                        _mm256_max_epi32(sd, _mm256_set1_epi32(-CLIP)),
+                        _mm256_set1_epi32(CLIP),
+                    ),
+                    _mm256_set1_epi32(CLIP),
+                );
+                let p16 = _mm256_packus_epi32(cl, cl);
+                let p8 = _mm256_packus_epi16(p16, p16);
+                let bytes = _mm_unpacklo_epi32(
+                    _mm256_castsi256_si128(p8),
+                    _mm256_extracti128_si256::<1>(p8),
+                );
+                _mm_storel_epi64(ctx.as_mut_ptr().add(i) as *mut __m128i, bytes);
+                unchanged += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, zero)))
+                    as u32)
+                    .count_ones();
+                let ex = _mm256_and_si256(
+                    _mm256_srl_epi32(_mm256_xor_si256(old, new), exp_shift),
+                    exp_max,
+                );
+                exp_changed += 8
+                    - (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
+                        as u32)
+                        .count_ones();
+            }
+        }
+        counts.changed += rows * 32 - unchanged as usize;
+        counts.exp_changed += exp_changed as usize;
+        counts.no_table |= _mm256_movemask_ps(_mm256_castsi256_ps(no_table)) != 0;
+        for (v, xv) in x.iter().enumerate() {
+            _mm256_storeu_si256(xl.as_mut_ptr().add(8 * v) as *mut __m256i, *xv);
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scan<L: Layout>(
+        input: &[u8],
+        old: &[u8],
+        z: &mut [u32],
+        tok: &mut [u8],
+    ) -> super::ScanCounts {
+        let n = input.len() / 2;
+        let zero = _mm256_setzero_si256();
+        let one = _mm256_set1_epi32(1);
+        let m7fff = _mm256_set1_epi32(0x7fff);
+        let m8000 = _mm256_set1_epi32(0x8000);
+        let mffff = _mm256_set1_epi32(0xffff);
+        let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
+        let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
+        let mut extra = zero;
+        let (mut same, mut exp_same) = (0usize, 0usize);
+        let full = n / 8 * 8;
+        let mut i = 0;
+        while i < full {
+            let a =
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(old.as_ptr().add(2 * i) as *const __m128i));
+            let b =
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i));
+            let ka = _mm256_xor_si256(
+                a,
+                _mm256_or_si256(
+                    m8000,
+                    _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(a, 16), 31), m7fff),
+                ),
+            );
+            let kb = _mm256_xor_si256(
+                b,
+                _mm256_or_si256(
+                    m8000,
+                    _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 16), 31), m7fff),
+                ),
+            );
+            let d = _mm256_and_si256(_mm256_sub_epi32(kb, ka), mffff);
+            let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
+            let zz = _mm256_and_si256(
+                _mm256_xor_si256(_mm256_slli_epi32(sd, 1), _mm256_srai_epi32(sd, 31)),
+                mffff,
+            );
+            // floor(log2 z) from the float exponent (exact below 2^24).
+            let lg = _mm256_sub_epi32(
+                _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(zz)), 23),
+                _mm256_set1_epi32(127),
+            );
+            let big = _mm256_cmpgt_epi32(zz, _mm256_set1_epi32(31));
+            let bm1 = _mm256_sub_epi32(lg, one);
+            let tb = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_slli_epi32(lg, 1), _mm256_set1_epi32(22)),
+                _mm256_and_si256(_mm256_srlv_epi32(zz, bm1), one),
+            );
+            let t = _mm256_blendv_epi8(zz, tb, big);
+            extra = _mm256_add_epi32(extra, _mm256_and_si256(bm1, big));
+            _mm256_storeu_si256(z.as_mut_ptr().add(i) as *mut __m256i, zz);
+            let p16 = _mm256_packus_epi32(t, t);
+            let p8 = _mm256_packus_epi16(p16, p16);
+            let bytes = _mm_unpacklo_epi32(
+                _mm256_castsi256_si128(p8),
+                _mm256_extracti128_si256::<1>(p8),
+            );
+            _mm_storel_epi64(tok.as_mut_ptr().add(i) as *mut __m128i, bytes);
+            same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
+                .count_ones() as usize;
+            let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
+            exp_same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
+                as u32)
+                .count_ones() as usize;
+            i += 8;
+        }
+        let mut e = [0u32; 8];
+        _mm256_storeu_si256(e.as_mut_ptr() as *mut __m256i, extra);
+        super::ScanCounts {
+            extra_bits: e.iter().map(|&v| v as u64).sum(),
+            changed: full - same,
+            exp_changed: full - exp_same,
+        }
+    }
+
+    /// Append the low words of the lanes where `over` is set (highest lane first: the encoder
+    /// runs backwards) to the group's words, then shift those states right by 16.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn emit(x: &mut __m256i, over: __m256i, words: &mut Words<'_>) {
+        let m = _mm256_movemask_ps(_mm256_castsi256_ps(over)) as usize;
+        if m != 0 {
+            let idx = _mm256_loadu_si256(COMPRESS_DESC[m].as_ptr() as *const __m256i);
+            let lo = _mm256_and_si256(*x, _mm256_set1_epi32(0xffff));
+            let perm = _mm256_permutevar8x32_epi32(lo, idx);
+            let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(perm, perm));
+            let dst = &mut words.buf[words.pos..words.pos + 8];
+            _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(p));
+            words.pos += m.count_ones() as usize;
+            *x = _mm256_blendv_epi8(*x, _mm256_srli_epi32(*x, 16), over);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn encode_rows(
+        table: &super::EncTable,
+        ntok: usize,
+        z: &[u32],
+        tok: &[u8],
+        ctx: &[u8],
+        xl: &mut [u32],
+        words: &mut Words<'_>,
+        base: usize,
+        rows: usize,
+    ) {
+        let mut x = [_mm256_setzero_si256(); 4];
+        for (v, xv) in x.iter_mut().enumerate() {
+            *xv = _mm256_loadu_si256(xl.as_ptr().add(8 * v) as *const __m256i);
+        }
+        let one = _mm256_set1_epi32(1);
+        let top = _mm256_set1_epi32(i32::MIN); // 2^31 as u32
+        let ntokv = _mm256_set1_epi32(ntok as i32);
+        let pk = table.packed.as_ptr() as *const i32;
+        let m12 = _mm256_set1_epi32(0xfff);
+        let zero = _mm256_setzero_si256();
+        let scale = _mm256_set1_epi32(PROB_SCALE as i32);
+        for k in (0..rows).rev() {
+            let row = base + k * 32;
+            // Extra bits (the decoder reads them after every lane's token), lanes downwards.
+            for v in (0..4).rev() {
+                let i = row + 8 * v;
+                let zz = _mm256_loadu_si256(z.as_ptr().add(i) as *const __m256i);
+                let t =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(tok.as_ptr().add(i) as *const __m128i));
+                let big = _mm256_cmpgt_epi32(t, _mm256_set1_epi32(31));
+                let bm1 = _mm256_add_epi32(
+                    _mm256_srli_epi32(_mm256_sub_epi32(t, _mm256_set1_epi32(32)), 1),
+                    _mm256_set1_epi32(4),
+                );
+                let eb = _mm256_and_si256(bm1, big);
+                let lim = _mm256_sub_epi32(_mm256_srlv_epi32(top, eb), one);
+                let over = _mm256_cmpgt_epi32(x[v], lim);
+                emit(&mut x[v], over, words);
+                let low = _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one);
+                x[v] = _mm256_or_si256(_mm256_sllv_epi32(x[v], eb), _mm256_and_si256(zz, low));
+            }
+            // Tokens, lanes downwards.
+            for v in (0..4).rev() {
+                let i = row + 8 * v;
+                let t =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(tok.as_ptr().add(i) as *const __m128i));
+                let c =
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i));
+                let c = _mm256_min_epu32(c, _mm256_set1_epi32(2 * CLIP));
+                let idx = _mm256_add_epi32(_mm256_mullo_epi32(c, ntokv), t);
+                let p = _mm256_i32gather_epi32::<4>(pk, idx);
+                let cum = _mm256_and_si256(p, m12);
+                let cmpl = _mm256_srli_epi32(p, 12);
+                let freq = _mm256_sub_epi32(scale, cmpl);
+                let xmax1 = _mm256_sub_epi32(_mm256_slli_epi32(freq, 31 - PROB_BITS as i32), one);
+                let over = _mm256_cmpgt_epi32(x[v], xmax1);
+                emit(&mut x[v], over, words);
+                // q = x / freq: x < freq * 2^19 here, so the float quotient is within 1/16 of
+                // the true one and one correction each way makes it exact.
+                let mut q = _mm256_cvttps_epi32(_mm256_div_ps(
+                    _mm256_cvtepi32_ps(x[v]),
+                    _mm256_cvtepi32_ps(freq),
+                ));
+                let r = _mm256_sub_epi32(x[v], _mm256_mullo_epi32(q, freq));
+                q = _mm256_sub_epi32(q, _mm256_cmpgt_epi32(r, _mm256_sub_epi32(freq, one)));
+                q = _mm256_add_epi32(q, _mm256_cmpgt_epi32(zero, r));
+                // x' = (q << 12) + x - q * freq + cum = x + cum + q * (4096 - freq).
+                x[v] = _mm256_add_epi32(_mm256_add_epi32(x[v], cum), _mm256_mullo_epi32(q, cmpl));
+            }
+        }
+        for (v, xv) in x.iter().enumerate() {
+            _mm256_storeu_si256(xl.as_mut_ptr().add(8 * v) as *mut __m256i, *xv);
+        }
+    }
+}
+
+/// Pass one for the 16-bit types: zigzag moves into `z`, tokens into `tok`, and the counts.
+/// Returns false (and does nothing) when this path does not apply; else `z` and `tok` hold
+/// `input.len() / 2` entries.
+pub(super) fn scan16<L: Layout>(
+    input: &[u8],
+    old: &[u8],
+    z: &mut Vec<u32>,
+    tok: &mut Vec<u8>,
+) -> Option<ScanCounts> {
+    if L::BYTES != 2 || !super::simd::enabled() {
+        return None;
+    }
+    let n = input.len() / 2;
+    assert!(
+        old.len() == input.len(),
+        "delta avx2 scan: cache and input differ in size"
+    );
+    // Every entry is written below: keep what is there (no zeroing pass).
+    z.resize(n, 0);
+    tok.resize(n, 0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2 is present; the loop reads 8 elements at a time below n / 8 * 8 of
+        // input/old (2n bytes each) and writes the same elements of z and tok (n entries).
+        let mut c = unsafe { avx2::scan::<L>(input, old, z, tok) };
+        let full = n / 8 * 8;
+        for i in full..n {
+            let (a, b) = (L::load(old, i), L::load(input, i));
+            let (zi, t, e) = super::delta::token_of(a, b, 16);
+            z[i] = zi;
+            tok[i] = t;
+            c.extra_bits += e as u64;
+            c.changed += (a != b) as usize;
+            c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
+        }
+        Some(c)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// Counts of pass one.
+#[derive(Default)]
+pub(super) struct ScanCounts {
+    pub extra_bits: u64,
+    pub changed: usize,
+    pub exp_changed: usize,
+}
+
+/// The encoder's symbol table as the vector encoder gathers it (one gather per step): per
+/// (context, token) index `cum | (4096 - freq) << 12` (both < 2^12 for present tokens; x_max
+/// and the quotient x / freq follow from freq).
+#[derive(Default)]
+pub(super) struct EncTable {
+    pub packed: Vec<u32>,
+}
+
+/// Encode `rows` full rows of 32 elements of a group starting at element `base`, backwards
+/// (the last row first), with 32 lane states `x` into the group's `words`. Returns false (and
+/// does nothing) when this path does not apply.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn encode_rows(
+    width: u32,
+    table: &EncTable,
+    ntok: usize,
+    z: &[u32],
+    tok: &[u8],
+    ctx: &[u8],
+    x: &mut [u32],
+    words: &mut Words<'_>,
+    base: usize,
+    rows: usize,
+) -> bool {
+    if width != 16 || x.len() != 32 || !super::simd::enabled() {
+        return false;
+    }
+    let end = base + rows * 32;
+    assert!(
+        z.len() >= end
+            && tok.len() >= end
+            && ctx.len() >= end
+            && table.packed.len() == NCTX * ntok
+            && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
+        "delta avx2 encode: inconsistent buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        debug_assert!(tok[base..end].iter().all(|&t| (t as usize) < ntok));
+        // SAFETY: AVX2 is present; reads of z/tok/ctx stay below `end` (asserted); gather
+        // indices are min(ctx, 16) * ntok + tok < NCTX * ntok, the tables' length (asserted),
+        // because pass one only writes tokens < tokens(16) = ntok; word stores are 8 words at
+        // pos, bounds-checked as a slice (at most two words per element are emitted).
+        unsafe { avx2::encode_rows(table, ntok, z, tok, ctx, x, words, base, rows) };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
