@@ -49,8 +49,9 @@ pub const fn tokens(width: u32) -> usize {
     (DIRECT + (width - DIRECT_BITS) * 2) as usize
 }
 const MAX_TOKENS: usize = tokens(32);
-/// Entries of one histogram of pass one: 32 contexts by 128 tokens (NCTX <= 32, tokens < 128).
-const HIST: usize = 32 * 128;
+/// Entries of one histogram of pass one: a power of two above every symbol index.
+const HIST: usize = 2048;
+const _: () = assert!(NCTX * MAX_TOKENS <= HIST);
 
 /// Bits of a type's ordered key.
 pub fn width<L: Layout>() -> u32 {
@@ -140,6 +141,8 @@ pub(super) struct DeltaScratch {
     /// Zigzag move of every element, and its token.
     z: Vec<u32>,
     tok: Vec<u8>,
+    /// Its symbol index (context and token, see `sym_index`).
+    idx: Vec<u16>,
     /// The symbol table as the vector encoder gathers it.
     enc: super::delta_simd::EncTable,
     /// Four histograms of pass one.
@@ -159,6 +162,12 @@ pub(super) struct Scan {
     /// Values that changed at all, and whose cached field (exponent) changed.
     pub changed: usize,
     pub exp_changed: usize,
+}
+
+/// The encoder's index of (context byte, token): `min(c, 16) * tokens(w) + t`.
+#[inline(always)]
+pub(super) fn sym_index(c: u8, t: u8, w: u32) -> u16 {
+    ((c as usize).min(NCTX - 1) * tokens(w) + t as usize) as u16
 }
 
 /// The zigzag move, token and extra bit count of a value moving from `a` to `b`.
@@ -184,59 +193,52 @@ pub(super) fn scan<L: Layout>(
         changed: 0,
         exp_changed: 0,
     });
-    let counts = match super::delta_simd::scan16::<L>(input, old, &mut s.z, &mut s.tok) {
-        Some(c) => c,
-        None => {
-            s.z.clear();
-            s.tok.clear();
-            s.z.reserve(n);
-            s.tok.reserve(n);
-            let mut c = super::delta_simd::ScanCounts::default();
-            for i in 0..n {
-                let (a, b) = (L::load(old, i), L::load(input, i));
-                let (z, t, e) = token_of(a, b, w);
-                c.extra_bits += e as u64;
-                c.changed += (a != b) as usize;
-                c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
-                s.z.push(z);
-                s.tok.push(t);
+    let counts =
+        match super::delta_simd::scan16::<L>(input, old, ctx, &mut s.z, &mut s.tok, &mut s.idx) {
+            Some(c) => c,
+            None => {
+                s.z.clear();
+                s.tok.clear();
+                s.idx.clear();
+                s.z.reserve(n);
+                s.tok.reserve(n);
+                s.idx.reserve(n);
+                let mut c = super::delta_simd::ScanCounts::default();
+                for (i, &cx) in ctx.iter().enumerate() {
+                    let (a, b) = (L::load(old, i), L::load(input, i));
+                    let (z, t, e) = token_of(a, b, w);
+                    c.extra_bits += e as u64;
+                    c.changed += (a != b) as usize;
+                    c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
+                    s.z.push(z);
+                    s.tok.push(t);
+                    s.idx.push(sym_index(cx, t, w));
+                }
+                c
             }
-            c
-        }
-    };
+        };
     // Four histograms in turn, so that runs of one (context, token) do not wait on each other;
-    // indexed (context & 31) << 7 | token & 127, so that no index needs a bounds check.
+    // indexed by the symbol index (below HIST, masked so that no index needs a bounds check).
     s.hist.clear();
     s.hist.resize(4 * HIST, 0);
     let (h0, rest) = s.hist.split_at_mut(HIST);
     let (h1, rest) = rest.split_at_mut(HIST);
     let (h2, h3) = rest.split_at_mut(HIST);
-    let (h0, h1, h2, h3): (
-        &mut [u32; HIST],
-        &mut [u32; HIST],
-        &mut [u32; HIST],
-        &mut [u32; HIST],
-    ) = (
-        h0.try_into().expect("HIST"),
-        h1.try_into().expect("HIST"),
-        h2.try_into().expect("HIST"),
-        h3.try_into().expect("HIST"),
-    );
-    let at = |c: u8, t: u8| ((c as usize & 31) << 7) | (t as usize & 127);
-    let (ctx4, tok4) = (ctx.chunks_exact(4), s.tok.chunks_exact(4));
-    let (ctx_rest, tok_rest) = (ctx4.remainder(), tok4.remainder());
-    for (c, t) in ctx4.zip(tok4) {
-        h0[at(c[0], t[0])] += 1;
-        h1[at(c[1], t[1])] += 1;
-        h2[at(c[2], t[2])] += 1;
-        h3[at(c[3], t[3])] += 1;
+    let idx4 = s.idx.chunks_exact(4);
+    let rest = idx4.remainder();
+    for k in idx4 {
+        h0[k[0] as usize & (HIST - 1)] += 1;
+        h1[k[1] as usize & (HIST - 1)] += 1;
+        h2[k[2] as usize & (HIST - 1)] += 1;
+        h3[k[3] as usize & (HIST - 1)] += 1;
     }
-    for (&c, &t) in ctx_rest.iter().zip(tok_rest) {
-        h0[at(c, t)] += 1;
+    for &k in rest {
+        h0[k as usize & (HIST - 1)] += 1;
     }
+    let ntok = tokens(w);
     for (c, acc) in sc.hist.iter_mut().enumerate() {
-        for (t, a) in acc.iter_mut().enumerate() {
-            let k = c << 7 | t;
+        for (t, a) in acc.iter_mut().enumerate().take(ntok) {
+            let k = c * ntok + t;
             *a = h0[k] + h1[k] + h2[k] + h3[k];
         }
     }
@@ -338,45 +340,15 @@ fn get_varint(b: &[u8], pos: &mut usize) -> Result<u32> {
     ))
 }
 
-/// An encoder's view of one (context, token): ryg's reciprocal form of `x / freq` (exact for
-/// x < 2^31, which every state is).
-#[derive(Clone, Copy, Default)]
-struct EncSym {
-    cum: u32,
-    x_max: u32,
-    rcp_freq: u32,
-    rcp_shift: u32,
-    bias: u32,
-    cmpl_freq: u32,
+/// An encoder's view of one (context, token): the reciprocal form of `x / freq` that the
+/// mask coder uses too, with the 16-bit-word renormalisation limit.
+type EncSym = super::rans::EncSym;
+
+fn enc_sym(cum: u32, freq: u32) -> EncSym {
+    EncSym::with_limit(freq, cum, (RANS_L >> PROB_BITS) << 16)
 }
 
-impl EncSym {
-    fn new(cum: u32, freq: u32) -> EncSym {
-        let x_max = ((RANS_L >> PROB_BITS) << 16) * freq;
-        let cmpl_freq = PROB_SCALE - freq;
-        if freq < 2 {
-            // x / 1 = x: q = x (rcp 2^32 - 1 then a correction folded into the bias).
-            EncSym {
-                cum,
-                x_max,
-                rcp_freq: u32::MAX,
-                rcp_shift: 0,
-                bias: cum + PROB_SCALE - 1,
-                cmpl_freq,
-            }
-        } else {
-            let shift = 32 - (freq - 1).leading_zeros();
-            EncSym {
-                cum,
-                x_max,
-                rcp_freq: (1u64 << (shift + 31)).div_ceil(freq as u64) as u32,
-                rcp_shift: shift - 1,
-                bias: cum,
-                cmpl_freq,
-            }
-        }
-    }
-}
+const _: () = assert!(PROB_BITS == super::rans::PROB_BITS);
 
 /// The words of a group, in encoding order (reversed when written out). Sized up front (at
 /// most three words per element, plus slack for 8-word vector stores), so that a step writes
@@ -397,8 +369,7 @@ impl Words<'_> {
     #[inline(always)]
     fn put(&mut self, x: &mut u32, s: &EncSym) {
         self.emit_if(x, *x >= s.x_max);
-        let q = (((*x as u64) * s.rcp_freq as u64) >> 32) as u32 >> s.rcp_shift;
-        *x = *x + s.bias + q * s.cmpl_freq;
+        *x = super::rans::enc_step(*x, s);
     }
 
     /// `bits` (<= EXTRA_STEP) raw bits `v`.
@@ -439,7 +410,7 @@ pub(super) fn write<L: Layout>(
         for t in 0..m {
             put_varint(&mut model, freq[t]);
             if freq[t] > 0 {
-                syms[c * ntok + t] = EncSym::new(cum, freq[t]);
+                syms[c * ntok + t] = enc_sym(cum, freq[t]);
             }
             cum += freq[t];
         }
@@ -458,7 +429,8 @@ pub(super) fn write<L: Layout>(
     // lane, then their extra bits; lanes in order).
     let s0_start = out.len();
     let syms = &syms[..];
-    let (z, tok, enc_table) = (&s.z[..], &s.tok[..], &s.enc);
+    let (z, idx, enc_table) = (&s.z[..], &s.idx[..], &s.enc);
+    let tok = &s.tok[..];
     let two_steps = w > EXTRA_STEP + DIRECT_BITS;
     let mut x = vec![RANS_L; lanes];
     let mut base = 0;
@@ -485,14 +457,13 @@ pub(super) fn write<L: Layout>(
                 words.put_bits(&mut x[l], zi & mask(lo), lo);
             }
             for l in (0..m).rev() {
-                let i = first + l;
-                words.put(&mut x[l], &syms[ctx[i] as usize * ntok + tok[i] as usize]);
+                words.put(&mut x[l], &syms[idx[first + l] as usize]);
             }
         };
         row(base + rows * lanes, rem, &mut x, &mut words);
         let plain_rows = if vector
             && super::delta_simd::encode_rows(
-                w, enc_table, ntok, z, tok, ctx, &mut x, &mut words, base, rows,
+                w, enc_table, ntok, z, tok, idx, &mut x, &mut words, base, rows,
             ) {
             0
         } else {
@@ -838,31 +809,26 @@ mod tests {
     fn reciprocal_encoding_equals_division() {
         // Every state an encoder divides is in [x_max >> 16, x_max) after renormalisation.
         for freq in 1..=PROB_SCALE {
-            let s = EncSym::new(0, freq);
+            let s = enc_sym(0, freq);
+            let check = |x: u32| {
+                let mut buf = [0u16; 2];
+                let mut w = Words {
+                    buf: &mut buf,
+                    pos: 0,
+                };
+                let mut y = x;
+                w.put(&mut y, &s);
+                assert_eq!(w.pos, 0, "freq {freq} x {x}: emitted");
+                assert_eq!(y, (x / freq) * PROB_SCALE + x % freq, "freq {freq} x {x}");
+            };
             let lo = s.x_max >> 16;
             let mut x = lo;
             while x < s.x_max {
-                let mut buf = [0u16; 2];
-                let mut w = Words {
-                    buf: &mut buf,
-                    pos: 0,
-                };
-                let mut y = x;
-                w.put(&mut y, &s);
-                assert_eq!(w.pos, 0);
-                assert_eq!(y, (x / freq) * PROB_SCALE + x % freq, "freq {freq} x {x}");
+                check(x);
                 x += 1 + (s.x_max - lo) / 997 + (x & 7);
             }
-            for x in [s.x_max - 2, s.x_max - 1] {
-                let mut buf = [0u16; 2];
-                let mut w = Words {
-                    buf: &mut buf,
-                    pos: 0,
-                };
-                let mut y = x;
-                w.put(&mut y, &s);
-                assert_eq!(y, (x / freq) * PROB_SCALE + x % freq, "freq {freq} x {x}");
-            }
+            check(s.x_max - 2);
+            check(s.x_max - 1);
         }
     }
 

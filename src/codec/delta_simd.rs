@@ -125,10 +125,9 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     unsafe fn refill(x: &mut __m256i, rd: &mut Reader, base: *const u8, limit: usize) {
         let need = _mm256_cmpgt_epi32(_mm256_set1_epi32(RANS_L as i32), *x);
+        // No branch on the mask (it is as good as random): with no lane in need the shuffle
+        // and blend change nothing and the position does not move.
         let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-        if m == 0 {
-            return;
-        }
         let words =
             _mm256_cvtepu16_epi32(_mm_loadu_si128(base.add(rd.at.min(limit)) as *const __m128i));
         let idx = _mm256_loadu_si256(EXPAND[m].as_ptr() as *const __m256i);
@@ -286,9 +285,13 @@ mod avx2 {
     pub(super) unsafe fn scan<L: Layout>(
         input: &[u8],
         old: &[u8],
+        ctx: &[u8],
         z: &mut [u32],
         tok: &mut [u8],
+        idx: &mut [u16],
     ) -> super::ScanCounts {
+        let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
+        let cmax = _mm256_set1_epi32(2 * CLIP);
         let n = input.len() / 2;
         let zero = _mm256_setzero_si256();
         let one = _mm256_set1_epi32(1);
@@ -347,6 +350,16 @@ mod avx2 {
                 _mm256_extracti128_si256::<1>(p8),
             );
             _mm_storel_epi64(tok.as_mut_ptr().add(i) as *mut __m128i, bytes);
+            let c = _mm256_min_epu32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
+                cmax,
+            );
+            let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
+            let k16 = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(k, k));
+            _mm_storeu_si128(
+                idx.as_mut_ptr().add(i) as *mut __m128i,
+                _mm256_castsi256_si128(k16),
+            );
             same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
                 .count_ones() as usize;
             let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
@@ -369,27 +382,26 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn emit(x: &mut __m256i, over: __m256i, words: &mut Words<'_>) {
+        // No branch on the mask (as good as random): with no lane over, the store writes past
+        // the end of the words (overwritten later) and the position does not move.
         let m = _mm256_movemask_ps(_mm256_castsi256_ps(over)) as usize;
-        if m != 0 {
-            let idx = _mm256_loadu_si256(COMPRESS_DESC[m].as_ptr() as *const __m256i);
-            let lo = _mm256_and_si256(*x, _mm256_set1_epi32(0xffff));
-            let perm = _mm256_permutevar8x32_epi32(lo, idx);
-            let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(perm, perm));
-            let dst = &mut words.buf[words.pos..words.pos + 8];
-            _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(p));
-            words.pos += m.count_ones() as usize;
-            *x = _mm256_blendv_epi8(*x, _mm256_srli_epi32(*x, 16), over);
-        }
+        let idx = _mm256_loadu_si256(COMPRESS_DESC[m].as_ptr() as *const __m256i);
+        let lo = _mm256_and_si256(*x, _mm256_set1_epi32(0xffff));
+        let perm = _mm256_permutevar8x32_epi32(lo, idx);
+        let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(perm, perm));
+        let dst = &mut words.buf[words.pos..words.pos + 8];
+        _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(p));
+        words.pos += m.count_ones() as usize;
+        *x = _mm256_blendv_epi8(*x, _mm256_srli_epi32(*x, 16), over);
     }
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn encode_rows(
         table: &super::EncTable,
-        ntok: usize,
         z: &[u32],
         tok: &[u8],
-        ctx: &[u8],
+        idx: &[u16],
         xl: &mut [u32],
         words: &mut Words<'_>,
         base: usize,
@@ -401,7 +413,6 @@ mod avx2 {
         }
         let one = _mm256_set1_epi32(1);
         let top = _mm256_set1_epi32(i32::MIN); // 2^31 as u32
-        let ntokv = _mm256_set1_epi32(ntok as i32);
         let pk = table.packed.as_ptr() as *const i32;
         let m12 = _mm256_set1_epi32(0xfff);
         let zero = _mm256_setzero_si256();
@@ -429,13 +440,9 @@ mod avx2 {
             // Tokens, lanes downwards.
             for v in (0..4).rev() {
                 let i = row + 8 * v;
-                let t =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(tok.as_ptr().add(i) as *const __m128i));
-                let c =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i));
-                let c = _mm256_min_epu32(c, _mm256_set1_epi32(2 * CLIP));
-                let idx = _mm256_add_epi32(_mm256_mullo_epi32(c, ntokv), t);
-                let p = _mm256_i32gather_epi32::<4>(pk, idx);
+                let k =
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(idx.as_ptr().add(i) as *const __m128i));
+                let p = _mm256_i32gather_epi32::<4>(pk, k);
                 let cum = _mm256_and_si256(p, m12);
                 let cmpl = _mm256_srli_epi32(p, 12);
                 let freq = _mm256_sub_epi32(scale, cmpl);
@@ -467,8 +474,10 @@ mod avx2 {
 pub(super) fn scan16<L: Layout>(
     input: &[u8],
     old: &[u8],
+    ctx: &[u8],
     z: &mut Vec<u32>,
     tok: &mut Vec<u8>,
+    idx: &mut Vec<u16>,
 ) -> Option<ScanCounts> {
     if L::BYTES != 2 || !super::simd::enabled() {
         return None;
@@ -478,20 +487,27 @@ pub(super) fn scan16<L: Layout>(
         old.len() == input.len(),
         "delta avx2 scan: cache and input differ in size"
     );
+    assert!(
+        ctx.len() == n,
+        "delta avx2 scan: contexts and input differ in size"
+    );
     // Every entry is written below: keep what is there (no zeroing pass).
     z.resize(n, 0);
     tok.resize(n, 0);
+    idx.resize(n, 0);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: AVX2 is present; the loop reads 8 elements at a time below n / 8 * 8 of
         // input/old (2n bytes each) and writes the same elements of z and tok (n entries).
-        let mut c = unsafe { avx2::scan::<L>(input, old, z, tok) };
+        // ctx (n bytes) is read and idx (n entries) written like z and tok.
+        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, z, tok, idx) };
         let full = n / 8 * 8;
         for i in full..n {
             let (a, b) = (L::load(old, i), L::load(input, i));
             let (zi, t, e) = super::delta::token_of(a, b, 16);
             z[i] = zi;
             tok[i] = t;
+            idx[i] = super::delta::sym_index(ctx[i], t, 16);
             c.extra_bits += e as u64;
             c.changed += (a != b) as usize;
             c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
@@ -530,7 +546,7 @@ pub(super) fn encode_rows(
     ntok: usize,
     z: &[u32],
     tok: &[u8],
-    ctx: &[u8],
+    idx: &[u16],
     x: &mut [u32],
     words: &mut Words<'_>,
     base: usize,
@@ -543,19 +559,19 @@ pub(super) fn encode_rows(
     assert!(
         z.len() >= end
             && tok.len() >= end
-            && ctx.len() >= end
+            && idx.len() >= end
             && table.packed.len() == NCTX * ntok
             && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
         "delta avx2 encode: inconsistent buffers"
     );
     #[cfg(target_arch = "x86_64")]
     {
-        debug_assert!(tok[base..end].iter().all(|&t| (t as usize) < ntok));
-        // SAFETY: AVX2 is present; reads of z/tok/ctx stay below `end` (asserted); gather
-        // indices are min(ctx, 16) * ntok + tok < NCTX * ntok, the tables' length (asserted),
-        // because pass one only writes tokens < tokens(16) = ntok; word stores are 8 words at
-        // pos, bounds-checked as a slice (at most two words per element are emitted).
-        unsafe { avx2::encode_rows(table, ntok, z, tok, ctx, x, words, base, rows) };
+        debug_assert!(idx[base..end].iter().all(|&k| (k as usize) < NCTX * ntok));
+        // SAFETY: AVX2 is present; reads of z/tok/idx stay below `end` (asserted); gather
+        // indices are pass one's min(ctx, 16) * ntok + tok < NCTX * ntok, the table's length
+        // (asserted), tokens being < tokens(16) = ntok; word stores are 8 words at pos,
+        // bounds-checked as a slice (at most two words per element are emitted).
+        unsafe { avx2::encode_rows(table, z, tok, idx, x, words, base, rows) };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -18,7 +18,7 @@
 
 use super::error::{CodecError, Result};
 
-const PROB_BITS: u32 = 12;
+pub(super) const PROB_BITS: u32 = 12;
 const PROB_SCALE: u32 = 1 << PROB_BITS;
 /// Lower bound of the normalised state interval [L, L*256).
 const RANS_L: u32 = 1 << 23;
@@ -204,18 +204,28 @@ pub fn histogram(data: &[u8]) -> [u64; 256] {
 
 /// Per-symbol encoder constants: the division `x / freq` of the rANS step done as a multiply
 /// and shifts (exact for x < 2^31, which the renormalisation guarantees). See `enc_step`.
+/// Shared with the Delta frames' coder (`delta.rs`), which renormalises by 16-bit words.
 #[derive(Clone, Copy, Default)]
-struct EncSym {
-    x_max: u32,
-    rcp_freq: u32,
-    rcp_shift: u32,
-    bias: u32,
-    cmpl_freq: u32,
+pub(super) struct EncSym {
+    /// Renormalise (emit) while x >= x_max.
+    pub(super) x_max: u32,
+    pub(super) rcp_freq: u32,
+    pub(super) rcp_shift: u32,
+    pub(super) bias: u32,
+    pub(super) cmpl_freq: u32,
+    /// The symbol's cumulative frequency.
+    pub(super) cum: u32,
 }
 
 impl EncSym {
     fn new(freq: u32, cum: u32) -> EncSym {
-        let x_max = ((RANS_L >> PROB_BITS) << 8) * freq;
+        EncSym::with_limit(freq, cum, (RANS_L >> PROB_BITS) << 8)
+    }
+
+    /// Constants for 12-bit frequencies with `x_max = limit * freq` (`limit` = the lower state
+    /// bound / 4096, times the renormalisation radix).
+    pub(super) fn with_limit(freq: u32, cum: u32, limit: u32) -> EncSym {
+        let x_max = limit * freq;
         let cmpl_freq = PROB_SCALE - freq;
         if freq < 2 {
             // x / 1 = x: rcp = 2^32-1 with shift 0 gives x-1 for x >= 1, and the bias adds
@@ -226,6 +236,7 @@ impl EncSym {
                 rcp_shift: 0,
                 bias: cum + PROB_SCALE - 1,
                 cmpl_freq,
+                cum,
             }
         } else {
             let shift = 32 - (freq - 1).leading_zeros(); // ceil(log2(freq))
@@ -236,6 +247,7 @@ impl EncSym {
                 rcp_shift: shift - 1,
                 bias: cum,
                 cmpl_freq,
+                cum,
             }
         }
     }
@@ -244,7 +256,7 @@ impl EncSym {
 /// One encoder step without the renormalisation: x' = (x / f) * M + x % f + cum
 /// = x + cum + (x / f) * (M - f).
 #[inline(always)]
-fn enc_step(x: u32, e: &EncSym) -> u32 {
+pub(super) fn enc_step(x: u32, e: &EncSym) -> u32 {
     let q = (((x as u64 * e.rcp_freq as u64) >> 32) as u32) >> e.rcp_shift;
     x.wrapping_add(e.bias)
         .wrapping_add(q.wrapping_mul(e.cmpl_freq))
