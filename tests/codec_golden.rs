@@ -1043,10 +1043,10 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>], format: u8) -> Vec<Vec<Vec<u8>
                     (CacheMode::FullValue, FrameChoice::Hybrid | FrameChoice::Delta) => 2,
                     (CacheMode::Delta, FrameChoice::Hybrid) => 2,
                     (CacheMode::Delta, FrameChoice::Delta) => 3,
-                    (_, FrameChoice::Auto) if fallback => {
+                    (_, FrameChoice::Auto | FrameChoice::NoDelta) if fallback => {
                         panic!("{ctx}: cannot tell which delta an Auto slot replaced by a FILL")
                     }
-                    (CacheMode::FullValue, FrameChoice::Auto) => {
+                    (_, FrameChoice::NoDelta) | (CacheMode::FullValue, FrameChoice::Auto) => {
                         assert!(
                             actual[6] == 1 || actual[6] == 2,
                             "{ctx}: mode {}",

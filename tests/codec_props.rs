@@ -385,7 +385,7 @@ impl Pair {
             (CacheMode::FullValue, FrameChoice::Hybrid | FrameChoice::Delta) => Some(Mode::Hybrid),
             (CacheMode::Delta, FrameChoice::Hybrid) => Some(Mode::Hybrid),
             (CacheMode::Delta, FrameChoice::Delta) => Some(Mode::Delta),
-            (_, FrameChoice::Auto) => None,
+            (_, FrameChoice::Auto | FrameChoice::NoDelta) => None,
         };
         if let Some(m) = want {
             assert_eq!(info.mode, m, "{ctx}");
@@ -932,6 +932,7 @@ fn delta_choices() -> impl Strategy<Value = FrameChoice> {
         3 => Just(FrameChoice::Auto),
         1 => Just(FrameChoice::Exp),
         1 => Just(FrameChoice::Hybrid),
+        1 => Just(FrameChoice::NoDelta),
     ]
 }
 

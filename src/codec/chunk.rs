@@ -248,8 +248,11 @@ fn encode_delta_with<L: Layout>(
     let mut choice = match (c.mode, c.choice) {
         (CacheMode::Exponent, _) => FrameChoice::Exp,
         (CacheMode::FullValue, FrameChoice::Delta) => FrameChoice::Hybrid,
+        (_, FrameChoice::NoDelta) => FrameChoice::Auto,
         (_, ch) => ch,
     };
+    // On a delta slot, Auto weighs Delta too; NoDelta (mapped to Auto above) does not.
+    let weigh_delta = c.choice != FrameChoice::NoDelta;
     let Scratch {
         masks,
         exps,
@@ -262,7 +265,7 @@ fn encode_delta_with<L: Layout>(
     } = s;
     exps.clear();
     if c.mode == CacheMode::Delta {
-        if matches!(choice, FrameChoice::Delta | FrameChoice::Auto) {
+        if choice == FrameChoice::Delta || (choice == FrameChoice::Auto && weigh_delta) {
             let sc = delta::scan::<L>(input, c.state, c.ctx, ds);
             if choice == FrameChoice::Auto {
                 // The smallest of the three frames, each estimated from pass one's counts

@@ -56,6 +56,9 @@ pub enum FrameChoice {
     /// Exp (it costs several times the codec time), else Exp; delta slots send the smallest of
     /// Exp, Hybrid and Delta.
     Auto,
+    /// Per chunk as a full-value slot's `Auto` (Exp or Hybrid), also on a delta slot: where
+    /// Delta's codec time costs more than its smaller frames save (a fast link).
+    NoDelta,
 }
 
 /// What one frame did.

@@ -9,7 +9,7 @@ use super::group_codec::{GroupCodec, Incoming, OwnEncoder};
 use super::stats::{CallKind, CallReport, SlotKey};
 use super::store::Lineage;
 use super::{caches_bytes, verify, CompressMode, Compressor, STATUS_FIXED_WORDS};
-use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
+use crate::codec::{CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::DType;
@@ -155,14 +155,25 @@ impl Compressor {
             0
         };
         let clock = self.clock;
+        // Which frames this call sends on a delta cache (every rank alike: agreed values).
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        p.call_delta = new_mode != CacheMode::Delta
+            || mode != CompressMode::Auto
+            || super::family_for_call(p.delta_frames, p.family_time, p.stats.calls);
+        let choice = if p.call_delta {
+            FrameChoice::Auto
+        } else {
+            FrameChoice::NoDelta
+        };
         // This rank's cache of its shard, found by its own key; none (a miss) codes FILL
         // frames against a new cache, which every receiver starts from them.
         let own = self.store.take_own(&key);
         let own_missed = own.is_none();
-        let own = own.unwrap_or_else(|| Lineage {
+        let mut own = own.unwrap_or_else(|| Lineage {
             slot: CacheSlot::new(dtype, new_mode, count),
             last_use: clock,
         });
+        own.slot.set_frame_choice(choice);
         let own_version = own.slot.version();
 
         let t0 = Instant::now();
@@ -354,6 +365,20 @@ impl Compressor {
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
         // Decide what the next call of this policy does, from agreed values only.
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        if mode == CompressMode::Auto && new_mode == CacheMode::Delta && !all_fill {
+            p.family_time[p.call_delta as usize] = Some(slowest);
+            let next = super::prefer_delta(p.family_time, p.delta_frames);
+            if next != p.delta_frames {
+                tracing::info!(
+                    slot = key.id,
+                    without_ms = p.family_time[0].map_or(0.0, |d| d.as_secs_f64() * 1e3),
+                    with_ms = p.family_time[1].map_or(0.0, |d| d.as_secs_f64() * 1e3),
+                    "{} Delta frames for this tensor",
+                    if next { "back to" } else { "no" }
+                );
+                p.delta_frames = next;
+            }
+        }
         if mode == CompressMode::Auto {
             if let Some(base) = p.raw_time {
                 if slowest.as_secs_f64() > 0.95 * base.as_secs_f64() {

@@ -76,6 +76,12 @@ struct Policy {
     pending_raw: Option<Duration>,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
+    /// Delta-cache policies under `auto`: whether calls send Delta frames (else Exp/Hybrid
+    /// only, `FrameChoice::NoDelta`), the agreed (slowest rank) time of the last call of each
+    /// family ([without, with] Delta), and the family of the call in flight.
+    delta_frames: bool,
+    family_time: [Option<Duration>; 2],
+    call_delta: bool,
     stats: SlotStats,
 }
 
@@ -237,6 +243,9 @@ impl Compressor {
                     raw_time: None,
                     pending_raw: None,
                     slow_streak: 0,
+                    delta_frames: true,
+                    family_time: [None, None],
+                    call_delta: true,
                     stats: SlotStats::default(),
                 },
             );
@@ -370,6 +379,29 @@ fn ring_crosses_network(t: &crate::algo::Topology) -> bool {
     n > 1 && (0..n).any(|r| t.link(r, (r + 1) % n) == crate::algo::LinkClass::Network)
 }
 
+/// A delta-cache policy under `auto` times the other frame family once right after the first
+/// timed call of the one in use, then once in this many calls.
+const FAMILY_PROBE_EVERY: u64 = 64;
+
+/// Whether this call of a delta-cache policy sends Delta frames: the family in use, except for
+/// a probe of the other one (see `FAMILY_PROBE_EVERY`). `times` = [without, with] Delta.
+fn family_for_call(delta_frames: bool, times: [Option<Duration>; 2], calls: u64) -> bool {
+    let (current, other) = (times[delta_frames as usize], times[!delta_frames as usize]);
+    let probe = current.is_some()
+        && (other.is_none() || calls % FAMILY_PROBE_EVERY == FAMILY_PROBE_EVERY / 2);
+    delta_frames ^ probe
+}
+
+/// Which family a delta-cache policy uses next: Delta frames (the smaller wire) unless a call
+/// without them was more than 5% faster. Delta costs several times the codec time of Exp, so
+/// on a link fast enough that the codec, not the wire, sets the call time, it loses.
+fn prefer_delta(times: [Option<Duration>; 2], current: bool) -> bool {
+    match times {
+        [Some(without), Some(with)] => with.as_secs_f64() <= 1.05 * without.as_secs_f64(),
+        _ => current,
+    }
+}
+
 /// Bytes of the caches of one tensor on every rank: each of `n` sources' `count` elements.
 fn caches_bytes(n: usize, count: usize, dtype: DType, mode: CacheMode) -> usize {
     n.saturating_mul(count)
@@ -380,6 +412,39 @@ fn caches_bytes(n: usize, count: usize, dtype: DType, mode: CacheMode) -> usize 
 mod tests {
     use super::*;
     use crate::algo::Topology;
+
+    /// A delta-cache policy times the other frame family right after the first timed call of
+    /// the one in use and then once in FAMILY_PROBE_EVERY calls, and keeps Delta frames unless
+    /// a call without them was more than 5% faster (synthetic times: no clock involved).
+    #[test]
+    fn frame_families_are_probed_and_the_faster_kept() {
+        let ms = |x: u64| Some(Duration::from_millis(x));
+        // Nothing timed yet: the family in use.
+        assert!(family_for_call(true, [None, None], 2));
+        assert!(!family_for_call(false, [None, None], 2));
+        // The one in use timed, the other not: probe the other.
+        assert!(!family_for_call(true, [None, ms(100)], 3));
+        assert!(family_for_call(false, [ms(100), None], 3));
+        // Both timed: the one in use, except every FAMILY_PROBE_EVERY calls (at the half).
+        assert!(family_for_call(true, [ms(90), ms(100)], 4));
+        let half = FAMILY_PROBE_EVERY / 2;
+        assert!(!family_for_call(
+            true,
+            [ms(90), ms(100)],
+            FAMILY_PROBE_EVERY + half
+        ));
+        assert!(family_for_call(
+            false,
+            [ms(90), ms(100)],
+            3 * FAMILY_PROBE_EVERY + half
+        ));
+        // Delta kept within 5% of the other family, dropped beyond, taken back when it wins.
+        assert!(prefer_delta([ms(100), ms(104)], true));
+        assert!(!prefer_delta([ms(100), ms(106)], true));
+        assert!(prefer_delta([ms(100), ms(60)], false));
+        assert!(prefer_delta([None, ms(500)], true));
+        assert!(!prefer_delta([ms(500), None], false));
+    }
 
     fn key(count: usize, dtype: DType) -> SlotKey {
         SlotKey {
