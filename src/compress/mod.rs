@@ -25,6 +25,11 @@
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
 //!   for a back-off period (256 calls, doubling each time) and is re-probed after it. `on`
 //!   always compresses, `off` never.
+//! - a policy on delta caches also times its calls with and without Delta frames (one call
+//!   of the other family after the first timed one, then one in 64) and keeps Delta frames
+//!   unless the calls without them were more than 5% faster: Delta's codec costs several
+//!   times Exp's, which a fast link does not pay back. Frames name their kind, so this is the
+//!   sender's choice alone.
 //! - A source with no cache of its shard (a buffer that moved, an evicted or reset cache)
 //!   sends FILL frames within a delta call: a *miss*, counted apart from repairs.
 //!
