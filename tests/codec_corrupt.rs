@@ -537,6 +537,25 @@ fn delta_table_rules(
 
 /// Decode `bytes` on a copy of `b`'s receiver and check `class`; never panics (a panic in the
 /// decoder is caught and reported as a failure).
+/// What a check under `catch_unwind` came to, named `what`: its own verdict, or the panic
+/// (with its message) as a failure.
+fn outcome(what: &str, r: std::thread::Result<Result<bool, String>>) -> Result<bool, String> {
+    match r {
+        Ok(Ok(ok)) => Ok(ok),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(format!(
+                "{what}: decoder PANICKED: {}",
+                msg.unwrap_or_default()
+            ))
+        }
+    }
+}
+
 fn check(b: &Base, bytes: &[u8], class: Class, what: &str) -> Result<bool, String> {
     let r = catch_unwind(AssertUnwindSafe(|| {
         let mut d = decode_on_copy(b, bytes);
@@ -557,20 +576,7 @@ fn check(b: &Base, bytes: &[u8], class: Class, what: &str) -> Result<bool, Strin
         }
         follow_up(b, &mut d).map(|_| true)
     }));
-    match r {
-        Ok(Ok(ok)) => Ok(ok),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            Err(format!(
-                "{what}: decoder PANICKED: {}",
-                msg.unwrap_or_default()
-            ))
-        }
-    }
+    outcome(what, r)
 }
 
 // ---- mutations ---------------------------------------------------------------------------------
@@ -993,20 +999,7 @@ fn check_delta(
             Err(e) => Err(format!("follow-up {:?} frame refused: {e}", tinfo.mode)),
         }
     }));
-    match r {
-        Ok(Ok(ok)) => Ok(ok),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-            Err(format!(
-                "{what}: decoder PANICKED: {}",
-                msg.unwrap_or_default()
-            ))
-        }
-    }
+    outcome(what, r)
 }
 
 /// A frame with `f`'s header (section lengths set, checksums recomputed) and these sections.

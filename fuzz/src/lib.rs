@@ -91,12 +91,12 @@ fn value(b: &[u8], size: usize, i: usize) -> u32 {
     u32::from_le_bytes(w)
 }
 
-/// The moves from `prev` to `out` as zigzag values (docs/WIRE.md, "Delta").
-pub fn zigzag_moves(dtype: DType, prev: &[u8], out: &[u8]) -> Vec<u32> {
+/// `f(move, width)` of every element's move from `prev` to `out` (docs/WIRE.md, "Delta").
+fn per_move<T>(dtype: DType, prev: &[u8], out: &[u8], f: impl Fn(u32, u32) -> T) -> Vec<T> {
     let (size, w) = (dtype.size(), 8 * dtype.size() as u32);
     (0..prev.len() / size)
         .map(|i| {
-            delta_spec::zigzag(
+            f(
                 delta_spec::ulp_move(value(prev, size, i), value(out, size, i), w),
                 w,
             )
@@ -104,17 +104,14 @@ pub fn zigzag_moves(dtype: DType, prev: &[u8], out: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// The moves from `prev` to `out` as zigzag values.
+pub fn zigzag_moves(dtype: DType, prev: &[u8], out: &[u8]) -> Vec<u32> {
+    per_move(dtype, prev, out, delta_spec::zigzag)
+}
+
 /// The contexts a Delta frame from `prev` to `out` leaves behind.
 pub fn contexts_after(dtype: DType, prev: &[u8], out: &[u8]) -> Vec<u8> {
-    let (size, w) = (dtype.size(), 8 * dtype.size() as u32);
-    (0..prev.len() / size)
-        .map(|i| {
-            delta_spec::context(
-                delta_spec::ulp_move(value(prev, size, i), value(out, size, i), w),
-                w,
-            )
-        })
-        .collect()
+    per_move(dtype, prev, out, delta_spec::context)
 }
 
 /// An accepted Delta frame is exactly the coding of its output under its own model: its s1

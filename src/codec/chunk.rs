@@ -1,5 +1,6 @@
-//! One chunk of a cache slot: encoding and decoding its frame (Raw/FILL, Exp, Hybrid), with
-//! the delta kernels of `kernels.rs` (and their AVX2 twins in `simd.rs`).
+//! One chunk of a cache slot: encoding and decoding its frame (Raw/FILL, Exp, Hybrid, Delta),
+//! with the kernels of `kernels.rs` and `delta.rs` (and their AVX2 twins in `simd.rs` and
+//! `delta_simd.rs`), and the choice of frame per chunk.
 
 use super::delta;
 use super::error::{CodecError, Result};
@@ -248,11 +249,8 @@ fn encode_delta_with<L: Layout>(
     let mut choice = match (c.mode, c.choice) {
         (CacheMode::Exponent, _) => FrameChoice::Exp,
         (CacheMode::FullValue, FrameChoice::Delta) => FrameChoice::Hybrid,
-        (_, FrameChoice::NoDelta) => FrameChoice::Auto,
         (_, ch) => ch,
     };
-    // On a delta slot, Auto weighs Delta too; NoDelta (mapped to Auto above) does not.
-    let weigh_delta = c.choice != FrameChoice::NoDelta;
     let Scratch {
         masks,
         exps,
@@ -265,7 +263,7 @@ fn encode_delta_with<L: Layout>(
     } = s;
     exps.clear();
     if c.mode == CacheMode::Delta {
-        if choice == FrameChoice::Delta || (choice == FrameChoice::Auto && weigh_delta) {
+        if matches!(choice, FrameChoice::Delta | FrameChoice::Auto) {
             let sc = delta::scan::<L>(input, c.state, c.ctx, ds);
             if choice == FrameChoice::Auto {
                 // The smallest of the three frames, each estimated from pass one's counts
@@ -273,11 +271,7 @@ fn encode_delta_with<L: Layout>(
                 let d_est = delta::estimate(&sc, n, delta::width::<L>());
                 let (k, ke) = (sc.changed, sc.exp_changed);
                 let exp_est = L::sm_len(n) as f64 + mask_entropy_bytes(ke, n) + ke as f64;
-                let hyb_est = L::sm_len(k) as f64
-                    + mask_entropy_bytes(k, n)
-                    + mask_entropy_bytes(ke, k)
-                    + ke as f64
-                    + 300.0;
+                let hyb_est = hybrid_estimate::<L>(n, k, ke);
                 choice = if (d_est as f64) <= exp_est.min(hyb_est) {
                     FrameChoice::Delta
                 } else if hyb_est < exp_est {
@@ -302,6 +296,10 @@ fn encode_delta_with<L: Layout>(
         // as a first move (both sides alike).
         c.ctx.fill(delta::CONTEXT_NONE);
     }
+    if choice == FrameChoice::NoDelta {
+        // Exp or Hybrid, as a full-value slot's Auto.
+        choice = FrameChoice::Auto;
+    }
     if choice == FrameChoice::Exp {
         return write_exp::<L>(c, input, out, masks, exps);
     }
@@ -317,12 +315,7 @@ fn encode_delta_with<L: Layout>(
         let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
         let pe = bitmask::plan(exp_changed, n, None);
         let exp_bytes = L::sm_len(n) + pe.bytes + ke;
-        let hybrid_est = L::sm_len(k) as f64
-            + mask_entropy_bytes(k, n)
-            + mask_entropy_bytes(ke, k)
-            + ke as f64
-            + 300.0;
-        if hybrid_est * 1.25 >= exp_bytes as f64 {
+        if hybrid_estimate::<L>(n, k, ke) * 1.25 >= exp_bytes as f64 {
             return write_exp::<L>(c, input, out, masks, exps);
         }
     }
@@ -345,6 +338,12 @@ fn encode_delta_with<L: Layout>(
         exp_changes: exps.len(),
         value_changes: Some(k),
     }
+}
+
+/// Estimated bytes of a Hybrid frame of `n` values, `k` changed, `ke` of them in exponent (its
+/// masks near their entropy, plus a table's worth).
+fn hybrid_estimate<L: Layout>(n: usize, k: usize, ke: usize) -> f64 {
+    L::sm_len(k) as f64 + mask_entropy_bytes(k, n) + mask_entropy_bytes(ke, k) + ke as f64 + 300.0
 }
 
 /// Bytes of a mask of `m` bits with `x` set, coded at its entropy.

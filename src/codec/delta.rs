@@ -94,16 +94,21 @@ pub fn ulp_move(old: u32, new: u32, w: u32) -> u32 {
     key(new, w).wrapping_sub(key(old, w)) & mask(w)
 }
 
+/// A W-bit move as a signed number.
+#[inline(always)]
+fn signed(d: u32, w: u32) -> i32 {
+    ((d << (32 - w)) as i32) >> (32 - w)
+}
+
 /// The context byte of a move: the move as a signed number clipped to -CLIP..CLIP, plus CLIP.
 #[inline(always)]
 pub fn context_of(d: u32, w: u32) -> u8 {
-    let s = ((d << (32 - w)) as i32) >> (32 - w);
-    (s.clamp(-CLIP, CLIP) + CLIP) as u8
+    (signed(d, w).clamp(-CLIP, CLIP) + CLIP) as u8
 }
 
 #[inline(always)]
 fn zigzag(d: u32, w: u32) -> u32 {
-    let s = ((d << (32 - w)) as i32) >> (32 - w);
+    let s = signed(d, w);
     ((s << 1) ^ (s >> 31)) as u32 & mask(w)
 }
 
@@ -314,32 +319,6 @@ pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
     (bits / 8.0) as usize + table + 5 + lane_overhead(n)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u32) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn get_varint(b: &[u8], pos: &mut usize) -> Result<u32> {
-    let mut v: u32 = 0;
-    for shift in [0u32, 7, 14] {
-        let byte = *b
-            .get(*pos)
-            .ok_or_else(|| CodecError::corrupt("delta tables", "ends inside a frequency"))?;
-        *pos += 1;
-        v |= ((byte & 0x7f) as u32) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(v);
-        }
-    }
-    Err(CodecError::corrupt(
-        "delta tables",
-        "frequency varint longer than 3 bytes",
-    ))
-}
-
 /// An encoder's view of one (context, token): the reciprocal form of `x / freq` that the
 /// mask coder uses too, with the 16-bit-word renormalisation limit.
 type EncSym = super::rans::EncSym;
@@ -408,7 +387,7 @@ pub(super) fn write<L: Layout>(
         normalize(&h[..m], &mut freq[..m]);
         let mut cum = 0;
         for t in 0..m {
-            put_varint(&mut model, freq[t]);
+            super::rans::write_varint(&mut model, freq[t]);
             if freq[t] > 0 {
                 syms[c * ntok + t] = enc_sym(cum, freq[t]);
             }
@@ -555,7 +534,7 @@ pub(super) fn decode<L: Layout>(
         let table = &mut s.dec[c * PROB_SCALE as usize..(c + 1) * PROB_SCALE as usize];
         let mut cum = 0u32;
         for t in 0..m {
-            let f = get_varint(s1, &mut pos)?;
+            let f = super::rans::read_varint(s1, &mut pos, "delta tables")?;
             if f > PROB_SCALE - cum {
                 return Err(CodecError::corrupt(
                     "delta tables",

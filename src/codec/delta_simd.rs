@@ -119,6 +119,68 @@ mod avx2 {
     use crate::codec::delta::{PROB_BITS, PROB_SCALE, RANS_L};
     use crate::codec::float::Layout;
 
+    /// The total-order key of eight 16-bit values (`delta::key`): `u ^ 0xffff` when the sign
+    /// bit is set, else `u ^ 0x8000`; `unkey16` is its inverse.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn key16(u: __m256i) -> __m256i {
+        let sign = _mm256_srai_epi32(_mm256_slli_epi32(u, 16), 31);
+        _mm256_xor_si256(
+            u,
+            _mm256_or_si256(
+                _mm256_set1_epi32(0x8000),
+                _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
+            ),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn unkey16(k: __m256i) -> __m256i {
+        let sign = _mm256_srai_epi32(_mm256_slli_epi32(k, 16), 31);
+        _mm256_xor_si256(
+            k,
+            _mm256_xor_si256(
+                _mm256_set1_epi32(0xffff),
+                _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
+            ),
+        )
+    }
+
+    /// A token's extra bit count less one where it has extra bits (`b - 1` of `detokenize`,
+    /// garbage below 32), and the mask of the lanes that have them.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn token_bits(t: __m256i) -> (__m256i, __m256i) {
+        let big = _mm256_cmpgt_epi32(t, _mm256_set1_epi32(31));
+        let bm1 = _mm256_add_epi32(
+            _mm256_srli_epi32(_mm256_sub_epi32(t, _mm256_set1_epi32(32)), 1),
+            _mm256_set1_epi32(4),
+        );
+        (bm1, big)
+    }
+
+    /// Eight lanes' values below 2^16 as eight u16 (the low 128 bits).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn pack16(v: __m256i) -> __m128i {
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(
+            v, v,
+        )))
+    }
+
+    /// Eight lanes' values below 2^8 as eight bytes (the low 64 bits).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn pack8(v: __m256i) -> __m128i {
+        let p16 = _mm256_packus_epi32(v, v);
+        let p8 = _mm256_packus_epi16(p16, p16);
+        _mm_unpacklo_epi32(
+            _mm256_castsi256_si128(p8),
+            _mm256_extracti128_si256::<1>(p8),
+        )
+    }
+
     /// Refill the lanes of `x` that are below RANS_L with the next words of the stream, in
     /// lane order.
     #[inline]
@@ -161,8 +223,6 @@ mod avx2 {
         let one = _mm256_set1_epi32(1);
         let mslot = _mm256_set1_epi32(PROB_SCALE as i32 - 1);
         let m4095 = _mm256_set1_epi32(4095);
-        let m7fff = _mm256_set1_epi32(0x7fff);
-        let m8000 = _mm256_set1_epi32(0x8000);
         let mffff = _mm256_set1_epi32(0xffff);
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
         let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
@@ -202,11 +262,7 @@ mod avx2 {
             for v in 0..4 {
                 // Token -> zigzag high part and extra bit count (at most 14 for 16 bits).
                 let tv = t[v];
-                let big = _mm256_cmpgt_epi32(tv, _mm256_set1_epi32(31));
-                let bm1 = _mm256_add_epi32(
-                    _mm256_srli_epi32(_mm256_sub_epi32(tv, _mm256_set1_epi32(32)), 1),
-                    _mm256_set1_epi32(4),
-                );
+                let (bm1, big) = token_bits(tv);
                 let eb = _mm256_and_si256(bm1, big);
                 let zb = _mm256_sllv_epi32(
                     _mm256_or_si256(_mm256_set1_epi32(2), _mm256_and_si256(tv, one)),
@@ -233,15 +289,8 @@ mod avx2 {
                 let old = _mm256_cvtepu16_epi32(_mm_loadu_si128(
                     state.as_ptr().add(2 * i) as *const __m128i
                 ));
-                let ms = _mm256_srai_epi32(_mm256_slli_epi32(old, 16), 31);
-                let key =
-                    _mm256_xor_si256(old, _mm256_or_si256(m8000, _mm256_and_si256(ms, m7fff)));
-                let nk = _mm256_and_si256(_mm256_add_epi32(key, d), mffff);
-                let mn = _mm256_srai_epi32(_mm256_slli_epi32(nk, 16), 31);
-                let new =
-                    _mm256_xor_si256(nk, _mm256_xor_si256(mffff, _mm256_and_si256(mn, m7fff)));
-                let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(new, new));
-                let lo = _mm256_castsi256_si128(packed);
+                let new = unkey16(_mm256_and_si256(_mm256_add_epi32(key16(old), d), mffff));
+                let lo = pack16(new);
                 _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
                 _mm_storeu_si128(state.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
                 // Context byte: the move clipped to -CLIP..CLIP, plus CLIP.
@@ -253,13 +302,7 @@ mod avx2 {
                     ),
                     _mm256_set1_epi32(CLIP),
                 );
-                let p16 = _mm256_packus_epi32(cl, cl);
-                let p8 = _mm256_packus_epi16(p16, p16);
-                let bytes = _mm_unpacklo_epi32(
-                    _mm256_castsi256_si128(p8),
-                    _mm256_extracti128_si256::<1>(p8),
-                );
-                _mm_storel_epi64(ctx.as_mut_ptr().add(i) as *mut __m128i, bytes);
+                _mm_storel_epi64(ctx.as_mut_ptr().add(i) as *mut __m128i, pack8(cl));
                 unchanged += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, zero)))
                     as u32)
                     .count_ones();
@@ -295,8 +338,6 @@ mod avx2 {
         let n = input.len() / 2;
         let zero = _mm256_setzero_si256();
         let one = _mm256_set1_epi32(1);
-        let m7fff = _mm256_set1_epi32(0x7fff);
-        let m8000 = _mm256_set1_epi32(0x8000);
         let mffff = _mm256_set1_epi32(0xffff);
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
         let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
@@ -309,21 +350,7 @@ mod avx2 {
                 _mm256_cvtepu16_epi32(_mm_loadu_si128(old.as_ptr().add(2 * i) as *const __m128i));
             let b =
                 _mm256_cvtepu16_epi32(_mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i));
-            let ka = _mm256_xor_si256(
-                a,
-                _mm256_or_si256(
-                    m8000,
-                    _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(a, 16), 31), m7fff),
-                ),
-            );
-            let kb = _mm256_xor_si256(
-                b,
-                _mm256_or_si256(
-                    m8000,
-                    _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(b, 16), 31), m7fff),
-                ),
-            );
-            let d = _mm256_and_si256(_mm256_sub_epi32(kb, ka), mffff);
+            let d = _mm256_and_si256(_mm256_sub_epi32(key16(b), key16(a)), mffff);
             let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
             let zz = _mm256_and_si256(
                 _mm256_xor_si256(_mm256_slli_epi32(sd, 1), _mm256_srai_epi32(sd, 31)),
@@ -343,23 +370,13 @@ mod avx2 {
             let t = _mm256_blendv_epi8(zz, tb, big);
             extra = _mm256_add_epi32(extra, _mm256_and_si256(bm1, big));
             _mm256_storeu_si256(z.as_mut_ptr().add(i) as *mut __m256i, zz);
-            let p16 = _mm256_packus_epi32(t, t);
-            let p8 = _mm256_packus_epi16(p16, p16);
-            let bytes = _mm_unpacklo_epi32(
-                _mm256_castsi256_si128(p8),
-                _mm256_extracti128_si256::<1>(p8),
-            );
-            _mm_storel_epi64(tok.as_mut_ptr().add(i) as *mut __m128i, bytes);
+            _mm_storel_epi64(tok.as_mut_ptr().add(i) as *mut __m128i, pack8(t));
             let c = _mm256_min_epu32(
                 _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
                 cmax,
             );
             let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
-            let k16 = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(k, k));
-            _mm_storeu_si128(
-                idx.as_mut_ptr().add(i) as *mut __m128i,
-                _mm256_castsi256_si128(k16),
-            );
+            _mm_storeu_si128(idx.as_mut_ptr().add(i) as *mut __m128i, pack16(k));
             same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
                 .count_ones() as usize;
             let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
@@ -388,9 +405,8 @@ mod avx2 {
         let idx = _mm256_loadu_si256(COMPRESS_DESC[m].as_ptr() as *const __m256i);
         let lo = _mm256_and_si256(*x, _mm256_set1_epi32(0xffff));
         let perm = _mm256_permutevar8x32_epi32(lo, idx);
-        let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(perm, perm));
         let dst = &mut words.buf[words.pos..words.pos + 8];
-        _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, _mm256_castsi256_si128(p));
+        _mm_storeu_si128(dst.as_mut_ptr() as *mut __m128i, pack16(perm));
         words.pos += m.count_ones() as usize;
         *x = _mm256_blendv_epi8(*x, _mm256_srli_epi32(*x, 16), over);
     }
@@ -425,11 +441,7 @@ mod avx2 {
                 let zz = _mm256_loadu_si256(z.as_ptr().add(i) as *const __m256i);
                 let t =
                     _mm256_cvtepu8_epi32(_mm_loadl_epi64(tok.as_ptr().add(i) as *const __m128i));
-                let big = _mm256_cmpgt_epi32(t, _mm256_set1_epi32(31));
-                let bm1 = _mm256_add_epi32(
-                    _mm256_srli_epi32(_mm256_sub_epi32(t, _mm256_set1_epi32(32)), 1),
-                    _mm256_set1_epi32(4),
-                );
+                let (bm1, big) = token_bits(t);
                 let eb = _mm256_and_si256(bm1, big);
                 let lim = _mm256_sub_epi32(_mm256_srlv_epi32(top, eb), one);
                 let over = _mm256_cmpgt_epi32(x[v], lim);

@@ -160,7 +160,7 @@ impl FreqTable {
         let mut sum: u64 = 0;
         for s in 0..256 {
             if present[s] {
-                let f = read_varint(input, pos)? as u64 + 1;
+                let f = read_varint(input, pos, "rans table")? as u64 + 1;
                 if f > PROB_SCALE as u64 {
                     return Err(CodecError::corrupt(
                         "rans table",
@@ -353,7 +353,8 @@ pub fn decode(input: &[u8], out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-fn write_varint(out: &mut Vec<u8>, mut v: u32) {
+/// LEB128, as the rANS tables and the Delta tables write their frequencies.
+pub(super) fn write_varint(out: &mut Vec<u8>, mut v: u32) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -361,19 +362,20 @@ fn write_varint(out: &mut Vec<u8>, mut v: u32) {
     out.push(v as u8);
 }
 
-fn read_varint(input: &[u8], pos: &mut usize) -> Result<u32> {
+/// A LEB128 varint of at most 3 bytes at `pos` (errors name `what`: the table it is in).
+pub(super) fn read_varint(input: &[u8], pos: &mut usize, what: &'static str) -> Result<u32> {
     let mut v: u32 = 0;
     for shift in [0u32, 7, 14] {
-        let b = *take(input, pos, 1)?.first().unwrap_or(&0);
+        let b = *input.get(*pos).ok_or_else(|| {
+            CodecError::corrupt(what, format!("ends inside a varint at offset {pos}"))
+        })?;
+        *pos += 1;
         v |= ((b & 0x7f) as u32) << shift;
         if b & 0x80 == 0 {
             return Ok(v);
         }
     }
-    Err(CodecError::corrupt(
-        "rans table",
-        "varint longer than 3 bytes",
-    ))
+    Err(CodecError::corrupt(what, "varint longer than 3 bytes"))
 }
 
 fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
