@@ -80,6 +80,17 @@ fn h2(p: f64) -> f64 {
     }
 }
 
+/// Bytes of a mask of `m` bits with `ones` set at the entropy of independent bits (floor), in
+/// integer arithmetic (Q16 logarithms) so that GPU encoders choose exactly as this does.
+pub fn iid_bytes(ones: u64, m: u64) -> u64 {
+    if ones == 0 || ones >= m {
+        return 0;
+    }
+    let lm = rans::log2_q16(m);
+    let bits = ones * (lm - rans::log2_q16(ones)) + (m - ones) * (lm - rans::log2_q16(m - ones));
+    bits / (8 << 16)
+}
+
 /// Sizes of each coding for a mask, to choose one.
 pub struct MaskPlan {
     pub coding: MaskCoding,
@@ -116,7 +127,7 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
     };
     // rANS cannot beat the entropy of independent bits by much; skip the histogram when even
     // that would not save `gain` bytes.
-    let iid_bytes = (m as f64 * h2(ones as f64 / m as f64) / 8.0) as usize;
+    let iid_bytes = iid_bytes(ones as u64, m as u64) as usize;
     if let Some(gain) = rans_min_gain.filter(|&g| iid_bytes + g < bytes) {
         let hist = rans::histogram(&mask_bytes(words, m));
         let est = 1 + rans::FreqTable::from_histogram(&hist).estimate_bytes(&hist);

@@ -78,13 +78,15 @@ impl FreqTable {
 
     /// Estimated coded size in bytes of data with this histogram (table + state + payload).
     pub fn estimate_bytes(&self, hist: &[u64; 256]) -> usize {
-        let mut bits = 0f64;
+        // Integer arithmetic (Q16 code lengths), so a GPU encoder (cuda/codec.cu) makes the
+        // same choices bit for bit.
+        let mut bits: u64 = 0;
         for (s, &h) in hist.iter().enumerate() {
             if h > 0 {
-                bits += h as f64 * (PROB_SCALE as f64 / self.freq[s] as f64).log2();
+                bits += h * ((12 << 16) - log2_q16(self.freq[s] as u64));
             }
         }
-        (bits / 8.0).ceil() as usize + self.table_bytes() + 8
+        bits.div_ceil(8 << 16) as usize + self.table_bytes() + 8
     }
 
     fn nsym(&self) -> usize {
@@ -182,6 +184,28 @@ impl FreqTable {
 }
 
 /// Byte histogram of `data`.
+/// log2(x) in Q16 fixed point (16 fraction bits, truncated), x >= 1: the integer part, then
+/// one fraction bit per squaring of the mantissa. Integer-only, so the CPU and GPU encoders'
+/// size estimates (and so their frames) agree exactly; cuda/codec.cu has the same function.
+pub fn log2_q16(x: u64) -> u64 {
+    debug_assert!(x >= 1);
+    let k = 63 - x.leading_zeros();
+    let mut m = if k >= 31 {
+        x >> (k - 31)
+    } else {
+        x << (31 - k)
+    };
+    let mut frac = 0u64;
+    for i in 0..16 {
+        m = (m * m) >> 31;
+        if m >= 1 << 32 {
+            frac |= 1 << (15 - i);
+            m >>= 1;
+        }
+    }
+    ((k as u64) << 16) | frac
+}
+
 pub fn histogram(data: &[u8]) -> [u64; 256] {
     // Four interleaved tables hide the store-to-load latency of repeated symbols.
     let mut h = [[0u32; 256]; 4];

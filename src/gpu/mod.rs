@@ -1,6 +1,13 @@
-//! GPU support. Today: the CUDA driver probe ([`driver`]), which tells device memory from host
-//! memory and waits for streams, using the driver only when the process has loaded it. The
-//! codec kernels (cuda/, compiled at run time with NVRTC) and device memory for caches and
-//! frames land here next; like [`driver`], they stay the only GPU code with `unsafe`.
+//! GPU support, all of it loaded at run time so the crate builds and runs with no CUDA:
+//!
+//! - [`driver`]: the CUDA driver probe, which tells device memory from host memory and waits
+//!   for streams, using the driver only when the process has loaded it.
+//! - [`nvrtc`]: finds NVRTC (a CUDA toolkit, or the `nvidia-cuda-nvrtc` wheel in a venv) and
+//!   compiles the kernels of cuda/ to cubins, once per source and architecture, with each
+//!   kernel's registers, spills and memory ([`cubin`] reads them).
+//!
+//! These stay the only GPU code with `unsafe` ([`cubin`] needs none).
 
+pub mod cubin;
 pub mod driver;
+pub mod nvrtc;

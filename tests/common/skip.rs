@@ -10,3 +10,8 @@ pub fn skip(test: &str, reason: &str) {
     let line = format!("SKIPPED {test}: {reason}\n");
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
+
+/// Show `text` in `cargo test`'s normal output, as [`skip`] does (a table a test printed).
+pub fn show(text: &str) {
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}

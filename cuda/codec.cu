@@ -1,0 +1,1678 @@
+// CIERA codec kernels: Exp frames (exponent cache) and FILL frames for bf16, fp16 and fp32,
+// written and read in the wire format of docs/WIRE.md byte for byte (checksums included), so a
+// frame encoded here decodes on a CPU and the other way round.
+//
+// One source, two builds:
+// - NVRTC (src/gpu/nvrtc.rs) compiles it for the device: the `extern "C" __global__` wrappers
+//   at the end of this file;
+// - g++ compiles it for the host (cuda/host: host_prelude.h, then this file), where an emulator
+//   runs the same block bodies block by block and thread by thread. The tests diff the frames
+//   the emulator writes against the Rust codec (tests/gpu_host.rs).
+//
+// How a block body is written so both builds run it: a body is a `__host__ __device__`
+// function of a block (`Blk`) whose work is a sequence of *phases*, `b.each([&](u32 t) {...})`
+// (every thread t runs the lambda) and `b.one([&] {...})` (thread 0 only), separated by
+// `b.sync()`. On the device a phase is the lambda run by each thread and `sync` is
+// __syncthreads(); on the host `each` loops t = 0..nt and `sync` does nothing, which is the
+// same program because no phase reads what another thread of the same phase writes. State that
+// lives across phases is in the block's shared struct, indexed by thread. Code outside the
+// phases runs on every device thread and must only compute block-uniform values. No warp
+// intrinsics (ballot, shuffles) are used, so there is nothing the host build cannot execute;
+// what it does not exercise is real concurrency between blocks (none of the kernels below
+// shares data between blocks of one launch except through distinct per-tile slots).
+//
+// Encode (per batch of EncJob, one frame per job; launches in this order on one stream):
+//   ciera_enc_tile_<t>   grid (max tiles, jobs) x 256: values -> sign+mantissa (s0), mask words,
+//                        exponent cache update, per-tile counts and SH64 partial sums
+//   ciera_enc_plan       grid (1, jobs) x 256: tile offsets (scan), mask coding (plan), rANS
+//                        mask (one thread: rare), FILL decision, section offsets
+//   ciera_enc_emit_<t>   grid (max tiles, jobs) x 256: mask bytes (Flat/Hier) and exceptions,
+//                        or the raw values of a FILL
+//   ciera_enc_finish_<t> grid (1, jobs) x 256: header, SH64, XXH3 (8 lanes), frame length
+// Decode (per batch of DecJob): see the section "Decode" below.
+//
+// Tiles are 4096 elements (64 mask words): the sign+mantissa of a tile starts on a 32-byte
+// SH64 stripe for every type (4096, 5632, 12288 bytes), so tiles hash independently and the
+// partial sums add up (SH64's accumulators are sums over stripes).
+
+#if defined(__CUDACC__)
+#define CIERA_DEVICE_BUILD 1
+#endif
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define HD __host__ __device__ __forceinline__
+
+// ---------------------------------------------------------------------------------------------
+// Portable primitives
+
+#if defined(CIERA_DEVICE_BUILD)
+HD u32 pop64(u64 x) { return __popcll(x); }
+HD u32 pop32(u32 x) { return __popc(x); }
+HD u32 ctz64(u64 x) { return __ffsll((long long)x) - 1; }
+HD u32 clz32(u32 x) { return __clz(x); }
+HD u32 clz64(u64 x) { return __clzll((long long)x); }
+HD u64 mulhi64(u64 a, u64 b) { return __umul64hi(a, b); }
+struct Blk {
+    u32 nt;
+    template <class F> __device__ __forceinline__ void each(F f) { f((u32)threadIdx.x); }
+    template <class F> __device__ __forceinline__ void one(F f) {
+        if (threadIdx.x == 0) f();
+    }
+    __device__ __forceinline__ void sync() { __syncthreads(); }
+};
+#else
+HD u32 pop64(u64 x) { return (u32)__builtin_popcountll(x); }
+HD u32 pop32(u32 x) { return (u32)__builtin_popcount(x); }
+HD u32 ctz64(u64 x) { return (u32)__builtin_ctzll(x); }
+HD u32 clz32(u32 x) { return x ? (u32)__builtin_clz(x) : 32; }
+HD u32 clz64(u64 x) { return x ? (u32)__builtin_clzll(x) : 64; }
+HD u64 mulhi64(u64 a, u64 b) { return (u64)(((unsigned __int128)a * b) >> 64); }
+struct Blk {
+    u32 nt;
+    template <class F> void each(F f) {
+        for (u32 t = 0; t < nt; ++t) f(t);
+    }
+    template <class F> void one(F f) { f(); }
+    void sync() {}
+};
+#endif
+
+HD u64 rotl64(u64 x, u32 r) { return (x << r) | (x >> (64 - r)); }
+HD u64 min64(u64 a, u64 b) { return a < b ? a : b; }
+HD u64 cdiv(u64 a, u64 b) { return (a + b - 1) / b; }
+
+HD u64 rd64(const u8* p) {
+    u64 v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+HD u32 rd32(const u8* p) { return (u32)p[0] | (u32)p[1] << 8 | (u32)p[2] << 16 | (u32)p[3] << 24; }
+// A u64 from 8-aligned `p`.
+HD u64 ld64a(const u8* p) {
+#if defined(CIERA_DEVICE_BUILD)
+    return *(const u64*)p;
+#else
+    u64 v;
+    memcpy(&v, p, 8);
+    return v;
+#endif
+}
+// A u64 (little-endian) from any `p`, with aligned loads only: the two aligned words holding
+// bytes p..p+7 (which lie in the buffer when its base is 8-aligned and its size a multiple of 8).
+HD u64 ld64_any(const u8* p) {
+    u32 k = (u32)((u64)p & 7);
+    if (k == 0) return ld64a(p);
+    const u8* a = p - k;
+    return (ld64a(a) >> (8 * k)) | (ld64a(a + 8) << (64 - 8 * k));
+}
+HD void wr64(u8* p, u64 v) {
+    for (int i = 0; i < 8; ++i) p[i] = (u8)(v >> (8 * i));
+}
+HD void wr32(u8* p, u32 v) {
+    for (int i = 0; i < 4; ++i) p[i] = (u8)(v >> (8 * i));
+}
+
+constexpr u32 NT = 256;               // threads per block of the tile kernels
+constexpr u32 TILE = 4096;            // elements per tile
+constexpr u32 TILE_WORDS = TILE / 64; // mask words per tile
+constexpr u32 GROUPS = TILE / 8;      // groups of 8 elements per tile (2 per thread)
+
+// ---------------------------------------------------------------------------------------------
+// Float layouts (src/codec/float.rs): the cached field `e` and the packed sign+mantissa.
+
+struct Bf16 {
+    static constexpr u32 BYTES = 2, SHIFT = 8, EMAX = 0xff, DT = 9;
+    static HD u64 sm_len(u64 k) { return k; }
+};
+struct F16 {
+    static constexpr u32 BYTES = 2, SHIFT = 10, EMAX = 0x1f, DT = 6;
+    static HD u64 sm_len(u64 k) { return k + cdiv(3 * k, 8); }
+};
+struct F32 {
+    static constexpr u32 BYTES = 4, SHIFT = 24, EMAX = 0xff, DT = 7;
+    static HD u64 sm_len(u64 k) { return 3 * k; }
+};
+
+template <class L> HD u32 load_val(const u8* p, u64 i) {
+    if (L::BYTES == 2) return *(const u16*)(p + 2 * i);
+    return *(const u32*)(p + 4 * i);
+}
+template <class L> HD void store_val(u8* p, u64 i, u32 w) {
+    if (L::BYTES == 2)
+        *(u16*)(p + 2 * i) = (u16)w;
+    else
+        *(u32*)(p + 4 * i) = w;
+}
+template <class L> HD u32 exp_of(u32 w) { return (w >> L::SHIFT) & L::EMAX; }
+
+HD void st64a(u8* p, u64 v) {
+#if defined(CIERA_DEVICE_BUILD)
+    *(u64*)p = v;
+#else
+    memcpy(p, &v, 8);
+#endif
+}
+HD u64 ld64a(const u8* p);
+// The 8 values i..i+7 (i a multiple of 8) into w: u64 loads where the address allows.
+template <class L> HD void load8(const u8* in, u64 i, u32* w) {
+    const u8* p = in + L::BYTES * i;
+    if (((u64)p & 7) == 0) {
+        for (u32 q = 0; q < L::BYTES; ++q) {
+            u64 x = ld64a(p + 8 * q);
+            for (u32 r = 0; r < 8 / L::BYTES; ++r)
+                w[q * (8 / L::BYTES) + r] = (u32)(x >> (8 * L::BYTES * r)) & (L::BYTES == 2 ? 0xffffu : 0xffffffffu);
+        }
+    } else {
+        for (u32 q = 0; q < 8; ++q) w[q] = load_val<L>(in, i + q);
+    }
+}
+template <class L> HD void store8(u8* out, u64 i, const u32* w) {
+    u8* p = out + L::BYTES * i;
+    if (((u64)p & 7) == 0) {
+        for (u32 q = 0; q < L::BYTES; ++q) {
+            u64 x = 0;
+            for (u32 r = 0; r < 8 / L::BYTES; ++r) x |= (u64)w[q * (8 / L::BYTES) + r] << (8 * L::BYTES * r);
+            st64a(p + 8 * q, x);
+        }
+    } else {
+        for (u32 q = 0; q < 8; ++q) store_val<L>(out, i + q, w[q]);
+    }
+}
+template <class L> HD u32 sm_of(u32 w) { return w & ~(L::EMAX << L::SHIFT); }
+
+// Pack the sm of r <= 8 values (a group that starts at a multiple of 8) at `out`.
+template <class L> HD void pack_group(const u32* w, u32 r, u8* out) {
+    if (L::DT == Bf16::DT) {
+        for (u32 j = 0; j < r; ++j) out[j] = (u8)w[j];
+    } else if (L::DT == F32::DT) {
+        for (u32 j = 0; j < r; ++j) {
+            out[3 * j] = (u8)w[j];
+            out[3 * j + 1] = (u8)(w[j] >> 8);
+            out[3 * j + 2] = (u8)(w[j] >> 16);
+        }
+    } else {
+        u32 hi = 0;
+        for (u32 j = 0; j < r; ++j) {
+            out[j] = (u8)w[j];
+            hi |= (((w[j] >> 15) << 2) | ((w[j] >> 8) & 3)) << (3 * j);
+        }
+        u32 hb = (3 * r + 7) / 8;
+        for (u32 j = 0; j < hb; ++j) out[r + j] = (u8)(hi >> (8 * j));
+    }
+}
+
+// Inverse of pack_group: sm words (cached field zero). False if padding bits are set.
+template <class L> HD bool unpack_group(const u8* in, u32 r, u32* w) {
+    if (L::DT == Bf16::DT) {
+        for (u32 j = 0; j < r; ++j) w[j] = in[j];
+    } else if (L::DT == F32::DT) {
+        for (u32 j = 0; j < r; ++j)
+            w[j] = (u32)in[3 * j] | (u32)in[3 * j + 1] << 8 | (u32)in[3 * j + 2] << 16;
+    } else {
+        u32 hb = (3 * r + 7) / 8, hi = 0;
+        for (u32 j = 0; j < hb; ++j) hi |= (u32)in[r + j] << (8 * j);
+        if ((hi >> (3 * r)) != 0) return false;
+        for (u32 j = 0; j < r; ++j) {
+            u32 t = (hi >> (3 * j)) & 7;
+            w[j] = (u32)in[j] | ((t & 3) << 8) | ((t >> 2) << 15);
+        }
+    }
+    return true;
+}
+
+// Bytes of a tile's packed sm (multiple of 32 for a whole tile).
+template <class L> HD u64 tile_sm_bytes() { return L::sm_len(TILE); }
+template <class L> struct SmTile {
+    static constexpr u32 BYTES = L::BYTES == 4 ? 3 * TILE : (L::SHIFT == 10 ? TILE + 3 * TILE / 8 : TILE);
+};
+
+// ---------------------------------------------------------------------------------------------
+// SH64 (docs/WIRE.md): a sum over 32-byte stripes, so any thread can add any u64 word's share.
+
+constexpr u64 SH_P1 = 0x9E3779B185EBCA87ull, SH_P2 = 0xC2B2AE3D27D4EB4Full,
+              SH_P3 = 0x165667B19E3779F9ull;
+HD u64 sh_init(u32 l) {
+    return l == 0 ? SH_P1 : l == 1 ? SH_P2 : l == 2 ? SH_P3 : 0x27D4EB2F165667C5ull;
+}
+HD u64 sh_key(u32 l) {
+    return l == 0 ? 0xbe4ba423396cfeb8ull
+         : l == 1 ? 0x1cad21f72c81017cull
+         : l == 2 ? 0xdb979083e96dd4deull
+                  : 0x1f67b3b7a4a44072ull;
+}
+// Add word `v`, the `wi`-th u64 of the section (stripe wi/4, lane wi%4), to partial sums `acc`.
+HD void sh_word(u64* acc, u64 wi, u64 v) {
+    u32 l = (u32)(wi & 3);
+    u64 x = v ^ sh_key(l) ^ ((wi >> 2) * SH_P2);
+    acc[l] += (x & 0xffffffffull) * (x >> 32);
+    acc[l ^ 1] += v;
+}
+HD u64 fmix64(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+// SH64 of a section of `len` bytes from the partial sums of all its words.
+HD u64 sh_finish(const u64* partial, u64 len) {
+    u64 h = len * SH_P3;
+    for (u32 l = 0; l < 4; ++l) h = rotl64((h ^ fmix64(sh_init(l) + partial[l])) * SH_P1, 27);
+    return fmix64(h);
+}
+
+// ---------------------------------------------------------------------------------------------
+// XXH3-64, seed 0 (the frame checksum): over the 56 header bytes followed by the tail sections,
+// read through `Cat` without copying them together. Lengths here are always >= 56.
+
+#if defined(CIERA_DEVICE_BUILD)
+__constant__
+#endif
+static const u8 XXH_SECRET[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+constexpr u64 XP32_1 = 0x9E3779B1ull, XP32_2 = 0x85EBCA77ull, XP32_3 = 0xC2B2AE3Dull;
+constexpr u64 XP64_1 = 0x9E3779B185EBCA87ull, XP64_2 = 0xC2B2AE3D27D4EB4Full,
+              XP64_3 = 0x165667B19E3779F9ull, XP64_4 = 0x85EBCA77C2B2AE63ull,
+              XP64_5 = 0x27D4EB2F165667C5ull;
+
+HD u64 xsec64(u32 off) { return rd64(XXH_SECRET + off); }
+
+// The hashed bytes: 56 header bytes, then `tail`.
+struct Cat {
+    const u8* head; // 56 bytes
+    const u8* tail;
+    u64 len; // 56 + tail length
+    HD u8 at(u64 p) const { return p < 56 ? head[p] : tail[p - 56]; }
+    HD u64 r64(u64 p) const {
+        if (p + 8 <= 56) return ld64_any(head + p);
+        if (p >= 56) return ld64_any(tail + (p - 56));
+        u64 v = 0;
+        for (int i = 7; i >= 0; --i) v = (v << 8) | at(p + i);
+        return v;
+    }
+};
+
+HD u64 mul128_fold64(u64 a, u64 b) { return (a * b) ^ mulhi64(a, b); }
+HD u64 xxh3_avalanche(u64 h) {
+    h ^= h >> 37;
+    h *= 0x165667919E3779F9ull;
+    return h ^ (h >> 32);
+}
+HD u64 xxh_mix16(const Cat& c, u64 p, u32 s) {
+    return mul128_fold64(c.r64(p) ^ xsec64(s), c.r64(p + 8) ^ xsec64(s + 8));
+}
+// Lengths 17..240 (one thread).
+HD u64 xxh3_mid(const Cat& c) {
+    u64 len = c.len, acc = len * XP64_1;
+    if (len <= 128) {
+        if (len > 32) {
+            if (len > 64) {
+                if (len > 96) {
+                    acc += xxh_mix16(c, 48, 96);
+                    acc += xxh_mix16(c, len - 64, 112);
+                }
+                acc += xxh_mix16(c, 32, 64);
+                acc += xxh_mix16(c, len - 48, 80);
+            }
+            acc += xxh_mix16(c, 16, 32);
+            acc += xxh_mix16(c, len - 32, 48);
+        }
+        acc += xxh_mix16(c, 0, 0);
+        acc += xxh_mix16(c, len - 16, 16);
+        return xxh3_avalanche(acc);
+    }
+    u32 rounds = (u32)(len / 16);
+    for (u32 i = 0; i < 8; ++i) acc += xxh_mix16(c, 16 * i, 16 * i);
+    acc = xxh3_avalanche(acc);
+    for (u32 i = 8; i < rounds; ++i) acc += xxh_mix16(c, 16 * i, 16 * (i - 8) + 3);
+    acc += xxh_mix16(c, len - 16, 136 - 17);
+    return xxh3_avalanche(acc);
+}
+HD u64 xxh3_acc_init(u32 i) {
+    const u64 v[8] = {XP32_3, XP64_1, XP64_2, XP64_3, XP64_4, XP32_2, XP64_5, XP32_1};
+    return v[i];
+}
+// Lengths > 240: accumulator lane `i` (0..7) over the whole input. Lanes are independent
+// until the merge, so eight threads each run one.
+HD u64 xxh3_long_lane(const Cat& c, u32 i) {
+    const u64 block_len = 64 * 16;
+    u64 len = c.len, acc = xxh3_acc_init(i);
+    u64 nb = (len - 1) / block_len;
+    for (u64 b = 0; b < nb; ++b) {
+        for (u32 s = 0; s < 16; ++s) {
+            u64 p = b * block_len + 64 * s;
+            u64 d = c.r64(p + 8 * i), e = c.r64(p + 8 * (i ^ 1));
+            u64 k = d ^ xsec64(8 * s + 8 * i);
+            acc += (k & 0xffffffffull) * (k >> 32) + e;
+        }
+        acc ^= acc >> 47;
+        acc ^= xsec64(192 - 64 + 8 * i);
+        acc *= XP32_1;
+    }
+    u64 stripes = ((len - 1) - block_len * nb) / 64;
+    for (u64 s = 0; s < stripes; ++s) {
+        u64 p = nb * block_len + 64 * s;
+        u64 d = c.r64(p + 8 * i), e = c.r64(p + 8 * (i ^ 1));
+        u64 k = d ^ xsec64((u32)(8 * s + 8 * i));
+        acc += (k & 0xffffffffull) * (k >> 32) + e;
+    }
+    u64 p = len - 64;
+    u64 d = c.r64(p + 8 * i), e = c.r64(p + 8 * (i ^ 1));
+    u64 k = d ^ xsec64(192 - 64 - 7 + 8 * i);
+    return acc + (k & 0xffffffffull) * (k >> 32) + e;
+}
+HD u64 xxh3_long_merge(const u64* acc, u64 len) {
+    u64 r = len * XP64_1;
+    for (u32 i = 0; i < 4; ++i)
+        r += mul128_fold64(acc[2 * i] ^ xsec64(11 + 16 * i), acc[2 * i + 1] ^ xsec64(11 + 16 * i + 8));
+    return xxh3_avalanche(r);
+}
+// Whole hash on one thread (tests, short inputs).
+HD u64 xxh3_cat(const Cat& c) {
+    if (c.len <= 240) return xxh3_mid(c);
+    u64 acc[8];
+    for (u32 i = 0; i < 8; ++i) acc[i] = xxh3_long_lane(c, i);
+    return xxh3_long_merge(acc, c.len);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixed-point log2 (Q16), for the mask coder's size estimates: integer-only, so host and device
+// decide alike (src/codec/rans.rs::log2_q16 is the same algorithm).
+
+HD u64 log2_q16(u64 x) {
+    // x >= 1: the integer part, then 16 fraction bits by squaring the mantissa (Q31, in [1, 2)).
+    u32 k = 63 - clz64(x);
+    u64 m = k >= 31 ? x >> (k - 31) : x << (31 - k);
+    u64 frac = 0;
+    for (u32 i = 0; i < 16; ++i) {
+        m = (m * m) >> 31;
+        if (m >= (1ull << 32)) {
+            frac |= 1ull << (15 - i);
+            m >>= 1;
+        }
+    }
+    return ((u64)k << 16) | frac;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coded masks (docs/WIRE.md "Coded masks"; src/codec/bitmask.rs): the choice of coding and the
+// order-0 rANS coder (one thread: the rANS stream is sequential; Exp frames choose it only where
+// it saves 2% of the frame).
+
+enum : u32 { MASK_ZERO = 0, MASK_FLAT = 1, MASK_HIER = 2, MASK_RANS = 3 };
+constexpr u32 PROB_SCALE = 4096;
+constexpr u32 RANS_L = 1u << 23;
+
+HD u32 nonzero_bytes(u64 w) {
+    u64 t = w;
+    t |= t >> 4;
+    t |= t >> 2;
+    t |= t >> 1;
+    return pop64(t & 0x0101010101010101ull);
+}
+HD u32 nonzero_byte_map(u64 w) {
+    u64 t = w;
+    t |= t >> 4;
+    t |= t >> 2;
+    t |= t >> 1;
+    t &= 0x0101010101010101ull;
+    return (u32)((t * 0x0102040810204080ull) >> 56);
+}
+
+// Bytes of a mask of m bits with `ones` set, coded at the entropy of independent bits (floor):
+// the filter before a histogram (bitmask::plan).
+HD u64 iid_bytes(u64 ones, u64 m) {
+    if (ones == 0 || ones >= m) return 0;
+    u64 lm = log2_q16(m);
+    u64 bits = ones * (lm - log2_q16(ones)) + (m - ones) * (lm - log2_q16(m - ones));
+    return bits / (8ull << 16);
+}
+
+// rans::FreqTable::from_histogram: 12-bit frequencies, rounding error moved onto the largest.
+HD void freq_from_hist(const u32* hist, u32* freq) {
+    u64 total = 0;
+    for (u32 s = 0; s < 256; ++s) total += hist[s];
+    i64 sum = 0;
+    for (u32 s = 0; s < 256; ++s) {
+        freq[s] = 0;
+        if (hist[s]) {
+            u64 f = (u64)hist[s] * PROB_SCALE / total;
+            freq[s] = f < 1 ? 1 : (u32)f;
+            sum += freq[s];
+        }
+    }
+    i64 diff = (i64)PROB_SCALE - sum;
+    while (diff != 0) {
+        u8 order[256];
+        u32 no = 0;
+        for (u32 s = 0; s < 256; ++s) {
+            if (!freq[s]) continue;
+            // stable insertion by descending frequency (ties keep ascending symbols)
+            u32 j = no++;
+            while (j > 0 && freq[order[j - 1]] < freq[s]) {
+                order[j] = order[j - 1];
+                --j;
+            }
+            order[j] = (u8)s;
+        }
+        for (u32 k = 0; k < no && diff != 0; ++k) {
+            u32 s = order[k];
+            if (diff > 0) {
+                freq[s] += (u32)diff;
+                diff = 0;
+            } else if (freq[s] > 1) {
+                i64 take = (i64)(freq[s] - 1) < -diff ? (i64)(freq[s] - 1) : -diff;
+                freq[s] -= (u32)take;
+                diff += take;
+            }
+        }
+    }
+}
+HD u32 table_bytes(const u32* freq) {
+    u32 n = 0, v = 0;
+    for (u32 s = 0; s < 256; ++s)
+        if (freq[s]) {
+            ++n;
+            v += freq[s] - 1 < 128 ? 1 : 2;
+        }
+    return 1 + (n < 32 ? n : 32) + v;
+}
+HD u64 rans_estimate(const u32* hist, const u32* freq) {
+    u64 bits = 0;
+    for (u32 s = 0; s < 256; ++s)
+        if (hist[s]) bits += (u64)hist[s] * ((12ull << 16) - log2_q16(freq[s]));
+    return cdiv(bits, 8ull << 16) + table_bytes(freq) + 8;
+}
+HD u8 mask_byte(const u64* words, u64 i) { return (u8)(words[i / 8] >> (8 * (i % 8))); }
+
+// rans::encode of the nbytes mask bytes into out (the coding byte excluded); `rev` holds up to
+// 2 * nbytes bytes. Returns the bytes written.
+HD u64 rans_encode(const u64* words, u64 nbytes, const u32* freq, u8* rev, u8* out) {
+    u32 cum[256], n = 0, c = 0;
+    for (u32 s = 0; s < 256; ++s) {
+        cum[s] = c;
+        c += freq[s];
+        n += freq[s] != 0;
+    }
+    u64 o = 0;
+    out[o++] = (u8)(n - 1);
+    if (n < 32) {
+        for (u32 s = 0; s < 256; ++s)
+            if (freq[s]) out[o++] = (u8)s;
+    } else {
+        for (u32 j = 0; j < 32; ++j) out[o + j] = 0;
+        for (u32 s = 0; s < 256; ++s)
+            if (freq[s]) out[o + s / 8] |= (u8)(1u << (s % 8));
+        o += 32;
+    }
+    for (u32 s = 0; s < 256; ++s)
+        if (freq[s]) {
+            u32 v = freq[s] - 1;
+            while (v >= 128) {
+                out[o++] = (u8)(v | 128);
+                v >>= 7;
+            }
+            out[o++] = (u8)v;
+        }
+    u32 x[2] = {RANS_L, RANS_L};
+    u64 r = 0;
+    for (u64 i = nbytes; i-- > 0;) {
+        u32 s = mask_byte(words, i);
+        u32& st = x[i & 1];
+        u32 f = freq[s];
+        u32 x_max = ((RANS_L >> 12) << 8) * f;
+        while (st >= x_max) {
+            rev[r++] = (u8)st;
+            st >>= 8;
+        }
+        st = (st / f) * PROB_SCALE + st % f + cum[s];
+    }
+    wr32(out + o, x[0]);
+    wr32(out + o + 4, x[1]);
+    o += 8;
+    for (u64 j = 0; j < r; ++j) out[o + j] = rev[r - 1 - j];
+    return o + r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encode: jobs, scratch, and the four kernels' bodies.
+
+// One frame to encode. Pointers are device addresses (host addresses in the emulator).
+struct EncJob {
+    u64 input;   // n values, element-aligned
+    u64 cache;   // n exponent bytes: read, then set to the new values' (as any frame leaves it)
+    u64 frame;   // 8-aligned, room for 64 + n * size bytes (the longest frame)
+    u64 scratch; // 8-aligned, enc_scratch_bytes(n) bytes; contents on entry do not matter
+    u64 n;       // elements, >= 1
+    u64 offset;  // element offset of the chunk in its slot (header field)
+    u64 version; // slot version (header field)
+    u64 cold;    // non-zero: the slot is cold, send a FILL
+};
+
+// Per job, in scratch: the plan (what enc_plan decided; the host reads `frame_len`, `mode`,
+// `fill` and `ones` back), then per-tile counts and partial sums, then the mask words and the
+// rANS reversal buffer.
+struct Plan {
+    u64 coding, s1_len, ones, nzw, nzb, fill, frame_len, mode;
+    u64 l1_len, s1_off, s2_off, sm_len;
+    u64 sm_acc[4];
+};
+struct TileStat {
+    u32 ones, nzw, nzb, pad;
+    u64 acc[4];  // SH64 partial sums of the tile's sm
+    u64 facc[4]; // SH64 partial sums of the tile's raw values (FILL)
+};
+struct TileOff {
+    u64 ones, nzw, nzb, pad;
+};
+
+HD u64 align8(u64 x) { return (x + 7) & ~7ull; }
+struct EncView {
+    Plan* plan;
+    TileStat* stat;
+    TileOff* off;
+    u64* words;
+    u8* rev;
+    HD EncView(u64 scratch, u64 n) {
+        u8* s = (u8*)scratch;
+        u64 T = cdiv(n, TILE), W = cdiv(n, 64);
+        plan = (Plan*)s;
+        u64 o = align8(sizeof(Plan));
+        stat = (TileStat*)(s + o);
+        o += T * sizeof(TileStat);
+        off = (TileOff*)(s + o);
+        o += T * sizeof(TileOff);
+        words = (u64*)(s + o);
+        o += 8 * W;
+        rev = s + o;
+    }
+};
+// Scratch bytes for a job of n elements (the host allocates this much).
+HD u64 enc_scratch_bytes(u64 n) {
+    u64 T = cdiv(n, TILE), W = cdiv(n, 64);
+    return align8(sizeof(Plan)) + T * (sizeof(TileStat) + sizeof(TileOff)) + 8 * W +
+           align8(4 * cdiv(n, 8) + 1024);
+}
+
+template <class L> struct EncTileShm {
+    u64 sm[SmTile<L>::BYTES / 8];
+    u8 mb[GROUPS];
+    u64 red[4][NT];
+    u32 cnt[TILE_WORDS][3];
+};
+
+// enc_tile: one block per tile of 4096 elements, 256 threads, 2 groups of 8 elements each.
+// Reads n*size + n bytes (values, cache), writes sm_len(n) + n + n/8 bytes (s0, cache, words).
+template <class L> HD void enc_tile(const EncJob& j, u64 tile, Blk& b, EncTileShm<L>& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    u64 base = tile * TILE, tn = min64(TILE, n - base);
+    const u8* in = (const u8*)j.input;
+    u8* cache = (u8*)j.cache;
+    u8* smb = (u8*)sh.sm;
+    EncView v(j.scratch, n);
+    b.each([&](u32 t) {
+        for (u32 k = 0; k < 2; ++k) {
+            u32 g = t + k * NT;
+            u64 first = 8ull * g;
+            u32 mbits = 0;
+            if (first < tn) {
+                u32 r = (u32)min64(8, tn - first), w[8];
+                u64 i0 = base + first;
+                if (r == 8 && ((u64)(cache + i0) & 7) == 0) {
+                    load8<L>(in, i0, w);
+                    u64 old = ld64a(cache + i0), nu = 0;
+                    for (u32 q = 0; q < 8; ++q) {
+                        u32 e = exp_of<L>(w[q]);
+                        mbits |= (u32)(e != ((old >> (8 * q)) & 0xff)) << q;
+                        nu |= (u64)e << (8 * q);
+                    }
+                    st64a(cache + i0, nu);
+                } else {
+                    for (u32 q = 0; q < r; ++q) {
+                        u64 i = i0 + q;
+                        w[q] = load_val<L>(in, i);
+                        u32 e = exp_of<L>(w[q]);
+                        mbits |= (u32)(e != cache[i]) << q;
+                        cache[i] = (u8)e;
+                    }
+                }
+                pack_group<L>(w, r, smb + L::sm_len(first));
+            }
+            sh.mb[g] = (u8)mbits;
+        }
+    });
+    b.sync();
+    u64 sm_bytes = L::sm_len(tn), nw = cdiv(sm_bytes, 32) * 4, sm_base = L::sm_len(base);
+    u8* s0 = (u8*)j.frame + 64 + sm_base;
+    b.each([&](u32 t) {
+        u64 acc[4] = {0, 0, 0, 0};
+        for (u64 w = t; w < nw; w += NT) {
+            u64 val;
+            if (8 * w + 8 <= sm_bytes) {
+                val = sh.sm[w];
+                *(u64*)(s0 + 8 * w) = val;
+            } else {
+                val = 0;
+                for (u64 q = 0; q < 8 && 8 * w + q < sm_bytes; ++q) {
+                    val |= (u64)smb[8 * w + q] << (8 * q);
+                    s0[8 * w + q] = smb[8 * w + q];
+                }
+            }
+            sh_word(acc, sm_base / 8 + w, val);
+        }
+        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+        if (t < TILE_WORDS) {
+            u64 wi = tile * TILE_WORDS + t, word = 0;
+            if (64ull * t < tn) {
+                for (u32 q = 0; q < 8; ++q) word |= (u64)sh.mb[8 * t + q] << (8 * q);
+                v.words[wi] = word;
+            }
+            sh.cnt[t][0] = pop64(word);
+            sh.cnt[t][1] = word != 0;
+            sh.cnt[t][2] = nonzero_bytes(word);
+        }
+    });
+    b.sync();
+    for (u32 s = NT / 2; s > 0; s /= 2) {
+        b.each([&](u32 t) {
+            if (t < s)
+                for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
+        });
+        b.sync();
+    }
+    b.one([&] {
+        TileStat& st = v.stat[tile];
+        st.ones = st.nzw = st.nzb = 0;
+        for (u32 w = 0; w < TILE_WORDS; ++w) {
+            st.ones += sh.cnt[w][0];
+            st.nzw += sh.cnt[w][1];
+            st.nzb += sh.cnt[w][2];
+        }
+        for (u32 l = 0; l < 4; ++l) st.acc[l] = sh.red[l][0];
+    });
+}
+
+struct PlanShm {
+    u64 a[3][NT], own[3][NT], tmp[3][NT];
+    u64 acc[4][NT];
+    u32 hist[256];
+    u32 need_hist;
+};
+
+// Inclusive scan of x[k][0..NT) for k < K, in place (tmp: scratch of the same shape).
+template <u32 K> HD void block_scan(Blk& b, u64 (*x)[NT], u64 (*tmp)[NT]) {
+    for (u32 d = 1; d < NT; d *= 2) {
+        b.each([&](u32 t) {
+            for (u32 k = 0; k < K; ++k) tmp[k][t] = x[k][t] + (t >= d ? x[k][t - d] : 0);
+        });
+        b.sync();
+        b.each([&](u32 t) {
+            for (u32 k = 0; k < K; ++k) x[k][t] = tmp[k][t];
+        });
+        b.sync();
+    }
+}
+
+// enc_plan: one block per job. Scans the tile counts into tile offsets, sums the SH64 partials,
+// chooses the mask coding as bitmask::plan does (with the same integer estimates), codes a rANS
+// mask on one thread when that wins, and decides FILL.
+template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    EncView v(j.scratch, n);
+    b.each([&](u32 t) {
+        u64 c[3] = {0, 0, 0}, acc[4] = {0, 0, 0, 0};
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i) {
+            c[0] += v.stat[i].ones;
+            c[1] += v.stat[i].nzw;
+            c[2] += v.stat[i].nzb;
+            for (u32 l = 0; l < 4; ++l) acc[l] += v.stat[i].acc[l];
+        }
+        for (u32 k = 0; k < 3; ++k) sh.a[k][t] = sh.own[k][t] = c[k];
+        for (u32 l = 0; l < 4; ++l) sh.acc[l][t] = acc[l];
+    });
+    b.sync();
+    block_scan<3>(b, sh.a, sh.tmp);
+    for (u32 s = NT / 2; s > 0; s /= 2) {
+        b.each([&](u32 t) {
+            if (t < s)
+                for (u32 l = 0; l < 4; ++l) sh.acc[l][t] += sh.acc[l][t + s];
+        });
+        b.sync();
+    }
+    b.each([&](u32 t) {
+        u64 run[3];
+        for (u32 k = 0; k < 3; ++k) run[k] = sh.a[k][t] - sh.own[k][t];
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i) {
+            v.off[i].ones = run[0];
+            v.off[i].nzw = run[1];
+            v.off[i].nzb = run[2];
+            run[0] += v.stat[i].ones;
+            run[1] += v.stat[i].nzw;
+            run[2] += v.stat[i].nzb;
+        }
+    });
+    b.one([&] {
+        Plan& p = *v.plan;
+        p.ones = sh.a[0][NT - 1];
+        p.nzw = sh.a[1][NT - 1];
+        p.nzb = sh.a[2][NT - 1];
+        for (u32 l = 0; l < 4; ++l) p.sm_acc[l] = sh.acc[l][0];
+        u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
+        p.l1_len = cdiv(W, 8);
+        p.sm_len = L::sm_len(n);
+        p.s1_off = 64 + p.sm_len;
+        u64 bytes;
+        if (p.ones == 0) {
+            p.coding = MASK_ZERO;
+            bytes = 1;
+        } else {
+            u64 flat = 1 + nbytes, hier = 1 + p.l1_len + p.nzw + p.nzb;
+            p.coding = hier <= flat ? MASK_HIER : MASK_FLAT;
+            bytes = hier <= flat ? hier : flat;
+        }
+        p.s1_len = bytes;
+        u64 budget = (p.sm_len + p.ones) / 50;
+        sh.need_hist = !j.cold && p.ones != 0 && iid_bytes(p.ones, n) + budget < bytes;
+    });
+    b.sync();
+    if (sh.need_hist) {
+        u64 nbytes = cdiv(n, 8);
+        b.each([&](u32 t) { sh.hist[t] = 0; });
+        b.sync();
+        b.each([&](u32 t) {
+            for (u64 i = t; i < nbytes; i += NT) {
+                u32 s = mask_byte(v.words, i);
+#if defined(CIERA_DEVICE_BUILD)
+                atomicAdd(&sh.hist[s], 1u);
+#else
+                sh.hist[s] += 1;
+#endif
+            }
+        });
+        b.sync();
+        b.one([&] {
+            Plan& p = *v.plan;
+            u32 freq[256];
+            freq_from_hist(sh.hist, freq);
+            u64 est = rans_estimate(sh.hist, freq), budget = (p.sm_len + p.ones) / 50;
+            if (est + budget < p.s1_len) {
+                // Code into scratch (past the reversal buffer's 2 * nbytes), then into the frame
+                // if it fits there.
+                u8* tmp = v.rev + 2 * nbytes + 8;
+                u64 len = 1 + rans_encode(v.words, nbytes, freq, v.rev, tmp + 1);
+                p.coding = MASK_RANS;
+                p.s1_len = len;
+                if (p.s1_off + len + p.ones <= 64 + n * L::BYTES) {
+                    u8* s1 = (u8*)j.frame + p.s1_off;
+                    for (u64 q = 1; q < len; ++q) s1[q] = tmp[q];
+                }
+            }
+        });
+        b.sync();
+    }
+    b.one([&] {
+        Plan& p = *v.plan;
+        p.s2_off = p.s1_off + p.s1_len;
+        p.frame_len = p.s2_off + p.ones;
+        p.fill = j.cold || p.frame_len > 64 + n * L::BYTES;
+        if (p.fill) {
+            p.frame_len = 64 + n * L::BYTES;
+            p.mode = 0;
+        } else {
+            p.mode = 1;
+            ((u8*)j.frame)[p.s1_off] = (u8)p.coding;
+        }
+    });
+}
+
+struct EmitShm {
+    u32 pre[TILE_WORDS][3];
+    u64 red[4][NT];
+};
+
+// enc_emit: one block per tile. A FILL copies the tile's values into s0 (and sums their SH64);
+// otherwise the tile's mask bytes (Flat: its 512 bytes; Hier: its L1 bytes, and its L2 and L3
+// bytes at the scanned offsets) and its exceptions (the new cached fields, read back from the
+// updated cache) are written. Reads n/8 bytes of words plus the cache bytes of exceptions.
+template <class L> HD void enc_emit(const EncJob& j, u64 tile, Blk& b, EmitShm& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    EncView v(j.scratch, n);
+    const Plan& p = *v.plan;
+    u64 base = tile * TILE, tn = min64(TILE, n - base);
+    u8* f = (u8*)j.frame;
+    if (p.fill) {
+        u64 bytes = tn * L::BYTES, nw = cdiv(bytes, 32) * 4, rb = base * L::BYTES;
+        const u8* in = (const u8*)j.input + rb;
+        u8* s0 = f + 64 + rb;
+        b.each([&](u32 t) {
+            u64 acc[4] = {0, 0, 0, 0};
+            for (u64 w = t; w < nw; w += NT) {
+                u64 val = 0;
+                for (u64 q = 0; q < 8 && 8 * w + q < bytes; ++q) {
+                    val |= (u64)in[8 * w + q] << (8 * q);
+                    s0[8 * w + q] = in[8 * w + q];
+                }
+                sh_word(acc, rb / 8 + w, val);
+            }
+            for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+        });
+        b.sync();
+        for (u32 s = NT / 2; s > 0; s /= 2) {
+            b.each([&](u32 t) {
+                if (t < s)
+                    for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
+            });
+            b.sync();
+        }
+        b.one([&] {
+            for (u32 l = 0; l < 4; ++l) v.stat[tile].facc[l] = sh.red[l][0];
+        });
+        return;
+    }
+    if (p.coding == MASK_ZERO) return;
+    u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
+    b.each([&](u32 t) {
+        if (t < TILE_WORDS) {
+            u64 wi = tile * TILE_WORDS + t, w = wi < W ? v.words[wi] : 0;
+            sh.pre[t][0] = pop64(w);
+            sh.pre[t][1] = w != 0;
+            sh.pre[t][2] = nonzero_bytes(w);
+        }
+    });
+    b.sync();
+    b.one([&] {
+        u32 run[3] = {0, 0, 0};
+        for (u32 w = 0; w < TILE_WORDS; ++w)
+            for (u32 k = 0; k < 3; ++k) {
+                u32 c = sh.pre[w][k];
+                sh.pre[w][k] = run[k];
+                run[k] += c;
+            }
+    });
+    b.sync();
+    const TileOff& o = v.off[tile];
+    u8* s1 = f + p.s1_off + 1;
+    u8* s2 = f + p.s2_off;
+    const u8* cache = (const u8*)j.cache;
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        if (wi >= W) return;
+        u64 w = v.words[wi];
+        u64 e = o.ones + sh.pre[t][0];
+        for (u64 m = w; m; m &= m - 1) s2[e++] = cache[64 * wi + ctz64(m)];
+        if (p.coding == MASK_FLAT) {
+            for (u32 q = 0; q < 8 && 8 * wi + q < nbytes; ++q) s1[8 * wi + q] = (u8)(w >> (8 * q));
+        } else if (p.coding == MASK_HIER) {
+            if (t % 8 == 0) {
+                u32 l1 = 0;
+                for (u32 q = 0; q < 8 && wi + q < W; ++q) l1 |= (u32)(v.words[wi + q] != 0) << q;
+                s1[wi / 8] = (u8)l1;
+            }
+            if (w) {
+                s1[p.l1_len + o.nzw + sh.pre[t][1]] = (u8)nonzero_byte_map(w);
+                u8* l3 = s1 + p.l1_len + p.nzw + o.nzb + sh.pre[t][2];
+                for (u32 q = 0; q < 8; ++q)
+                    if ((u8)(w >> (8 * q))) *l3++ = (u8)(w >> (8 * q));
+            }
+        }
+    });
+}
+
+struct FinishShm {
+    u8 hdr[64];
+    u64 lane[8];
+    u64 red[4][NT];
+};
+
+HD void write_header(u8* h, u32 dt, u32 mode, u32 flags, u64 n, u64 offset, u64 version,
+                     const u64* sec) {
+    h[0] = 'C';
+    h[1] = 'I';
+    h[2] = 'R';
+    h[3] = 'F';
+    h[4] = 2;
+    h[5] = (u8)dt;
+    h[6] = (u8)mode;
+    h[7] = (u8)flags;
+    wr64(h + 8, n);
+    wr64(h + 16, offset);
+    wr64(h + 24, version);
+    for (u32 k = 0; k < 4; ++k) wr32(h + 32 + 4 * k, (u32)sec[k]);
+}
+
+// The frame checksum over hdr[0..56] and `tail`: eight lanes of threads 0..7 for long inputs.
+// The result is in lane[0] after the call (after a sync).
+HD void block_xxh3(Blk& b, const u8* hdr, const u8* tail, u64 tail_len, u64* lane) {
+    Cat c{hdr, tail, 56 + tail_len};
+    if (c.len <= 240) {
+        b.one([&] { lane[0] = xxh3_mid(c); });
+        b.sync();
+        return;
+    }
+    b.each([&](u32 t) {
+        if (t < 8) lane[t] = xxh3_long_lane(c, t);
+    });
+    b.sync();
+    b.one([&] { lane[0] = xxh3_long_merge(lane, c.len); });
+    b.sync();
+}
+
+// enc_finish: one block per job. The header, SH64 of s0 and the frame checksum.
+template <class L> HD void enc_finish(const EncJob& j, Blk& b, FinishShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    EncView v(j.scratch, n);
+    Plan& p = *v.plan;
+    u8* f = (u8*)j.frame;
+    if (p.fill) {
+        b.each([&](u32 t) {
+            u64 acc[4] = {0, 0, 0, 0};
+            for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
+                for (u32 l = 0; l < 4; ++l) acc[l] += v.stat[i].facc[l];
+            for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+        });
+        b.sync();
+        for (u32 s = NT / 2; s > 0; s /= 2) {
+            b.each([&](u32 t) {
+                if (t < s)
+                    for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
+            });
+            b.sync();
+        }
+    }
+    b.one([&] {
+        u64 sec[4] = {p.sm_len, p.s1_len, p.ones, 0};
+        u64 part[4];
+        for (u32 l = 0; l < 4; ++l) part[l] = p.fill ? sh.red[l][0] : p.sm_acc[l];
+        if (p.fill) {
+            sec[0] = n * L::BYTES;
+            sec[1] = sec[2] = 0;
+        }
+        write_header(sh.hdr, L::DT, (u32)p.mode, p.fill ? 1 : 0, n, j.offset, j.version, sec);
+        wr64(sh.hdr + 48, sh_finish(part, sec[0]));
+    });
+    b.sync();
+    u64 s0 = p.fill ? n * L::BYTES : p.sm_len;
+    block_xxh3(b, sh.hdr, f + 64 + s0, p.frame_len - 64 - s0, sh.lane);
+    b.one([&] {
+        wr64(sh.hdr + 56, sh.lane[0]);
+        for (u32 q = 0; q < 64; ++q) f[q] = sh.hdr[q];
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode (exponent cache): Exp and FILL frames into values and the updated cache. Launches per
+// batch of DecJob, in this order on one stream (each returns at once once a job has an error):
+//   ciera_dec_parse_<t>   grid (1, jobs) x 256: header checks, frame checksum (XXH3, 8 lanes)
+//   ciera_dec_mask_<t>    grid (tiles, jobs): Flat/Zero mask words, or Hier level-1 counts
+//   ciera_dec_rans        grid (1, jobs): a rANS-coded mask on one thread (rare)
+//   ciera_dec_scan (0)    grid (1, jobs): Hier level-1 counts -> offsets
+//   ciera_dec_hier2       grid (tiles, jobs): Hier level-2 bytes -> counts
+//   ciera_dec_scan (1)    level-2 counts -> offsets
+//   ciera_dec_hier3       grid (tiles, jobs): Hier level-3 bytes -> mask words, ones
+//   ciera_dec_scan (2)    ones -> exception offsets; count checks
+//   ciera_dec_tile_<t>    grid (tiles, jobs): values, cache update, exception checks, SH64 sums
+//   ciera_dec_finish      grid (1, jobs): SH64 of s0 against the header
+// The host reads DecPlan.err (and a, b) after the stream: non-zero means the frame is refused
+// and, as on the CPU, the slot must be poisoned (the cache may be partly updated).
+
+struct DecJob {
+    u64 frame;     // 8-aligned, the received bytes (frame_len of them, a frame at their start)
+    u64 frame_len;
+    u64 out;       // n values
+    u64 cache;     // n exponent bytes: read, then updated
+    u64 scratch;   // dec_scratch_bytes(n), 8-aligned
+    u64 n;         // the chunk's elements (>= 1)
+    u64 offset;    // the chunk's element offset (must match the frame's)
+    u64 version;   // the slot's version (an Exp frame must carry it)
+    u64 warm;      // non-zero: the slot is warm (Exp frames need it)
+    u64 pad;
+};
+
+enum : u32 {
+    DE_OK = 0,
+    DE_HEADER = 1,     // bad magic, version, type, mode, flags, or section lengths
+    DE_CHECKSUM = 2,   // the frame checksum (XXH3 of header and s1..s3)
+    DE_S0 = 3,         // SH64 of s0
+    DE_VERSION = 4,    // a = slot version, b = frame version
+    DE_SLOT = 5,       // cold slot, or a frame needing a value cache (hybrid, delta)
+    DE_LENGTH = 6,     // element count or offset differ from the chunk's (a = expected, b = found)
+    DE_MASK = 7,       // the coded mask is malformed
+    DE_EXCEPTION = 8,  // exception count, or an exception that repeats / exceeds (a = element)
+    DE_PADDING = 9,    // non-zero padding bits in s0 (a = element)
+    DE_DTYPE = 10,     // a = expected type, b = found
+};
+
+struct DecPlan {
+    u32 err, pad0;
+    u64 a, b;
+    u64 mode, fill, coding, s0_len, s1_off, s1_len, s2_off, s2_len, l1_len, nzw, nzb, ones;
+    u64 s0_hash, frame_len;
+};
+struct DecTile {
+    u32 c[3], pad; // Hier nonzero words, Hier level-3 bytes, ones
+    u64 acc[4];    // SH64 partial sums of the tile's s0 bytes
+};
+struct DecOff {
+    u64 c[3], pad;
+};
+struct DecView {
+    DecPlan* plan;
+    DecTile* stat;
+    DecOff* off;
+    u64* words;
+    HD DecView(u64 scratch, u64 n) {
+        u8* s = (u8*)scratch;
+        u64 T = cdiv(n, TILE);
+        plan = (DecPlan*)s;
+        u64 o = align8(sizeof(DecPlan));
+        stat = (DecTile*)(s + o);
+        o += T * sizeof(DecTile);
+        off = (DecOff*)(s + o);
+        o += T * sizeof(DecOff);
+        words = (u64*)(s + o);
+    }
+};
+HD u64 dec_scratch_bytes(u64 n) {
+    return align8(sizeof(DecPlan)) + cdiv(n, TILE) * (sizeof(DecTile) + sizeof(DecOff)) +
+           8 * cdiv(n, 64);
+}
+HD void set_err(DecPlan* p, u32 code, u64 a, u64 b) {
+#if defined(CIERA_DEVICE_BUILD)
+    if (atomicCAS(&p->err, 0u, code) == 0u) {
+        p->a = a;
+        p->b = b;
+    }
+#else
+    if (p->err == 0) {
+        p->err = code;
+        p->a = a;
+        p->b = b;
+    }
+#endif
+}
+
+struct ParseShm {
+    u64 lane[8];
+    u32 ok;
+};
+
+// dec_parse: the header's fields against the chunk, then the frame checksum.
+template <class L> HD void dec_parse(const DecJob& j, Blk& b, ParseShm& sh) {
+    DecView v(j.scratch, j.n);
+    const u8* f = (const u8*)j.frame;
+    b.one([&] {
+        DecPlan& p = *v.plan;
+        p.err = 0;
+        p.a = p.b = 0;
+        sh.ok = 0;
+        u64 len = j.frame_len, n = j.n;
+        if (len < 64 || f[0] != 'C' || f[1] != 'I' || f[2] != 'R' || f[3] != 'F' ||
+            (f[4] != 1 && f[4] != 2)) {
+            set_err(&p, DE_HEADER, 0, 0);
+            return;
+        }
+        u32 dt = f[5], mode = f[6], flags = f[7];
+        u64 sec[4], total = 64;
+        for (u32 k = 0; k < 4; ++k) total += sec[k] = rd32(f + 32 + 4 * k);
+        if (dt > 11 || mode > 3 || (mode == 3 && f[4] == 1) || (flags & ~1u) ||
+            ((flags & 1) && mode != 0) || total > len) {
+            set_err(&p, DE_HEADER, total, len);
+            return;
+        }
+        if (dt != L::DT) {
+            set_err(&p, DE_DTYPE, L::DT, dt);
+            return;
+        }
+        if (rd64(f + 8) != n) {
+            set_err(&p, DE_LENGTH, n, rd64(f + 8));
+            return;
+        }
+        if (rd64(f + 16) != j.offset) {
+            set_err(&p, DE_LENGTH, j.offset, rd64(f + 16));
+            return;
+        }
+        p.mode = mode;
+        p.fill = flags & 1;
+        p.frame_len = total; // frames are self-delimiting: bytes past them are not this frame's
+        p.s0_len = sec[0];
+        p.s1_off = 64 + sec[0];
+        p.s1_len = sec[1];
+        p.s2_off = p.s1_off + sec[1];
+        p.s2_len = sec[2];
+        p.s0_hash = rd64(f + 48);
+        p.l1_len = cdiv(cdiv(n, 64), 8);
+        p.coding = MASK_ZERO;
+        if (mode == 0) {
+            if (!p.fill || sec[0] != n * L::BYTES || sec[1] || sec[2] || sec[3]) {
+                set_err(&p, DE_HEADER, sec[0], n * L::BYTES);
+                return;
+            }
+        } else if (mode != 1) {
+            set_err(&p, DE_SLOT, mode, 0);
+            return;
+        } else {
+            if (!j.warm) {
+                set_err(&p, DE_SLOT, 1, 0);
+                return;
+            }
+            if (rd64(f + 24) != j.version) {
+                set_err(&p, DE_VERSION, j.version, rd64(f + 24));
+                return;
+            }
+            if (sec[0] != L::sm_len(n) || sec[3] != 0) {
+                set_err(&p, DE_LENGTH, L::sm_len(n), sec[0]);
+                return;
+            }
+            if (sec[1] == 0 || f[p.s1_off] > 3) {
+                set_err(&p, DE_MASK, 0, 0);
+                return;
+            }
+            p.coding = f[p.s1_off];
+            u64 pl = sec[1] - 1;
+            if ((p.coding == MASK_ZERO && pl != 0) || (p.coding == MASK_FLAT && pl != cdiv(n, 8)) ||
+                (p.coding == MASK_HIER && pl < p.l1_len)) {
+                set_err(&p, DE_MASK, pl, 0);
+                return;
+            }
+        }
+        sh.ok = 1;
+    });
+    b.sync();
+    if (!sh.ok) return;
+    const DecPlan& p = *v.plan;
+    block_xxh3(b, f, f + p.s1_off, p.frame_len - p.s1_off, sh.lane);
+    b.one([&] {
+        if (sh.lane[0] != rd64(f + 56)) set_err(v.plan, DE_CHECKSUM, rd64(f + 56), sh.lane[0]);
+    });
+}
+
+struct DecMaskShm {
+    u32 cnt[TILE_WORDS];
+    u32 pre[TILE_WORDS];
+    u64 red[4][NT];
+};
+
+// Sum of sh.cnt[0..64) by thread 0 into *dst; exclusive prefix into sh.pre.
+HD void tile_prefix(DecMaskShm& sh, u32* dst) {
+    u32 run = 0;
+    for (u32 w = 0; w < TILE_WORDS; ++w) {
+        sh.pre[w] = run;
+        run += sh.cnt[w];
+    }
+    if (dst) *dst = run;
+}
+
+// dec_mask: Flat and Zero masks to words (and ones), Hier level-1 counts.
+HD void dec_mask(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    DecView v(j.scratch, n);
+    const DecPlan& p = *v.plan;
+    if (p.err || p.fill || p.coding == MASK_RANS) return;
+    const u8* pay = (const u8*)j.frame + p.s1_off + 1;
+    u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t, w = 0;
+        sh.cnt[t] = 0;
+        if (wi >= W) return;
+        if (p.coding == MASK_HIER) {
+            if (t % 8 == 0 && wi / 8 < p.l1_len) {
+                u32 l1 = pay[wi / 8];
+                if (wi / 8 == p.l1_len - 1 && W % 8 && (l1 >> (W % 8)))
+                    set_err(v.plan, DE_MASK, wi, 1);
+                sh.cnt[t] = pop32(l1);
+            }
+            return;
+        }
+        if (p.coding == MASK_FLAT)
+            for (u32 q = 0; q < 8 && 8 * wi + q < nbytes; ++q) w |= (u64)pay[8 * wi + q] << (8 * q);
+        if (wi == W - 1 && n % 64 && (w >> (n % 64))) set_err(v.plan, DE_MASK, wi, 2);
+        v.words[wi] = w;
+        sh.cnt[t] = pop64(w);
+    });
+    b.sync();
+    b.one([&] {
+        u32 sum = 0;
+        for (u32 w = 0; w < TILE_WORDS; ++w) sum += sh.cnt[w];
+        DecTile& st = v.stat[tile];
+        st.c[0] = st.c[1] = st.c[2] = 0;
+        st.c[p.coding == MASK_HIER ? 0 : 2] = sum;
+    });
+}
+
+// dec_rans: a rANS-coded mask (rans::decode) on one thread, with per-tile ones.
+HD void dec_rans(const DecJob& j, Blk& b) {
+    DecView v(j.scratch, j.n);
+    DecPlan& p = *v.plan;
+    if (p.err || p.fill || p.coding != MASK_RANS) return;
+    b.one([&] {
+        const u8* in = (const u8*)j.frame + p.s1_off + 1;
+        u64 len = p.s1_len - 1, pos = 0, n = j.n, nbytes = cdiv(n, 8), W = cdiv(n, 64);
+        auto bad = [&](u64 why) { set_err(&p, DE_MASK, why, pos); };
+        if (len < 1) return bad(10);
+        u32 ns = (u32)in[pos++] + 1;
+        u8 present[256];
+        for (u32 s = 0; s < 256; ++s) present[s] = 0;
+        if (ns < 32) {
+            if (pos + ns > len) return bad(11);
+            i64 prev = -1;
+            for (u32 k = 0; k < ns; ++k) {
+                u32 s = in[pos++];
+                if ((i64)s <= prev) return bad(12);
+                prev = s;
+                present[s] = 1;
+            }
+        } else {
+            if (pos + 32 > len) return bad(11);
+            u32 count = 0;
+            for (u32 s = 0; s < 256; ++s) count += present[s] = (in[pos + s / 8] >> (s % 8)) & 1;
+            pos += 32;
+            if (count != ns) return bad(13);
+        }
+        u32 freq[256], cum[256];
+        u64 sum = 0;
+        for (u32 s = 0; s < 256; ++s) {
+            freq[s] = 0;
+            if (!present[s]) continue;
+            u32 val = 0;
+            bool done = false;
+            for (u32 sh = 0; sh <= 14; sh += 7) {
+                if (pos >= len) return bad(14);
+                u8 c = in[pos++];
+                val |= (u32)(c & 0x7f) << sh;
+                if (!(c & 0x80)) {
+                    done = true;
+                    break;
+                }
+            }
+            if (!done) return bad(15);
+            u64 fq = (u64)val + 1;
+            if (fq > PROB_SCALE) return bad(16);
+            freq[s] = (u32)fq;
+            sum += fq;
+        }
+        if (sum != PROB_SCALE) return bad(17);
+        u32 c = 0;
+        u8 slot_sym[PROB_SCALE];
+        for (u32 s = 0; s < 256; ++s) {
+            cum[s] = c;
+            for (u32 q = 0; q < freq[s]; ++q) slot_sym[c + q] = (u8)s;
+            c += freq[s];
+        }
+        if (pos + 8 > len) return bad(18);
+        u32 x[2] = {rd32(in + pos), rd32(in + pos + 4)};
+        pos += 8;
+        for (u32 k = 0; k < 2; ++k)
+            if (x[k] < RANS_L || (u64)x[k] >= ((u64)RANS_L << 8)) return bad(19);
+        for (u64 wi = 0; wi < W; ++wi) v.words[wi] = 0;
+        for (u64 i = 0; i < nbytes; ++i) {
+            u32& st = x[i & 1];
+            u32 slot = st & (PROB_SCALE - 1), s = slot_sym[slot];
+            u32 nx = freq[s] * (st >> 12) + slot - cum[s];
+            while (nx < RANS_L) {
+                if (pos >= len) return bad(20);
+                nx = (nx << 8) | in[pos++];
+            }
+            st = nx;
+            v.words[i / 8] |= (u64)s << (8 * (i % 8));
+        }
+        if (pos != len) return bad(21);
+        if (x[0] != RANS_L || x[1] != RANS_L) return bad(22);
+        if (n % 64 && (v.words[W - 1] >> (n % 64))) return bad(2);
+        for (u64 t = 0; t < cdiv(n, TILE); ++t) {
+            u32 ones = 0;
+            for (u64 wi = t * TILE_WORDS; wi < W && wi < (t + 1) * TILE_WORDS; ++wi)
+                ones += pop64(v.words[wi]);
+            v.stat[t].c[0] = v.stat[t].c[1] = 0;
+            v.stat[t].c[2] = ones;
+        }
+    });
+}
+
+struct DecScanShm {
+    u64 a[1][NT], own[1][NT], tmp[1][NT];
+};
+
+// dec_scan: per-tile counts `which` -> offsets and the total, with the checks that need it.
+HD void dec_scan(const DecJob& j, u32 which, Blk& b, DecScanShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    DecView v(j.scratch, n);
+    DecPlan& p = *v.plan;
+    if (p.err || p.fill) return;
+    if (which < 2 && p.coding != MASK_HIER) return;
+    b.each([&](u32 t) {
+        u64 c = 0;
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i) c += v.stat[i].c[which];
+        sh.a[0][t] = sh.own[0][t] = c;
+    });
+    b.sync();
+    block_scan<1>(b, sh.a, sh.tmp);
+    b.each([&](u32 t) {
+        u64 run = sh.a[0][t] - sh.own[0][t];
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i) {
+            v.off[i].c[which] = run;
+            run += v.stat[i].c[which];
+        }
+    });
+    b.one([&] {
+        u64 total = sh.a[0][NT - 1], pl = p.s1_len - 1;
+        if (which == 0) {
+            p.nzw = total;
+            if (pl < p.l1_len + total) set_err(&p, DE_MASK, pl, 3);
+        } else if (which == 1) {
+            p.nzb = total;
+            if (pl != p.l1_len + p.nzw + total) set_err(&p, DE_MASK, pl, 4);
+        } else {
+            p.ones = total;
+            if (p.coding != MASK_ZERO && total == 0) set_err(&p, DE_MASK, 0, 5);
+            else if (p.s2_len != total) set_err(&p, DE_EXCEPTION, p.s2_len, total);
+        }
+    });
+}
+
+// dec_hier2: each nonzero word's level-2 byte (which of its bytes are nonzero), kept in the
+// word's slot until dec_hier3; per tile the number of level-3 bytes.
+HD void dec_hier2(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    DecView v(j.scratch, n);
+    const DecPlan& p = *v.plan;
+    if (p.err || p.fill || p.coding != MASK_HIER) return;
+    const u8* pay = (const u8*)j.frame + p.s1_off + 1;
+    u64 W = cdiv(n, 64);
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        sh.cnt[t] = wi < W ? (pay[wi / 8] >> (wi % 8)) & 1 : 0;
+    });
+    b.sync();
+    b.one([&] { tile_prefix(sh, nullptr); });
+    b.sync();
+    const DecOff& o = v.off[tile];
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        u32 map = 0;
+        if (sh.cnt[t]) {
+            map = pay[p.l1_len + o.c[0] + sh.pre[t]];
+            if (!map) set_err(v.plan, DE_MASK, wi, 6);
+        }
+        if (wi < W) v.words[wi] = map;
+        sh.cnt[t] = pop32(map);
+    });
+    b.sync();
+    b.one([&] {
+        u32 sum = 0;
+        for (u32 w = 0; w < TILE_WORDS; ++w) sum += sh.cnt[w];
+        v.stat[tile].c[1] = sum;
+    });
+}
+
+// dec_hier3: the level-3 bytes into mask words; per tile the ones.
+HD void dec_hier3(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    DecView v(j.scratch, n);
+    const DecPlan& p = *v.plan;
+    if (p.err || p.fill || p.coding != MASK_HIER) return;
+    const u8* l3 = (const u8*)j.frame + p.s1_off + 1 + p.l1_len + p.nzw;
+    u64 W = cdiv(n, 64);
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        sh.cnt[t] = wi < W ? pop32((u32)v.words[wi]) : 0;
+    });
+    b.sync();
+    b.one([&] { tile_prefix(sh, nullptr); });
+    b.sync();
+    const DecOff& o = v.off[tile];
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        if (wi >= W) return;
+        u32 map = (u32)v.words[wi];
+        const u8* src = l3 + o.c[1] + sh.pre[t];
+        u64 w = 0;
+        for (u32 q = 0; q < 8; ++q)
+            if ((map >> q) & 1) {
+                u8 c = *src++;
+                if (!c) set_err(v.plan, DE_MASK, wi, 7);
+                w |= (u64)c << (8 * q);
+            }
+        if (wi == W - 1 && n % 64 && (w >> (n % 64))) set_err(v.plan, DE_MASK, wi, 2);
+        v.words[wi] = w;
+        sh.cnt[t] = pop64(w);
+    });
+    b.sync();
+    b.one([&] {
+        u32 sum = 0;
+        for (u32 w = 0; w < TILE_WORDS; ++w) sum += sh.cnt[w];
+        v.stat[tile].c[2] = sum;
+    });
+}
+
+// dec_tile: one block per tile of 4096 elements, 2 groups of 8 per thread. Exp: value =
+// sm | e << shift with e the exception (checked: <= the field's maximum, not the cached one)
+// or the cached field; the cache takes e. FILL: the values, and the cache their fields. Both
+// sum SH64 over the tile's s0 bytes. Reads sm_len + n + n/8 (+ exceptions) bytes, writes
+// n*size + n (Exp); FILL reads and writes n*size + n.
+template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    DecView v(j.scratch, n);
+    const DecPlan& p = *v.plan;
+    if (p.err) return;
+    u64 base = tile * TILE, tn = min64(TILE, n - base);
+    const u8* f = (const u8*)j.frame;
+    u8* out = (u8*)j.out;
+    u8* cache = (u8*)j.cache;
+    u64 W = cdiv(n, 64);
+    u64 s0_tile = p.fill ? base * L::BYTES : L::sm_len(base);
+    u64 s0_bytes = p.fill ? tn * L::BYTES : L::sm_len(tn);
+    const u8* s0 = f + 64 + s0_tile;
+    if (!p.fill) {
+        b.each([&](u32 t) {
+            if (t >= TILE_WORDS) return;
+            u64 wi = tile * TILE_WORDS + t;
+            sh.cnt[t] = wi < W ? pop64(v.words[wi]) : 0;
+        });
+        b.sync();
+        b.one([&] { tile_prefix(sh, nullptr); });
+        b.sync();
+    }
+    const DecOff& o = v.off[tile];
+    b.each([&](u32 t) {
+        for (u32 k = 0; k < 2; ++k) {
+            u32 g = t + k * NT;
+            u64 first = 8ull * g;
+            if (first >= tn) continue;
+            u32 r = (u32)min64(8, tn - first);
+            if (p.fill) {
+                for (u32 q = 0; q < r; ++q) {
+                    u64 i = base + first + q;
+                    u32 w = load_val<L>(f + 64, i);
+                    store_val<L>(out, i, w);
+                    cache[i] = (u8)exp_of<L>(w);
+                }
+                continue;
+            }
+            u32 w[8];
+            if (!unpack_group<L>(s0 + L::sm_len(first), r, w)) {
+                set_err(v.plan, DE_PADDING, base + first, 0);
+                continue;
+            }
+            u32 wl = g / 8, sh8 = 8 * (g % 8);
+            u64 word = v.words[tile * TILE_WORDS + wl];
+            u64 e_at = o.c[2] + sh.pre[wl] + pop64(word & ((1ull << sh8) - 1));
+            u32 bits = (u32)(word >> sh8) & 0xff;
+            u64 i0 = base + first;
+            if (r == 8 && ((u64)(cache + i0) & 7) == 0) {
+                u64 c = ld64a(cache + i0), nu = c;
+                for (u32 m = bits; m; m &= m - 1) {
+                    u32 q = ctz64(m);
+                    u32 e = (u32)(c >> (8 * q)) & 0xff, x = f[p.s2_off + e_at++];
+                    if (x > L::EMAX || x == e) set_err(v.plan, DE_EXCEPTION, i0 + q, x);
+                    nu = (nu & ~(0xffull << (8 * q))) | ((u64)x << (8 * q));
+                }
+                if (bits) st64a(cache + i0, nu);
+                for (u32 q = 0; q < 8; ++q) w[q] |= ((u32)(nu >> (8 * q)) & 0xff) << L::SHIFT;
+                store8<L>(out, i0, w);
+            } else {
+                for (u32 q = 0; q < r; ++q) {
+                    u64 i = i0 + q;
+                    u32 e = cache[i];
+                    if ((bits >> q) & 1) {
+                        u32 x = f[p.s2_off + e_at++];
+                        if (x > L::EMAX || x == e) set_err(v.plan, DE_EXCEPTION, i, x);
+                        e = x;
+                        cache[i] = (u8)e;
+                    }
+                    store_val<L>(out, i, w[q] | (e << L::SHIFT));
+                }
+            }
+        }
+        u64 acc[4] = {0, 0, 0, 0}, nw = cdiv(s0_bytes, 32) * 4;
+        for (u64 wd = t; wd < nw; wd += NT) {
+            u64 val = 0;
+            if (8 * wd + 8 <= s0_bytes)
+                val = ld64a(s0 + 8 * wd); // s0 + 8wd is 8-aligned: frame + 64 + a multiple of 32
+            else
+                for (u64 q = 0; q < 8 && 8 * wd + q < s0_bytes; ++q) val |= (u64)s0[8 * wd + q] << (8 * q);
+            sh_word(acc, s0_tile / 8 + wd, val);
+        }
+        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+    });
+    b.sync();
+    for (u32 s = NT / 2; s > 0; s /= 2) {
+        b.each([&](u32 t) {
+            if (t < s)
+                for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
+        });
+        b.sync();
+    }
+    b.one([&] {
+        for (u32 l = 0; l < 4; ++l) v.stat[tile].acc[l] = sh.red[l][0];
+    });
+}
+
+// dec_finish: SH64 of s0 from the tiles' sums, against the header's.
+HD void dec_finish(const DecJob& j, Blk& b, FinishShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    DecView v(j.scratch, n);
+    DecPlan& p = *v.plan;
+    if (p.err) return;
+    b.each([&](u32 t) {
+        u64 acc[4] = {0, 0, 0, 0};
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
+            for (u32 l = 0; l < 4; ++l) acc[l] += v.stat[i].acc[l];
+        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+    });
+    b.sync();
+    for (u32 s = NT / 2; s > 0; s /= 2) {
+        b.each([&](u32 t) {
+            if (t < s)
+                for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
+        });
+        b.sync();
+    }
+    b.one([&] {
+        u64 part[4] = {sh.red[0][0], sh.red[1][0], sh.red[2][0], sh.red[3][0]};
+        u64 h = sh_finish(part, p.s0_len);
+        if (h != p.s0_hash) set_err(&p, DE_S0, p.s0_hash, h);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device entry points. Grids: x = tile (or 1), y = job; every block of a job's kernel returns at
+// once if its tile is past the job's end.
+
+#if defined(CIERA_DEVICE_BUILD)
+#define CIERA_TYPES(X) X(bf16, Bf16) X(f16, F16) X(f32, F32)
+
+#define CIERA_ENC(name, L)                                                                      \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_tile_##name(const EncJob* jobs) { \
+        __shared__ EncTileShm<L> sh;                                                            \
+        Blk b{NT};                                                                              \
+        enc_tile<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                       \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_plan_##name(const EncJob* jobs) { \
+        __shared__ PlanShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_plan<L>(jobs[blockIdx.y], b, sh);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_emit_##name(const EncJob* jobs) { \
+        __shared__ EmitShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_emit<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                       \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_finish_##name(const EncJob* jobs) { \
+        __shared__ FinishShm sh;                                                                \
+        Blk b{NT};                                                                              \
+        enc_finish<L>(jobs[blockIdx.y], b, sh);                                                 \
+    }
+CIERA_TYPES(CIERA_ENC)
+#define CIERA_DEC(name, L)                                                                      \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_dec_parse_##name(const DecJob* jobs) { \
+        __shared__ ParseShm sh;                                                                 \
+        Blk b{NT};                                                                              \
+        dec_parse<L>(jobs[blockIdx.y], b, sh);                                                  \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_dec_tile_##name(const DecJob* jobs) { \
+        __shared__ DecMaskShm sh;                                                               \
+        Blk b{NT};                                                                              \
+        dec_tile<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                       \
+    }
+CIERA_TYPES(CIERA_DEC)
+
+extern "C" __global__ void __launch_bounds__(NT) ciera_dec_mask(const DecJob* jobs) {
+    __shared__ DecMaskShm sh;
+    Blk b{NT};
+    dec_mask(jobs[blockIdx.y], blockIdx.x, b, sh);
+}
+extern "C" __global__ void __launch_bounds__(NT) ciera_dec_rans(const DecJob* jobs) {
+    Blk b{NT};
+    dec_rans(jobs[blockIdx.y], b);
+}
+extern "C" __global__ void __launch_bounds__(NT) ciera_dec_scan(const DecJob* jobs, u32 which) {
+    __shared__ DecScanShm sh;
+    Blk b{NT};
+    dec_scan(jobs[blockIdx.y], which, b, sh);
+}
+extern "C" __global__ void __launch_bounds__(NT) ciera_dec_hier2(const DecJob* jobs) {
+    __shared__ DecMaskShm sh;
+    Blk b{NT};
+    dec_hier2(jobs[blockIdx.y], blockIdx.x, b, sh);
+}
+extern "C" __global__ void __launch_bounds__(NT) ciera_dec_hier3(const DecJob* jobs) {
+    __shared__ DecMaskShm sh;
+    Blk b{NT};
+    dec_hier3(jobs[blockIdx.y], blockIdx.x, b, sh);
+}
+extern "C" __global__ void __launch_bounds__(NT) ciera_dec_finish(const DecJob* jobs) {
+    __shared__ FinishShm sh;
+    Blk b{NT};
+    dec_finish(jobs[blockIdx.y], b, sh);
+}
+#endif

@@ -1,0 +1,226 @@
+//! The host build of `cuda/codec.cu`: the CUDA kernels' block bodies compiled by the system C++
+//! compiler and run on the CPU by `emulator.cpp`, block by block and phase by phase, in the
+//! order the device path launches them. Tests diff what it writes against the Rust codec
+//! (`tests/gpu_host.rs`), so the kernels' logic is checked byte for byte on machines without
+//! a GPU. What this cannot check (blocks running concurrently, the device's memory model) is
+//! for the device check (`bench/gpu_check.sh`).
+
+use std::ffi::c_int;
+
+/// One frame to encode, as the kernels read it (`EncJob` in codec.cu): addresses and sizes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct EncJob {
+    input: u64,
+    cache: u64,
+    frame: u64,
+    scratch: u64,
+    n: u64,
+    offset: u64,
+    version: u64,
+    cold: u64,
+}
+
+extern "C" {
+    fn ciera_emu_enc_scratch_bytes(n: u64) -> u64;
+    fn ciera_emu_encode(dtype: u32, jobs: *const EncJob, njobs: u32) -> c_int;
+    fn ciera_emu_xxh3(head56: *const u8, tail: *const u8, tail_len: u64) -> u64;
+    fn ciera_emu_log2_q16(x: u64) -> u64;
+    fn ciera_emu_sh64(data: *const u8, len: u64) -> u64;
+}
+
+/// One chunk of a slot to encode into an Exp or FILL frame.
+pub struct EncChunk<'a> {
+    /// The chunk's values (`n * size` bytes, little-endian).
+    pub input: &'a [u8],
+    /// The chunk's exponent cache (`n` bytes), updated as a device encoder updates it.
+    pub cache: &'a mut [u8],
+    pub offset: u64,
+    pub version: u64,
+    /// A cold slot: the frame is a FILL.
+    pub cold: bool,
+}
+
+/// Element size of the codec's float types by `ncclDataType_t` number, or None.
+pub fn elem_size(dtype: u32) -> Option<usize> {
+    match dtype {
+        6 | 9 => Some(2),
+        7 => Some(4),
+        _ => None,
+    }
+}
+
+/// Encode a batch of chunks of one type (`ncclDataType_t` number 6, 7 or 9) as the device does,
+/// one frame per chunk.
+///
+/// # Panics
+/// On another type, an empty chunk, or a chunk whose input and cache lengths disagree.
+pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
+    let size = elem_size(dtype).expect("a codec float type");
+    let mut frames: Vec<Vec<u64>> = Vec::new();
+    let mut scratch: Vec<Vec<u64>> = Vec::new();
+    let mut jobs = Vec::new();
+    for c in chunks.iter_mut() {
+        let n = c.cache.len();
+        assert!(n >= 1 && c.input.len() == n * size, "chunk of {n} elements");
+        frames.push(vec![0u64; (64 + n * size).div_ceil(8)]);
+        // SAFETY: a pure function of n.
+        let sb = unsafe { ciera_emu_enc_scratch_bytes(n as u64) } as usize;
+        scratch.push(vec![0u64; sb.div_ceil(8)]);
+        jobs.push(EncJob {
+            input: c.input.as_ptr() as u64,
+            cache: c.cache.as_mut_ptr() as u64,
+            frame: frames.last_mut().unwrap().as_mut_ptr() as u64,
+            scratch: scratch.last_mut().unwrap().as_mut_ptr() as u64,
+            n: n as u64,
+            offset: c.offset,
+            version: c.version,
+            cold: c.cold as u64,
+        });
+    }
+    // SAFETY: every job's addresses point to live buffers of the sizes the kernels need
+    // (input n*size, cache n, frame 64+n*size, scratch enc_scratch_bytes(n)), borrowed
+    // exclusively (cache, frame, scratch) for the call.
+    let rc = unsafe { ciera_emu_encode(dtype, jobs.as_ptr(), jobs.len() as u32) };
+    assert_eq!(rc, 0, "dtype {dtype}");
+    frames
+        .iter()
+        .zip(&scratch)
+        .map(|(f, s)| {
+            // Plan.frame_len is the 7th u64 of the scratch (codec.cu, struct Plan).
+            let len = s[6] as usize;
+            f.iter().flat_map(|w| w.to_le_bytes()).take(len).collect()
+        })
+        .collect()
+}
+
+/// XXH3-64 (seed 0) of `head` (56 bytes) followed by `tail`, as the kernels compute the frame
+/// checksum.
+pub fn xxh3(head: &[u8; 56], tail: &[u8]) -> u64 {
+    // SAFETY: head has 56 bytes, tail tail.len().
+    unsafe { ciera_emu_xxh3(head.as_ptr(), tail.as_ptr(), tail.len() as u64) }
+}
+
+/// The kernels' fixed-point log2 (Q16).
+pub fn log2_q16(x: u64) -> u64 {
+    assert!(x >= 1);
+    // SAFETY: a pure function.
+    unsafe { ciera_emu_log2_q16(x) }
+}
+
+/// SH64 of `data` from per-word partial sums, as the tile kernels compute it.
+pub fn sh64(data: &[u8]) -> u64 {
+    // SAFETY: data has data.len() bytes.
+    unsafe { ciera_emu_sh64(data.as_ptr(), data.len() as u64) }
+}
+
+/// One frame to decode, as the kernels read it (`DecJob` in codec.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct DecJob {
+    frame: u64,
+    frame_len: u64,
+    out: u64,
+    cache: u64,
+    scratch: u64,
+    n: u64,
+    offset: u64,
+    version: u64,
+    warm: u64,
+    pad: u64,
+}
+
+extern "C" {
+    fn ciera_emu_dec_scratch_bytes(n: u64) -> u64;
+    fn ciera_emu_decode(dtype: u32, jobs: *const DecJob, njobs: u32) -> c_int;
+}
+
+/// One chunk of a slot to decode a frame into.
+pub struct DecChunk<'a> {
+    pub frame: &'a [u8],
+    /// The chunk's values (`n * size` bytes), written.
+    pub out: &'a mut [u8],
+    /// The chunk's exponent cache (`n` bytes), updated.
+    pub cache: &'a mut [u8],
+    pub offset: u64,
+    pub version: u64,
+    pub warm: bool,
+}
+
+/// Why the kernels refused a frame: `DecPlan.err` and its two details (codec.cu, `DE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub code: u32,
+    pub a: u64,
+    pub b: u64,
+}
+
+/// Decode a batch of frames of one type as the device does.
+///
+/// # Panics
+/// On another type, an empty chunk, or lengths that disagree.
+pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused>> {
+    let size = elem_size(dtype).expect("a codec float type");
+    let mut frames: Vec<Vec<u64>> = Vec::new();
+    let mut scratch: Vec<Vec<u64>> = Vec::new();
+    let mut jobs = Vec::new();
+    for c in chunks.iter_mut() {
+        let n = c.cache.len();
+        assert!(n >= 1 && c.out.len() == n * size, "chunk of {n} elements");
+        // An 8-aligned copy of the frame, as a device receive buffer is.
+        let mut f = vec![0u64; c.frame.len().div_ceil(8)];
+        for (w, b) in f.iter_mut().zip(c.frame.chunks(8)) {
+            let mut x = [0u8; 8];
+            x[..b.len()].copy_from_slice(b);
+            *w = u64::from_le_bytes(x);
+        }
+        frames.push(f);
+        // SAFETY: a pure function of n.
+        let sb = unsafe { ciera_emu_dec_scratch_bytes(n as u64) } as usize;
+        scratch.push(vec![0u64; sb.div_ceil(8)]);
+        jobs.push(DecJob {
+            frame: frames.last().unwrap().as_ptr() as u64,
+            frame_len: c.frame.len() as u64,
+            out: c.out.as_mut_ptr() as u64,
+            cache: c.cache.as_mut_ptr() as u64,
+            scratch: scratch.last_mut().unwrap().as_mut_ptr() as u64,
+            n: n as u64,
+            offset: c.offset,
+            version: c.version,
+            warm: c.warm as u64,
+            pad: 0,
+        });
+    }
+    // SAFETY: every job's addresses point to live buffers of the sizes the kernels need
+    // (frame frame_len, out n*size, cache n, scratch dec_scratch_bytes(n)), the written
+    // ones borrowed exclusively for the call.
+    let rc = unsafe { ciera_emu_decode(dtype, jobs.as_ptr(), jobs.len() as u32) };
+    assert_eq!(rc, 0, "dtype {dtype}");
+    scratch
+        .iter()
+        .map(|s| {
+            let code = s[0] as u32; // DecPlan { u32 err, u32 pad0, u64 a, u64 b, .. }
+            if code == 0 {
+                Ok(())
+            } else {
+                Err(Refused {
+                    code,
+                    a: s[1],
+                    b: s[2],
+                })
+            }
+        })
+        .collect()
+}
+
+/// Scratch bytes the kernels need for an encode job of `n` elements (`enc_scratch_bytes`).
+pub fn enc_scratch_bytes(n: usize) -> usize {
+    // SAFETY: a pure function of n.
+    unsafe { ciera_emu_enc_scratch_bytes(n as u64) as usize }
+}
+
+/// Scratch bytes the kernels need for a decode job of `n` elements (`dec_scratch_bytes`).
+pub fn dec_scratch_bytes(n: usize) -> usize {
+    // SAFETY: a pure function of n.
+    unsafe { ciera_emu_dec_scratch_bytes(n as u64) as usize }
+}

@@ -1,0 +1,547 @@
+//! The CUDA codec kernels' logic (cuda/codec.cu), run on the CPU by its host build (the
+//! `ciera-cuda-host` crate: g++ compiles the same block bodies NVRTC compiles for the device), must
+//! write the Rust codec's frames byte for byte: every consecutive snapshot pair of the real
+//! trace (../shared/traces when present, else the bundled slice), every tensor, bf16, fp16
+//! (cast from the fp32 masters) and fp32; special values (NaN payloads, infinities, -0,
+//! subnormals); every mask coding; odd lengths and chunk edges (proptest). What the host build
+//! cannot show (blocks running concurrently on a device) is bench/gpu_check.sh's part.
+
+#[path = "common/skip.rs"]
+mod skip;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ciera::codec::{CacheMode, CacheSlot, HEADER_LEN};
+use ciera::safetensors::SafeTensors;
+use ciera::DType;
+use ciera_cuda_host::{DecChunk, EncChunk};
+use proptest::prelude::*;
+
+/// Mask codings seen in the frames compared (s1's first byte of Exp frames), and FILLs.
+#[derive(Default, Debug)]
+struct Seen {
+    frames: usize,
+    fills: usize,
+    coding: BTreeMap<u8, usize>,
+}
+
+/// Encode `iters` (one tensor's values per iteration) through a CPU exponent-cache slot and
+/// through the kernels' host build, chunk by chunk, and require identical frames. The CPU
+/// decoder also decodes every frame back to the input (the frames are the same bytes).
+fn same_frames(dtype: DType, iters: &[Vec<u8>], chunk: usize, ctx: &str, seen: &mut Seen) {
+    let size = dtype.size();
+    let n = iters[0].len() / size;
+    let chunk = chunk.min(n);
+    let mut tx = CacheSlot::new(dtype, CacheMode::Exponent, n);
+    let mut rx = CacheSlot::new(dtype, CacheMode::Exponent, n);
+    let mut cache = vec![0u8; n];
+    let mut dcache = vec![0u8; n];
+    for (it, input) in iters.iter().enumerate() {
+        assert_eq!(input.len(), n * size);
+        let (version, cold) = (tx.version(), !tx.is_warm());
+        let mut cpu = Vec::new();
+        let mut infos = Vec::new();
+        for c in tx.chunks(chunk).iter_mut() {
+            let (off, len) = (c.offset(), c.len());
+            let mut f = Vec::new();
+            infos.push(
+                c.encode(&input[off * size..(off + len) * size], &mut f)
+                    .unwrap(),
+            );
+            cpu.push(f);
+        }
+        tx.commit(&infos).unwrap();
+        let mut jobs: Vec<EncChunk<'_>> = cache
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(i, c)| {
+                let off = i * chunk;
+                EncChunk {
+                    input: &input[off * size..(off + c.len()) * size],
+                    cache: c,
+                    offset: off as u64,
+                    version,
+                    cold,
+                }
+            })
+            .collect();
+        let emu = ciera_cuda_host::encode(dtype.code() as u32, &mut jobs);
+        assert_eq!(emu.len(), cpu.len(), "{ctx}: frame count");
+        for (k, (g, c)) in emu.iter().zip(&cpu).enumerate() {
+            if g != c {
+                let at = g
+                    .iter()
+                    .zip(c)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(g.len().min(c.len()));
+                panic!(
+                    "{ctx} {dtype} iteration {it} chunk {k}: kernel frame differs from the CPU's \
+                     at byte {at} (lengths {} vs {}; mode {} vs {})",
+                    g.len(),
+                    c.len(),
+                    g.get(6).copied().unwrap_or(255),
+                    c[6]
+                );
+            }
+            seen.frames += 1;
+            if c[7] & 1 == 1 {
+                seen.fills += 1;
+            } else {
+                let s0 = u32::from_le_bytes(c[32..36].try_into().unwrap()) as usize;
+                *seen.coding.entry(c[HEADER_LEN + s0]).or_default() += 1;
+            }
+        }
+        // The kernels decode the CPU's frames: the input back, and the encoder's cache.
+        let mut got = vec![0u8; input.len()];
+        let warm = rx.is_warm();
+        let mut djobs: Vec<DecChunk<'_>> = dcache
+            .chunks_mut(chunk)
+            .zip(got.chunks_mut(chunk * size))
+            .zip(&cpu)
+            .enumerate()
+            .map(|(i, ((c, o), f))| DecChunk {
+                frame: f,
+                out: o,
+                cache: c,
+                offset: (i * chunk) as u64,
+                version: rx.version(),
+                warm,
+            })
+            .collect();
+        for (k, r) in ciera_cuda_host::decode(dtype.code() as u32, &mut djobs)
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(
+                *r,
+                Ok(()),
+                "{ctx} {dtype} iteration {it} chunk {k}: kernels refused the CPU's frame"
+            );
+        }
+        assert!(
+            got == *input,
+            "{ctx} {dtype} iteration {it}: kernel decode differs"
+        );
+        assert!(
+            dcache == cache,
+            "{ctx} {dtype} iteration {it}: decoder and encoder caches differ"
+        );
+        let mut out = vec![0u8; input.len()];
+        let mut infos = Vec::new();
+        for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
+            let (off, len) = (c.offset(), c.len());
+            let f = ciera::codec::frame::parse(&emu[k]).unwrap();
+            infos.push(
+                c.decode(&f, &mut out[off * size..(off + len) * size])
+                    .unwrap(),
+            );
+        }
+        rx.commit(&infos).unwrap();
+        assert!(
+            out == *input,
+            "{ctx} {dtype} iteration {it}: decode differs"
+        );
+    }
+}
+
+fn trace_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let full = root.join("../shared/traces/olmoe-mini-s0");
+    if full.is_dir() {
+        full
+    } else {
+        root.join("tests/data/olmoe-slice")
+    }
+}
+
+fn snapshots(dir: &Path) -> Vec<SafeTensors> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| SafeTensors::open(p).unwrap())
+        .collect()
+}
+
+/// fp32 -> fp16, round to nearest even (the test's own cast, for fp16 data with real drift).
+fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign
+            | 0x7c00
+            | if man != 0 {
+                0x200 | (man >> 13) as u16
+            } else {
+                0
+            };
+    }
+    let e = exp - 127 + 15;
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    let (m, shift) = if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        (man | 0x80_0000, (14 - e) as u32)
+    } else {
+        (man, 13)
+    };
+    let mut h = m >> shift;
+    let rem = m & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    if rem > half || (rem == half && h & 1 == 1) {
+        h += 1;
+    }
+    let v = if e <= 0 { h } else { ((e as u32) << 10) + h };
+    sign | v as u16
+}
+
+/// Every tensor of the trace, its snapshots in order (so every consecutive pair is coded),
+/// as stored (bf16, fp32) and fp32 cast to fp16; one frame per tensor and 5000-element chunks.
+#[test]
+fn kernel_frames_match_the_cpu_on_the_trace() {
+    let dir = trace_dir();
+    let snaps = snapshots(&dir);
+    let mut seen = Seen::default();
+    let mut tensors = 0;
+    for t in &snaps[0].tensors {
+        let Some(dtype) = [DType::BF16, DType::F32]
+            .into_iter()
+            .find(|&d| d == t.dtype)
+        else {
+            continue;
+        };
+        let iters: Vec<Vec<u8>> = snaps
+            .iter()
+            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
+            .collect();
+        for chunk in [usize::MAX, 5000] {
+            same_frames(dtype, &iters, chunk, &t.name, &mut seen);
+        }
+        if dtype == DType::F32 {
+            let half: Vec<Vec<u8>> = iters
+                .iter()
+                .map(|v| {
+                    v.chunks_exact(4)
+                        .flat_map(|c| {
+                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                        })
+                        .collect()
+                })
+                .collect();
+            same_frames(DType::F16, &half, 5000, &t.name, &mut seen);
+        }
+        tensors += 1;
+    }
+    assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
+    skip::show(&format!(
+        "kernel frames == CPU frames on {} ({} tensors, {} snapshots): {} frames, {} FILL, mask codings {:?}\n",
+        dir.display(),
+        tensors,
+        snaps.len(),
+        seen.frames,
+        seen.fills,
+        seen.coding
+    ));
+    assert!(seen.frames > seen.fills, "no Exp frame compared");
+}
+
+/// A deterministic generator for synthetic drift.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = self.0;
+        (x ^ (x >> 29)).wrapping_mul(0xbf58476d1ce4e5b9) ^ (x >> 32)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Values of `dtype` drifting from `prev`: a share `p_exp` (per mille) of elements change
+/// their cached field, a share become special values, the rest change mantissa bits only.
+fn drift(dtype: DType, prev: &[u8], p_exp: u64, p_special: u64, rng: &mut Rng) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = prev.to_vec();
+    let specials16: [u16; 8] = [
+        0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0000, 0x0001, 0x807f,
+    ];
+    let specials_h: [u16; 8] = [
+        0x7e00, 0xfe01, 0x7c00, 0xfc00, 0x8000, 0x0000, 0x0001, 0x83ff,
+    ];
+    let specials32: [u32; 8] = [
+        0x7fc0_0001,
+        0xffa0_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x8000_0000,
+        0,
+        1,
+        0x807f_ffff,
+    ];
+    for v in out.chunks_exact_mut(size) {
+        let r = rng.below(1000);
+        let x = rng.next();
+        if r < p_special {
+            let s = (x % 8) as usize;
+            match dtype {
+                DType::BF16 => v.copy_from_slice(&specials16[s].to_le_bytes()),
+                DType::F16 => v.copy_from_slice(&specials_h[s].to_le_bytes()),
+                _ => v.copy_from_slice(&specials32[s].to_le_bytes()),
+            }
+        } else if r < p_special + p_exp {
+            // flip a bit of the cached field (bf16/fp32: high byte; fp16: bits 14..10)
+            match dtype {
+                DType::BF16 => v[1] ^= 1 << (x % 8),
+                DType::F16 => {
+                    let w = u16::from_le_bytes([v[0], v[1]]) ^ (1 << (10 + x % 5));
+                    v.copy_from_slice(&w.to_le_bytes());
+                }
+                _ => v[3] ^= 1 << (x % 8),
+            }
+        } else {
+            v[0] ^= (x >> 8) as u8;
+            if size == 4 {
+                v[1] ^= (x >> 16) as u8;
+            }
+        }
+    }
+    out
+}
+
+/// Synthetic drift at exception rates from none to most, with special values: every mask
+/// coding (Zero, Flat, Hier and rANS) is produced by the CPU and matched by the kernels.
+#[test]
+fn kernel_frames_match_at_every_density_and_special_values() {
+    let mut seen = Seen::default();
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        for (n, chunk) in [
+            (1usize, 1usize),
+            (63, 64),
+            (4097, 4096),
+            (70_001, 9000),
+            (200_000, 200_000),
+        ] {
+            let mut rng = Rng(1 + di as u64 * 1000 + n as u64);
+            let mut v: Vec<u8> = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
+            let mut iters = vec![v.clone()];
+            for (p_exp, p_special) in [(0, 0), (20, 0), (5, 2), (150, 0), (500, 10), (0, 0), (1, 1)]
+            {
+                v = drift(dtype, &v, p_exp, p_special, &mut rng);
+                iters.push(v.clone());
+            }
+            same_frames(
+                dtype,
+                &iters,
+                chunk,
+                &format!("synthetic n={n} chunk={chunk}"),
+                &mut seen,
+            );
+        }
+    }
+    skip::show(&format!(
+        "kernel frames == CPU frames on synthetic drift: {} frames, {} FILL, mask codings {:?}\n",
+        seen.frames, seen.fills, seen.coding
+    ));
+    for coding in 0..4u8 {
+        assert!(
+            seen.coding.contains_key(&coding),
+            "mask coding {coding} never compared: {seen:?}"
+        );
+    }
+}
+
+/// The kernels' checksum pieces against the Rust codec's: XXH3 over a header and a tail at
+/// every length class (17..240 bytes and the 8-lane long path), SH64 from word partial sums,
+/// and the integer log2 both use for size estimates.
+#[test]
+fn kernel_hashes_and_log2_match() {
+    let mut rng = Rng(7);
+    let data: Vec<u8> = (0..70_000).map(|_| rng.next() as u8).collect();
+    let head: [u8; 56] = data[..56].try_into().unwrap();
+    for tail in (0..300).chain([1000, 1023, 1024, 1025, 4096, 65_000]) {
+        let want = xxhash_rust::xxh3::xxh3_64(&data[..56 + tail]);
+        assert_eq!(
+            ciera_cuda_host::xxh3(&head, &data[56..56 + tail]),
+            want,
+            "tail {tail}"
+        );
+    }
+    for len in (0..200).chain([4096, 5631, 69_999]) {
+        assert_eq!(
+            ciera_cuda_host::sh64(&data[..len]),
+            ciera::codec::checksum::sh64(&data[..len]),
+            "len {len}"
+        );
+    }
+    for x in (1..5000u64)
+        .chain((0..64).map(|s| 1u64 << s))
+        .chain((0..64).map(|s| u64::MAX >> s))
+    {
+        assert_eq!(
+            ciera_cuda_host::log2_q16(x),
+            ciera::codec::rans::log2_q16(x),
+            "x {x}"
+        );
+    }
+    assert_eq!(ciera::codec::rans::log2_q16(1), 0);
+    assert_eq!(ciera::codec::rans::log2_q16(4096), 12 << 16);
+    assert_eq!(
+        ciera::codec::rans::log2_q16(3) >> 8,
+        (3f64.log2() * 256.0) as u64
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Random lengths, chunk sizes, densities and types: identical frames.
+    #[test]
+    fn kernel_frames_match_on_random_shapes(
+        n in 1usize..20_000,
+        chunk in 1usize..9_000,
+        dt in 0usize..3,
+        seed in any::<u64>(),
+        rates in proptest::collection::vec((0u64..600, 0u64..30), 1..4),
+    ) {
+        let dtype = [DType::BF16, DType::F16, DType::F32][dt];
+        let mut rng = Rng(seed);
+        let mut v: Vec<u8> = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
+        let mut iters = vec![v.clone()];
+        for (p_exp, p_special) in rates {
+            v = drift(dtype, &v, p_exp, p_special, &mut rng);
+            iters.push(v.clone());
+        }
+        same_frames(dtype, &iters, chunk, &format!("random n={n} chunk={chunk}"), &mut Seen::default());
+    }
+}
+
+/// Recompute a frame's two checksums, so that damage past them reaches the decoders' section
+/// checks.
+fn reseal(f: &mut [u8]) {
+    let s0 = u32::from_le_bytes(f[32..36].try_into().unwrap()) as usize;
+    if HEADER_LEN + s0 <= f.len() {
+        let h = ciera::codec::checksum::sh64(&f[HEADER_LEN..HEADER_LEN + s0]);
+        f[48..56].copy_from_slice(&h.to_le_bytes());
+        let mut x = f[..56].to_vec();
+        x.extend_from_slice(&f[HEADER_LEN + s0..]);
+        let h = xxhash_rust::xxh3::xxh3_64(&x);
+        f[56..64].copy_from_slice(&h.to_le_bytes());
+    }
+}
+
+/// Damaged frames: bytes flipped (checksums left stale, or recomputed so the damage reaches
+/// the section checks), truncated or extended. The kernels and the CPU decoder agree on every
+/// one: both refuse, or both accept and write the same values.
+#[test]
+fn kernel_decoder_refuses_what_the_cpu_refuses() {
+    let (mut cases, mut refused, mut accepted) = (0, 0, 0);
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        for (n, p_exp) in [
+            (1usize, 500u64),
+            (100, 30),
+            (5000, 20),
+            (5000, 300),
+            (3000, 900),
+        ] {
+            let size = dtype.size();
+            let mut rng = Rng(77 + di as u64 * 31 + n as u64 + p_exp);
+            let v0: Vec<u8> = (0..n * size).map(|_| rng.next() as u8).collect();
+            let v1 = drift(dtype, &v0, p_exp, 5, &mut rng);
+            let mut tx = CacheSlot::new(dtype, CacheMode::Exponent, n);
+            let (mut f0, mut f1) = (Vec::new(), Vec::new());
+            let i0 = tx.encode(&v0, &mut f0).unwrap();
+            let _ = i0;
+            tx.encode(&v1, &mut f1).unwrap();
+            let mut damaged: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..300 {
+                let mut f = f1.clone();
+                let at = rng.below(f.len() as u64) as usize;
+                f[at] ^= 1 << rng.below(8);
+                if rng.below(3) > 0 {
+                    reseal(&mut f);
+                }
+                damaged.push(f);
+            }
+            for cut in [1, 7, 64] {
+                if f1.len() > cut {
+                    damaged.push(f1[..f1.len() - cut].to_vec());
+                }
+            }
+            let mut longer = f1.clone();
+            longer.push(0);
+            damaged.push(longer);
+            for f in &damaged {
+                // CPU: a receiver that took the FILL, then this frame.
+                let mut rx = CacheSlot::new(dtype, CacheMode::Exponent, n);
+                let mut out0 = vec![0u8; n * size];
+                rx.decode(&f0, &mut out0).unwrap();
+                let version = rx.version();
+                let mut cpu_out = vec![0u8; n * size];
+                let cpu = rx.decode(f, &mut cpu_out);
+                // Kernels: the same.
+                let mut cache = vec![0u8; n];
+                let mut out = vec![0u8; n * size];
+                let r0 = ciera_cuda_host::decode(
+                    dtype.code() as u32,
+                    &mut [DecChunk {
+                        frame: &f0,
+                        out: &mut out,
+                        cache: &mut cache,
+                        offset: 0,
+                        version: 0,
+                        warm: false,
+                    }],
+                );
+                assert_eq!(r0[0], Ok(()));
+                let mut out = vec![0u8; n * size];
+                let r = ciera_cuda_host::decode(
+                    dtype.code() as u32,
+                    &mut [DecChunk {
+                        frame: f,
+                        out: &mut out,
+                        cache: &mut cache,
+                        offset: 0,
+                        version,
+                        warm: true,
+                    }],
+                );
+                cases += 1;
+                match (&cpu, &r[0]) {
+                    (Ok(_), Ok(())) => {
+                        accepted += 1;
+                        assert!(out == cpu_out, "{dtype} n={n}: both accept, values differ");
+                    }
+                    (Err(_), Err(_)) => refused += 1,
+                    (c, k) => panic!("{dtype} n={n}: CPU {c:?}, kernels {k:?}"),
+                }
+            }
+        }
+    }
+    skip::show(&format!(
+        "damaged frames: {cases}, refused by both {refused}, accepted by both {accepted} (same values)\n"
+    ));
+    // Resealed flips inside s0 are valid frames of other values (both decoders accept them).
+    assert!(
+        refused > cases / 4,
+        "too few refusals: {refused} of {cases}"
+    );
+}
