@@ -446,6 +446,12 @@ HD u64 iid_bytes(u64 ones, u64 m) {
     return bits / (8ull << 16);
 }
 
+// chunk.rs hybrid_estimate: the bytes of a Hybrid frame of n values, k changed (sm_k bytes of
+// sign+mantissa), ke of them in exponent.
+HD u64 hybrid_estimate(u64 sm_k, u64 n, u64 k, u64 ke) {
+    return sm_k + iid_bytes(k, n) + iid_bytes(ke, k) + ke + 300;
+}
+
 // rans::FreqTable::from_histogram: 12-bit frequencies, rounding error moved onto the largest.
 HD void freq_from_hist(const u32* hist, u32* freq) {
     u64 total = 0;
@@ -552,20 +558,126 @@ HD u64 rans_encode(const u64* words, u64 nbytes, const u32* freq, u8* rev, u8* o
     return o + r;
 }
 
+// One-thread mask coding, for the Hybrid frames' two masks (the CPU's bitmask::plan, encode
+// and decode over `words` of m bits). `hist` is 256 u32 of scratch.
+struct MaskChoice {
+    u32 coding;
+    u64 bytes;
+};
+HD MaskChoice mask_plan_seq(const u64* words, u64 m, bool rans, u64 gain, u32* hist, u32* freq) {
+    u64 W = cdiv(m, 64), ones = 0, nzw = 0, nzb = 0;
+    for (u64 w = 0; w < W; ++w)
+        if (words[w]) {
+            ones += pop64(words[w]);
+            ++nzw;
+            nzb += nonzero_bytes(words[w]);
+        }
+    if (ones == 0) return MaskChoice{MASK_ZERO, 1};
+    u64 flat = 1 + cdiv(m, 8), hier = 1 + cdiv(W, 8) + nzw + nzb;
+    MaskChoice c = hier <= flat ? MaskChoice{MASK_HIER, hier} : MaskChoice{MASK_FLAT, flat};
+    if (rans && iid_bytes(ones, m) + gain < c.bytes) {
+        for (u32 q = 0; q < 256; ++q) hist[q] = 0;
+        for (u64 i = 0; i < cdiv(m, 8); ++i) hist[mask_byte(words, i)] += 1;
+        freq_from_hist(hist, freq);
+        u64 est = 1 + rans_estimate(hist, freq); // with the coding byte, as bitmask::plan
+        if (est + gain < c.bytes) c = MaskChoice{MASK_RANS, est};
+    }
+    return c;
+}
+// Writes the coding byte and payload at `out`; `freq` is the table mask_plan_seq built (Rans);
+// `rev` holds 2 * ceil(m/8) bytes. Returns the bytes written.
+HD u64 mask_write_seq(const u64* words, u64 m, u32 coding, const u32* freq, u8* rev, u8* out) {
+    u64 W = cdiv(m, 64), nbytes = cdiv(m, 8), o = 0;
+    out[o++] = (u8)coding;
+    if (coding == MASK_FLAT) {
+        for (u64 i = 0; i < nbytes; ++i) out[o++] = mask_byte(words, i);
+    } else if (coding == MASK_HIER) {
+        u64 l1 = cdiv(W, 8);
+        for (u64 g = 0; g < l1; ++g) out[o + g] = 0;
+        for (u64 g = 0; g < W; ++g)
+            if (words[g]) out[o + g / 8] |= (u8)(1u << (g % 8));
+        o += l1;
+        for (u64 g = 0; g < W; ++g)
+            if (words[g]) out[o++] = (u8)nonzero_byte_map(words[g]);
+        for (u64 g = 0; g < W; ++g)
+            for (u32 q = 0; q < 8; ++q)
+                if ((u8)(words[g] >> (8 * q))) out[o++] = (u8)(words[g] >> (8 * q));
+    } else if (coding == MASK_RANS) {
+        o += rans_encode(words, nbytes, freq, rev, out + o);
+    }
+    return o;
+}
+// Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64), zeroed first).
+// Returns 0 and the ones, or why not (a code for DE_MASK's detail).
+HD u32 rans_decode_seq(const u8* in, u64 len, u64 nbytes, u64* words);
+HD u32 mask_read_seq(const u8* in, u64 len, u64 m, u64* words, u64* ones) {
+    u64 W = cdiv(m, 64), nbytes = cdiv(m, 8);
+    for (u64 w = 0; w < W; ++w) words[w] = 0;
+    if (len == 0) return 30;
+    u32 coding = in[0];
+    const u8* pay = in + 1;
+    u64 pl = len - 1;
+    if (coding == MASK_ZERO) {
+        if (pl) return 31;
+    } else if (coding == MASK_FLAT) {
+        if (pl != nbytes) return 32;
+        for (u64 i = 0; i < nbytes; ++i) words[i / 8] |= (u64)pay[i] << (8 * (i % 8));
+    } else if (coding == MASK_HIER) {
+        u64 l1 = cdiv(W, 8);
+        if (pl < l1) return 33;
+        u64 nzw = 0;
+        for (u64 g = 0; g < l1; ++g) nzw += pop32(pay[g]);
+        if (pl < l1 + nzw) return 33;
+        u64 k = l1, l3 = l1 + nzw;
+        for (u64 g = 0; g < W; ++g) {
+            if (!((pay[g / 8] >> (g % 8)) & 1)) continue;
+            u32 map = pay[k++];
+            if (!map) return 6;
+            for (u32 q = 0; q < 8; ++q)
+                if ((map >> q) & 1) {
+                    if (l3 >= pl) return 33;
+                    u8 c = pay[l3++];
+                    if (!c) return 7;
+                    words[g] |= (u64)c << (8 * q);
+                }
+        }
+        if (W % 8 && l1 > 0 && (pay[l1 - 1] >> (W % 8))) return 1;
+        if (l3 != pl) return 4;
+    } else if (coding == MASK_RANS) {
+        if (nbytes == 0) return 34;
+        u32 why = rans_decode_seq(pay, pl, nbytes, words);
+        if (why) return why;
+    } else {
+        return 35;
+    }
+    if (m % 64 && W && (words[W - 1] >> (m % 64))) return 2;
+    u64 c = 0;
+    for (u64 w = 0; w < W; ++w) c += pop64(words[w]);
+    if (coding != MASK_ZERO && c == 0) return 5;
+    *ones = c;
+    return 0;
+}
+
 // ---------------------------------------------------------------------------------------------
-// Encode: jobs, scratch, and the four kernels' bodies.
+// Encode: jobs, scratch, and the kernels' bodies.
 
 // One frame to encode. Pointers are device addresses (host addresses in the emulator).
 struct EncJob {
     u64 input;   // n values, element-aligned
-    u64 cache;   // n exponent bytes: read, then set to the new values' (as any frame leaves it)
+    u64 cache;   // the slot's cache for the chunk, read, then set as any frame leaves it: n
+                 // exponent bytes, or (flags bit 1) the n previous values
     u64 frame;   // 8-aligned, room for 64 + n * size bytes (the longest frame)
     u64 scratch; // 8-aligned, enc_scratch_bytes(n) bytes; contents on entry do not matter
     u64 n;       // elements, >= 1
     u64 offset;  // element offset of the chunk in its slot (header field)
     u64 version; // slot version (header field)
-    u64 cold;    // non-zero: the slot is cold, send a FILL
+    u64 flags;   // bit 0: the slot is cold (send a FILL); bit 1: a full-value cache; bits 2-3:
+                 // its frame choice (0 the smaller of Exp and Hybrid as the CPU estimates, 1 Exp,
+                 // 2 Hybrid)
 };
+HD bool job_cold(const EncJob& j) { return j.flags & 1; }
+HD bool job_full(const EncJob& j) { return (j.flags >> 1) & 1; }
+HD u32 job_choice(const EncJob& j) { return (u32)(j.flags >> 2) & 3; }
 
 // Per job, in scratch: the plan (what enc_plan decided; the host reads `frame_len`, `mode`,
 // `fill` and `ones` back), then per-tile counts and partial sums, then the mask words and the
@@ -574,14 +686,15 @@ struct Plan {
     u64 coding, s1_len, ones, nzw, nzb, fill, frame_len, mode;
     u64 l1_len, s1_off, s2_off, sm_len;
     u64 sm_acc[4];
+    u64 k, s2_len, s3_len; // Hybrid: changed values; the exponent-mask and exponent sections
 };
 struct TileStat {
-    u32 ones, nzw, nzb, pad;
+    u32 ones, nzw, nzb, k; // k: values changed (full-value cache)
     u64 acc[4];  // SH64 partial sums of the tile's sm
     u64 facc[4]; // SH64 partial sums of the tile's raw values (FILL)
 };
 struct TileOff {
-    u64 ones, nzw, nzb, pad;
+    u64 ones, nzw, nzb, k;
 };
 
 HD u64 align8(u64 x) { return (x + 7) & ~7ull; }
@@ -589,11 +702,18 @@ struct EncView {
     Plan* plan;
     TileStat* stat;
     TileOff* off;
-    u64* words;
-    u8* rev;
+    u64* words; // the exponent mask (Exp frames)
+    u8* rev;    // rANS: reversal buffer, then the coded mask
+    // full-value cache only:
+    u64* cw;    // the changed mask (n bits)
+    u64* xw;    // the Hybrid exponent mask (over the changed values)
+    u32* cvals; // the changed values, in order
+    u8* cflag;  // per changed value: its exponent changed
+    u8* xs;     // the new exponents of those, in order
+    u8* mbuf;   // the Hybrid masks, coded (then copied into the frame if it fits)
     HD EncView(u64 scratch, u64 n) {
         u8* s = (u8*)scratch;
-        u64 T = cdiv(n, TILE), W = cdiv(n, 64);
+        u64 T = cdiv(n, TILE), W = cdiv(n, 64), nb = cdiv(n, 8);
         plan = (Plan*)s;
         u64 o = align8(sizeof(Plan));
         stat = (TileStat*)(s + o);
@@ -603,24 +723,73 @@ struct EncView {
         words = (u64*)(s + o);
         o += 8 * W;
         rev = s + o;
+        o += align8(4 * nb + 1024);
+        cw = (u64*)(s + o);
+        o += 8 * W;
+        xw = (u64*)(s + o);
+        o += 8 * W;
+        cvals = (u32*)(s + o);
+        o += 4 * n;
+        cflag = s + o;
+        o += align8(n);
+        xs = s + o;
+        o += align8(n);
+        mbuf = s + o;
     }
 };
-// Scratch bytes for a job of n elements (the host allocates this much).
-HD u64 enc_scratch_bytes(u64 n) {
-    u64 T = cdiv(n, TILE), W = cdiv(n, 64);
-    return align8(sizeof(Plan)) + T * (sizeof(TileStat) + sizeof(TileOff)) + 8 * W +
-           align8(4 * cdiv(n, 8) + 1024);
+// Scratch bytes for a job of n elements (the host allocates this much): the exponent cache's,
+// or (full) a full-value cache's.
+HD u64 enc_scratch_bytes(u64 n, bool full) {
+    u64 T = cdiv(n, TILE), W = cdiv(n, 64), nb = cdiv(n, 8);
+    u64 exp = align8(sizeof(Plan)) + T * (sizeof(TileStat) + sizeof(TileOff)) + 8 * W +
+              align8(4 * nb + 1024);
+    return full ? exp + 16 * W + 4 * n + 2 * align8(n) + align8(2 * (2 * nb + 1100)) : exp;
 }
 
 template <class L> struct EncTileShm {
     u64 sm[SmTile<L>::BYTES / 8];
     u8 mb[GROUPS];
+    u8 mc[GROUPS]; // full-value cache: which values changed
     u64 red[4][NT];
-    u32 cnt[TILE_WORDS][3];
+    u32 cnt[TILE_WORDS][4];
 };
+
+// Thread t's share of copying a tile's packed sm (sm_bytes, in shared memory) to s0, which is
+// byte sm_base of the section (a multiple of 32), and of its SH64 partial sums (into red[.][t]).
+HD void sm_out(u32 t, const u64* sm, u64 sm_bytes, u8* s0, u64 sm_base, u64 (*red)[NT]) {
+    const u8* smb = (const u8*)sm;
+    u64 acc[4] = {0, 0, 0, 0}, nw = cdiv(sm_bytes, 32) * 4;
+    for (u64 w = t; w < nw; w += NT) {
+        u64 val;
+        if (8 * w + 8 <= sm_bytes) {
+            val = sm[w];
+            st64a(s0 + 8 * w, val);
+        } else {
+            val = 0;
+            for (u64 q = 0; q < 8 && 8 * w + q < sm_bytes; ++q) {
+                val |= (u64)smb[8 * w + q] << (8 * q);
+                s0[8 * w + q] = smb[8 * w + q];
+            }
+        }
+        sh_word(acc, sm_base / 8 + w, val);
+    }
+    for (u32 l = 0; l < 4; ++l) red[l][t] = acc[l];
+}
+// Sum red[l][0..NT) into red[l][0].
+HD void block_reduce4(Blk& b, u64 (*red)[NT]) {
+    for (u32 s = NT / 2; s > 0; s /= 2) {
+        b.each([&](u32 t) {
+            if (t < s)
+                for (u32 l = 0; l < 4; ++l) red[l][t] += red[l][t + s];
+        });
+        b.sync();
+    }
+}
 
 // enc_tile: one block per tile of 4096 elements, 256 threads, 2 groups of 8 elements each.
 // Reads n*size + n bytes (values, cache), writes sm_len(n) + n + n/8 bytes (s0, cache, words).
+// A full-value cache reads and writes n*size cache bytes instead, and also writes the changed
+// mask; its s0 is the Exp frame's (overwritten if the plan picks Hybrid).
 template <class L> HD void enc_tile(const EncJob& j, u64 tile, Blk& b, EncTileShm<L>& sh) {
     u64 n = j.n;
     if (tile * TILE >= n) return;
@@ -634,7 +803,19 @@ template <class L> HD void enc_tile(const EncJob& j, u64 tile, Blk& b, EncTileSh
             u32 g = t + k * NT;
             u64 first = 8ull * g;
             u32 mbits = 0;
-            if (first < tn) {
+            u32 cbits = 0;
+            if (first < tn && job_full(j)) {
+                u32 r = (u32)min64(8, tn - first), w[8];
+                u64 i0 = base + first;
+                for (u32 q = 0; q < r; ++q) {
+                    w[q] = load_val<L>(in, i0 + q);
+                    u32 old = load_val<L>(cache, i0 + q);
+                    mbits |= (u32)(exp_of<L>(w[q]) != exp_of<L>(old)) << q;
+                    cbits |= (u32)(w[q] != old) << q;
+                    store_val<L>(cache, i0 + q, w[q]);
+                }
+                pack_group<L>(w, r, smb + L::sm_len(first));
+            } else if (first < tn) {
                 u32 r = (u32)min64(8, tn - first), w[8];
                 u64 i0 = base + first;
                 if (r == 8 && ((u64)(cache + i0) & 7) == 0) {
@@ -658,28 +839,14 @@ template <class L> HD void enc_tile(const EncJob& j, u64 tile, Blk& b, EncTileSh
                 pack_group<L>(w, r, smb + L::sm_len(first));
             }
             sh.mb[g] = (u8)mbits;
+            sh.mc[g] = (u8)cbits;
         }
     });
     b.sync();
-    u64 sm_bytes = L::sm_len(tn), nw = cdiv(sm_bytes, 32) * 4, sm_base = L::sm_len(base);
+    u64 sm_bytes = L::sm_len(tn), sm_base = L::sm_len(base);
     u8* s0 = (u8*)j.frame + 64 + sm_base;
     b.each([&](u32 t) {
-        u64 acc[4] = {0, 0, 0, 0};
-        for (u64 w = t; w < nw; w += NT) {
-            u64 val;
-            if (8 * w + 8 <= sm_bytes) {
-                val = sh.sm[w];
-                *(u64*)(s0 + 8 * w) = val;
-            } else {
-                val = 0;
-                for (u64 q = 0; q < 8 && 8 * w + q < sm_bytes; ++q) {
-                    val |= (u64)smb[8 * w + q] << (8 * q);
-                    s0[8 * w + q] = smb[8 * w + q];
-                }
-            }
-            sh_word(acc, sm_base / 8 + w, val);
-        }
-        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+        sm_out(t, sh.sm, sm_bytes, s0, sm_base, sh.red);
         if (t < TILE_WORDS) {
             u64 wi = tile * TILE_WORDS + t, word = 0;
             if (64ull * t < tn) {
@@ -689,30 +856,32 @@ template <class L> HD void enc_tile(const EncJob& j, u64 tile, Blk& b, EncTileSh
             sh.cnt[t][0] = pop64(word);
             sh.cnt[t][1] = word != 0;
             sh.cnt[t][2] = nonzero_bytes(word);
+            sh.cnt[t][3] = 0;
+            if (job_full(j) && 64ull * t < tn) {
+                u64 c = 0;
+                for (u32 q = 0; q < 8; ++q) c |= (u64)sh.mc[8 * t + q] << (8 * q);
+                v.cw[wi] = c;
+                sh.cnt[t][3] = pop64(c);
+            }
         }
     });
     b.sync();
-    for (u32 s = NT / 2; s > 0; s /= 2) {
-        b.each([&](u32 t) {
-            if (t < s)
-                for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
-        });
-        b.sync();
-    }
+    block_reduce4(b, sh.red);
     b.one([&] {
         TileStat& st = v.stat[tile];
-        st.ones = st.nzw = st.nzb = 0;
+        st.ones = st.nzw = st.nzb = st.k = 0;
         for (u32 w = 0; w < TILE_WORDS; ++w) {
             st.ones += sh.cnt[w][0];
             st.nzw += sh.cnt[w][1];
             st.nzb += sh.cnt[w][2];
+            st.k += sh.cnt[w][3];
         }
         for (u32 l = 0; l < 4; ++l) st.acc[l] = sh.red[l][0];
     });
 }
 
 struct PlanShm {
-    u64 a[3][NT], own[3][NT], tmp[3][NT];
+    u64 a[4][NT], own[4][NT], tmp[4][NT];
     u64 acc[4][NT];
     u32 hist[256];
     u32 need_hist;
@@ -739,35 +908,32 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
     u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
     EncView v(j.scratch, n);
     b.each([&](u32 t) {
-        u64 c[3] = {0, 0, 0}, acc[4] = {0, 0, 0, 0};
+        u64 c[4] = {0, 0, 0, 0}, acc[4] = {0, 0, 0, 0};
         for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i) {
             c[0] += v.stat[i].ones;
             c[1] += v.stat[i].nzw;
             c[2] += v.stat[i].nzb;
+            c[3] += job_full(j) ? v.stat[i].k : 0;
             for (u32 l = 0; l < 4; ++l) acc[l] += v.stat[i].acc[l];
         }
-        for (u32 k = 0; k < 3; ++k) sh.a[k][t] = sh.own[k][t] = c[k];
+        for (u32 k = 0; k < 4; ++k) sh.a[k][t] = sh.own[k][t] = c[k];
         for (u32 l = 0; l < 4; ++l) sh.acc[l][t] = acc[l];
     });
     b.sync();
-    block_scan<3>(b, sh.a, sh.tmp);
-    for (u32 s = NT / 2; s > 0; s /= 2) {
-        b.each([&](u32 t) {
-            if (t < s)
-                for (u32 l = 0; l < 4; ++l) sh.acc[l][t] += sh.acc[l][t + s];
-        });
-        b.sync();
-    }
+    block_scan<4>(b, sh.a, sh.tmp);
+    block_reduce4(b, sh.acc);
     b.each([&](u32 t) {
-        u64 run[3];
-        for (u32 k = 0; k < 3; ++k) run[k] = sh.a[k][t] - sh.own[k][t];
+        u64 run[4];
+        for (u32 k = 0; k < 4; ++k) run[k] = sh.a[k][t] - sh.own[k][t];
         for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i) {
             v.off[i].ones = run[0];
             v.off[i].nzw = run[1];
             v.off[i].nzb = run[2];
+            v.off[i].k = run[3];
             run[0] += v.stat[i].ones;
             run[1] += v.stat[i].nzw;
             run[2] += v.stat[i].nzb;
+            run[3] += job_full(j) ? v.stat[i].k : 0;
         }
     });
     b.one([&] {
@@ -790,8 +956,18 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
             bytes = hier <= flat ? hier : flat;
         }
         p.s1_len = bytes;
+        p.k = sh.a[3][NT - 1];
+        p.mode = 1;
+        if (job_full(j) && !job_cold(j)) {
+            // Exp or Hybrid, as the CPU chooses for a full-value slot (chunk.rs): Hybrid where
+            // its estimate is under 4/5 of the Exp frame's bytes (rANS aside).
+            u64 exp_bytes = p.sm_len + bytes + p.ones;
+            u32 ch = job_choice(j);
+            if (ch == 2 || (ch == 0 && hybrid_estimate(L::sm_len(p.k), n, p.k, p.ones) * 5 < exp_bytes * 4))
+                p.mode = 2;
+        }
         u64 budget = (p.sm_len + p.ones) / 50;
-        sh.need_hist = !j.cold && p.ones != 0 && iid_bytes(p.ones, n) + budget < bytes;
+        sh.need_hist = !job_cold(j) && p.mode == 1 && p.ones != 0 && iid_bytes(p.ones, n) + budget < bytes;
     });
     b.sync();
     if (sh.need_hist) {
@@ -813,7 +989,7 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
             Plan& p = *v.plan;
             u32 freq[256];
             freq_from_hist(sh.hist, freq);
-            u64 est = rans_estimate(sh.hist, freq), budget = (p.sm_len + p.ones) / 50;
+            u64 est = 1 + rans_estimate(sh.hist, freq), budget = (p.sm_len + p.ones) / 50;
             if (est + budget < p.s1_len) {
                 // Code into scratch (past the reversal buffer's 2 * nbytes), then into the frame
                 // if it fits there.
@@ -831,9 +1007,10 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
     }
     b.one([&] {
         Plan& p = *v.plan;
+        if (p.mode == 2) return; // hyb_masks lays the Hybrid frame out
         p.s2_off = p.s1_off + p.s1_len;
         p.frame_len = p.s2_off + p.ones;
-        p.fill = j.cold || p.frame_len > 64 + n * L::BYTES;
+        p.fill = job_cold(j) || p.frame_len > 64 + n * L::BYTES;
         if (p.fill) {
             p.frame_len = 64 + n * L::BYTES;
             p.mode = 0;
@@ -877,19 +1054,13 @@ template <class L> HD void enc_emit(const EncJob& j, u64 tile, Blk& b, EmitShm& 
             for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
         });
         b.sync();
-        for (u32 s = NT / 2; s > 0; s /= 2) {
-            b.each([&](u32 t) {
-                if (t < s)
-                    for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
-            });
-            b.sync();
-        }
+        block_reduce4(b, sh.red);
         b.one([&] {
             for (u32 l = 0; l < 4; ++l) v.stat[tile].facc[l] = sh.red[l][0];
         });
         return;
     }
-    if (p.coding == MASK_ZERO) return;
+    if (p.mode == 2 || p.coding == MASK_ZERO) return;
     u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
     b.each([&](u32 t) {
         if (t < TILE_WORDS) {
@@ -920,7 +1091,10 @@ template <class L> HD void enc_emit(const EncJob& j, u64 tile, Blk& b, EmitShm& 
         if (wi >= W) return;
         u64 w = v.words[wi];
         u64 e = o.ones + sh.pre[t][0];
-        for (u64 m = w; m; m &= m - 1) s2[e++] = cache[64 * wi + ctz64(m)];
+        for (u64 m = w; m; m &= m - 1) {
+            u64 i = 64 * wi + ctz64(m);
+            s2[e++] = job_full(j) ? (u8)exp_of<L>(load_val<L>(cache, i)) : cache[i];
+        }
         if (p.coding == MASK_FLAT) {
             for (u32 q = 0; q < 8 && 8 * wi + q < nbytes; ++q) s1[8 * wi + q] = (u8)(w >> (8 * q));
         } else if (p.coding == MASK_HIER) {
@@ -936,6 +1110,127 @@ template <class L> HD void enc_emit(const EncJob& j, u64 tile, Blk& b, EmitShm& 
                     if ((u8)(w >> (8 * q))) *l3++ = (u8)(w >> (8 * q));
             }
         }
+    });
+}
+
+// hyb_compact (Hybrid only): one block per tile. The tile's changed values in order (at the
+// tile's offset among all changed values), whether each changed exponent, and the new
+// exponents of those (at the tile's exception offset). Reads n/4 bytes of masks plus the
+// changed values; writes 4k + k + ke bytes of scratch.
+template <class L> HD void hyb_compact(const EncJob& j, u64 tile, Blk& b, EmitShm& sh) {
+    u64 n = j.n;
+    if (tile * TILE >= n) return;
+    EncView v(j.scratch, n);
+    if (v.plan->mode != 2) return;
+    u64 W = cdiv(n, 64);
+    const u8* in = (const u8*)j.input;
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        sh.pre[t][0] = wi < W ? pop64(v.cw[wi]) : 0;
+        sh.pre[t][1] = wi < W ? pop64(v.words[wi]) : 0;
+    });
+    b.sync();
+    b.one([&] {
+        u32 run[2] = {0, 0};
+        for (u32 w = 0; w < TILE_WORDS; ++w)
+            for (u32 k = 0; k < 2; ++k) {
+                u32 c = sh.pre[w][k];
+                sh.pre[w][k] = run[k];
+                run[k] += c;
+            }
+    });
+    b.sync();
+    const TileOff& o = v.off[tile];
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        if (wi >= W) return;
+        u64 c = v.cw[wi], e = v.words[wi], r = o.k + sh.pre[t][0], x = o.ones + sh.pre[t][1];
+        for (u64 m = c; m; m &= m - 1) {
+            u32 q = ctz64(m);
+            u32 w = load_val<L>(in, 64 * wi + q);
+            u8 f = (u8)((e >> q) & 1);
+            v.cvals[r] = w;
+            v.cflag[r++] = f;
+            if (f) v.xs[x++] = (u8)exp_of<L>(w);
+        }
+    });
+}
+
+struct HybShm {
+    u32 hist[256];
+    u32 freq[256];
+};
+
+// hyb_masks (Hybrid only): one block per job. The exponent mask over the changed values, then
+// both masks planned and coded as the CPU does (bitmask::plan with rANS, one thread: the rANS
+// stream is sequential), the frame laid out, or a FILL where it would be longer than the values.
+template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
+    u64 n = j.n;
+    EncView v(j.scratch, n);
+    Plan& p = *v.plan;
+    if (p.mode != 2) return;
+    u64 k = p.k, ke = p.ones, XW = cdiv(k, 64);
+    b.each([&](u32 t) {
+        for (u64 w = t; w < XW; w += NT) {
+            u64 x = 0;
+            for (u64 q = 0; q < 64 && 64 * w + q < k; ++q) x |= (u64)v.cflag[64 * w + q] << q;
+            v.xw[w] = x;
+        }
+    });
+    b.sync();
+    b.one([&] {
+        p.sm_len = L::sm_len(k);
+        p.s1_off = 64 + p.sm_len;
+        MaskChoice c1 = mask_plan_seq(v.cw, n, true, 0, sh.hist, sh.freq);
+        p.s1_len = mask_write_seq(v.cw, n, c1.coding, sh.freq, v.rev, v.mbuf);
+        MaskChoice c2 = mask_plan_seq(v.xw, k, true, 0, sh.hist, sh.freq);
+        p.s2_len = mask_write_seq(v.xw, k, c2.coding, sh.freq, v.rev, v.mbuf + p.s1_len);
+        p.s3_len = ke;
+        p.s2_off = p.s1_off + p.s1_len;
+        p.frame_len = p.s2_off + p.s2_len + ke;
+        p.fill = p.frame_len > 64 + n * L::BYTES;
+        if (p.fill) {
+            p.frame_len = 64 + n * L::BYTES;
+            p.mode = 0;
+        }
+    });
+    b.sync();
+    if (p.fill) return;
+    u8* f = (u8*)j.frame;
+    u64 masks = p.s1_len + p.s2_len;
+    b.each([&](u32 t) {
+        for (u64 q = t; q < masks + ke; q += NT)
+            f[p.s1_off + q] = q < masks ? v.mbuf[q] : v.xs[q - masks];
+    });
+}
+
+// hyb_pack (Hybrid only): one block per 4096 changed values: their packed sm into s0 and its
+// SH64 partial sums. Reads 4k, writes sm_len(k) bytes.
+template <class L> HD void hyb_pack(const EncJob& j, u64 tile, Blk& b, EncTileShm<L>& sh) {
+    u64 n = j.n;
+    EncView v(j.scratch, n);
+    const Plan& p = *v.plan;
+    if (p.mode != 2 || p.fill || tile * TILE >= p.k) return;
+    u64 base = tile * TILE, tn = min64(TILE, p.k - base);
+    u8* smb = (u8*)sh.sm;
+    b.each([&](u32 t) {
+        for (u32 k = 0; k < 2; ++k) {
+            u64 first = 8ull * (t + k * NT);
+            if (first >= tn) continue;
+            u32 r = (u32)min64(8, tn - first), w[8];
+            for (u32 q = 0; q < r; ++q) w[q] = v.cvals[base + first + q];
+            pack_group<L>(w, r, smb + L::sm_len(first));
+        }
+    });
+    b.sync();
+    u64 sm_base = L::sm_len(base);
+    b.each([&](u32 t) { sm_out(t, sh.sm, L::sm_len(tn), (u8*)j.frame + 64 + sm_base, sm_base, sh.red); });
+    b.sync();
+    block_reduce4(b, sh.red);
+    b.one([&] {
+        for (u32 l = 0; l < 4; ++l) v.stat[tile].acc[l] = sh.red[l][0];
     });
 }
 
@@ -980,33 +1275,33 @@ HD void block_xxh3(Blk& b, const u8* hdr, const u8* tail, u64 tail_len, u64* lan
 
 // enc_finish: one block per job. The header, SH64 of s0 and the frame checksum.
 template <class L> HD void enc_finish(const EncJob& j, Blk& b, FinishShm& sh) {
-    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    u64 n = j.n;
     EncView v(j.scratch, n);
     Plan& p = *v.plan;
     u8* f = (u8*)j.frame;
-    if (p.fill) {
+    // SH64 of s0 from the tiles' partial sums: a FILL's raw values, or a Hybrid frame's packed
+    // changed values (enc_plan summed an Exp frame's).
+    u64 T = p.fill ? cdiv(n, TILE) : p.mode == 2 ? cdiv(p.k, TILE) : 0, seg = cdiv(T, NT);
+    if (T) {
         b.each([&](u32 t) {
             u64 acc[4] = {0, 0, 0, 0};
             for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
-                for (u32 l = 0; l < 4; ++l) acc[l] += v.stat[i].facc[l];
+                for (u32 l = 0; l < 4; ++l) acc[l] += p.fill ? v.stat[i].facc[l] : v.stat[i].acc[l];
             for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
         });
         b.sync();
-        for (u32 s = NT / 2; s > 0; s /= 2) {
-            b.each([&](u32 t) {
-                if (t < s)
-                    for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
-            });
-            b.sync();
-        }
+        block_reduce4(b, sh.red);
     }
     b.one([&] {
         u64 sec[4] = {p.sm_len, p.s1_len, p.ones, 0};
         u64 part[4];
-        for (u32 l = 0; l < 4; ++l) part[l] = p.fill ? sh.red[l][0] : p.sm_acc[l];
+        for (u32 l = 0; l < 4; ++l) part[l] = p.mode == 1 ? p.sm_acc[l] : T ? sh.red[l][0] : 0;
         if (p.fill) {
             sec[0] = n * L::BYTES;
             sec[1] = sec[2] = 0;
+        } else if (p.mode == 2) {
+            sec[2] = p.s2_len;
+            sec[3] = p.s3_len;
         }
         write_header(sh.hdr, L::DT, (u32)p.mode, p.fill ? 1 : 0, n, j.offset, j.version, sec);
         wr64(sh.hdr + 48, sh_finish(part, sec[0]));
@@ -1040,13 +1335,14 @@ struct DecJob {
     u64 frame;     // 8-aligned, the received bytes (frame_len of them, a frame at their start)
     u64 frame_len;
     u64 out;       // n values
-    u64 cache;     // n exponent bytes: read, then updated
+    u64 cache;     // n exponent bytes (or n values: `full`), read, then updated
     u64 scratch;   // dec_scratch_bytes(n), 8-aligned
     u64 n;         // the chunk's elements (>= 1)
     u64 offset;    // the chunk's element offset (must match the frame's)
     u64 version;   // the slot's version (an Exp frame must carry it)
-    u64 warm;      // non-zero: the slot is warm (Exp frames need it)
-    u64 pad;
+    u64 warm;      // non-zero: the slot is warm (Exp and Hybrid frames need it)
+    u64 full;      // non-zero: `cache` holds the n previous values (a full-value cache), which
+                   // also takes Hybrid frames
 };
 
 enum : u32 {
@@ -1068,6 +1364,7 @@ struct DecPlan {
     u64 a, b;
     u64 mode, fill, coding, s0_len, s1_off, s1_len, s2_off, s2_len, l1_len, nzw, nzb, ones;
     u64 s0_hash, frame_len;
+    u64 k, s3_off, s3_len; // Hybrid: changed values, the exponent section
 };
 struct DecTile {
     u32 c[3], pad; // Hier nonzero words, Hier level-3 bytes, ones
@@ -1080,7 +1377,9 @@ struct DecView {
     DecPlan* plan;
     DecTile* stat;
     DecOff* off;
-    u64* words;
+    u64* words; // the Exp mask, or the Hybrid changed mask
+    u64* xw;    // Hybrid: the exponent mask over the changed values
+    u32* xp;    // Hybrid: set bits of xw before each word
     HD DecView(u64 scratch, u64 n) {
         u8* s = (u8*)scratch;
         u64 T = cdiv(n, TILE);
@@ -1091,11 +1390,15 @@ struct DecView {
         off = (DecOff*)(s + o);
         o += T * sizeof(DecOff);
         words = (u64*)(s + o);
+        o += 8 * cdiv(n, 64);
+        xw = (u64*)(s + o);
+        o += 8 * cdiv(n, 64);
+        xp = (u32*)(s + o);
     }
 };
 HD u64 dec_scratch_bytes(u64 n) {
     return align8(sizeof(DecPlan)) + cdiv(n, TILE) * (sizeof(DecTile) + sizeof(DecOff)) +
-           8 * cdiv(n, 64);
+           16 * cdiv(n, 64) + align8(4 * cdiv(n, 64));
 }
 HD void set_err(DecPlan* p, u32 code, u64 a, u64 b) {
 #if defined(CIERA_DEVICE_BUILD)
@@ -1168,9 +1471,20 @@ template <class L> HD void dec_parse(const DecJob& j, Blk& b, ParseShm& sh) {
                 set_err(&p, DE_HEADER, sec[0], n * L::BYTES);
                 return;
             }
-        } else if (mode != 1) {
-            set_err(&p, DE_SLOT, mode, 0);
+        } else if (mode == 3 || (mode == 2 && !j.full)) {
+            set_err(&p, DE_SLOT, mode, 0); // the slot's cache cannot take this frame
             return;
+        } else if (mode == 2) {
+            if (!j.warm) {
+                set_err(&p, DE_SLOT, 1, 0);
+                return;
+            }
+            if (rd64(f + 24) != j.version) {
+                set_err(&p, DE_VERSION, j.version, rd64(f + 24));
+                return;
+            }
+            p.s3_off = p.s2_off + sec[2];
+            p.s3_len = sec[3];
         } else {
             if (!j.warm) {
                 set_err(&p, DE_SLOT, 1, 0);
@@ -1229,7 +1543,7 @@ HD void dec_mask(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.coding == MASK_RANS) return;
+    if (p.err || p.fill || p.mode != 1 || p.coding == MASK_RANS) return;
     const u8* pay = (const u8*)j.frame + p.s1_off + 1;
     u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
     b.each([&](u32 t) {
@@ -1263,84 +1577,93 @@ HD void dec_mask(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
 }
 
 // dec_rans: a rANS-coded mask (rans::decode) on one thread, with per-tile ones.
+// rans::decode of `nbytes` mask bytes from exactly in[0..len) into words (ceil(nbytes/8) of
+// them, zeroed first). Returns 0, or why not (a code for DE_MASK's detail).
+HD u32 rans_decode_seq(const u8* in, u64 len, u64 nbytes, u64* words) {
+    u64 pos = 0;
+    if (len < 1) return 10;
+    u32 ns = (u32)in[pos++] + 1;
+    u8 present[256];
+    for (u32 s = 0; s < 256; ++s) present[s] = 0;
+    if (ns < 32) {
+        if (pos + ns > len) return 11;
+        i64 prev = -1;
+        for (u32 k = 0; k < ns; ++k) {
+            u32 s = in[pos++];
+            if ((i64)s <= prev) return 12;
+            prev = s;
+            present[s] = 1;
+        }
+    } else {
+        if (pos + 32 > len) return 11;
+        u32 count = 0;
+        for (u32 s = 0; s < 256; ++s) count += present[s] = (in[pos + s / 8] >> (s % 8)) & 1;
+        pos += 32;
+        if (count != ns) return 13;
+    }
+    u32 freq[256], cum[256];
+    u64 sum = 0;
+    for (u32 s = 0; s < 256; ++s) {
+        freq[s] = 0;
+        if (!present[s]) continue;
+        u32 val = 0;
+        bool done = false;
+        for (u32 sh = 0; sh <= 14; sh += 7) {
+            if (pos >= len) return 14;
+            u8 c = in[pos++];
+            val |= (u32)(c & 0x7f) << sh;
+            if (!(c & 0x80)) {
+                done = true;
+                break;
+            }
+        }
+        if (!done) return 15;
+        u64 fq = (u64)val + 1;
+        if (fq > PROB_SCALE) return 16;
+        freq[s] = (u32)fq;
+        sum += fq;
+    }
+    if (sum != PROB_SCALE) return 17;
+    u32 c = 0;
+    u8 slot_sym[PROB_SCALE];
+    for (u32 s = 0; s < 256; ++s) {
+        cum[s] = c;
+        for (u32 q = 0; q < freq[s]; ++q) slot_sym[c + q] = (u8)s;
+        c += freq[s];
+    }
+    if (pos + 8 > len) return 18;
+    u32 x[2] = {rd32(in + pos), rd32(in + pos + 4)};
+    pos += 8;
+    for (u32 k = 0; k < 2; ++k)
+        if (x[k] < RANS_L || (u64)x[k] >= ((u64)RANS_L << 8)) return 19;
+    for (u64 wi = 0; wi < cdiv(nbytes, 8); ++wi) words[wi] = 0;
+    for (u64 i = 0; i < nbytes; ++i) {
+        u32& st = x[i & 1];
+        u32 slot = st & (PROB_SCALE - 1), s = slot_sym[slot];
+        u32 nx = freq[s] * (st >> 12) + slot - cum[s];
+        while (nx < RANS_L) {
+            if (pos >= len) return 20;
+            nx = (nx << 8) | in[pos++];
+        }
+        st = nx;
+        words[i / 8] |= (u64)s << (8 * (i % 8));
+    }
+    if (pos != len) return 21;
+    if (x[0] != RANS_L || x[1] != RANS_L) return 22;
+    return 0;
+}
+
+// dec_rans: a rANS-coded Exp mask on one thread, with per-tile ones.
 HD void dec_rans(const DecJob& j, Blk& b) {
     DecView v(j.scratch, j.n);
     DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.coding != MASK_RANS) return;
+    if (p.err || p.fill || p.mode != 1 || p.coding != MASK_RANS) return;
     b.one([&] {
         const u8* in = (const u8*)j.frame + p.s1_off + 1;
-        u64 len = p.s1_len - 1, pos = 0, n = j.n, nbytes = cdiv(n, 8), W = cdiv(n, 64);
-        auto bad = [&](u64 why) { set_err(&p, DE_MASK, why, pos); };
-        if (len < 1) return bad(10);
-        u32 ns = (u32)in[pos++] + 1;
-        u8 present[256];
-        for (u32 s = 0; s < 256; ++s) present[s] = 0;
-        if (ns < 32) {
-            if (pos + ns > len) return bad(11);
-            i64 prev = -1;
-            for (u32 k = 0; k < ns; ++k) {
-                u32 s = in[pos++];
-                if ((i64)s <= prev) return bad(12);
-                prev = s;
-                present[s] = 1;
-            }
-        } else {
-            if (pos + 32 > len) return bad(11);
-            u32 count = 0;
-            for (u32 s = 0; s < 256; ++s) count += present[s] = (in[pos + s / 8] >> (s % 8)) & 1;
-            pos += 32;
-            if (count != ns) return bad(13);
-        }
-        u32 freq[256], cum[256];
-        u64 sum = 0;
-        for (u32 s = 0; s < 256; ++s) {
-            freq[s] = 0;
-            if (!present[s]) continue;
-            u32 val = 0;
-            bool done = false;
-            for (u32 sh = 0; sh <= 14; sh += 7) {
-                if (pos >= len) return bad(14);
-                u8 c = in[pos++];
-                val |= (u32)(c & 0x7f) << sh;
-                if (!(c & 0x80)) {
-                    done = true;
-                    break;
-                }
-            }
-            if (!done) return bad(15);
-            u64 fq = (u64)val + 1;
-            if (fq > PROB_SCALE) return bad(16);
-            freq[s] = (u32)fq;
-            sum += fq;
-        }
-        if (sum != PROB_SCALE) return bad(17);
-        u32 c = 0;
-        u8 slot_sym[PROB_SCALE];
-        for (u32 s = 0; s < 256; ++s) {
-            cum[s] = c;
-            for (u32 q = 0; q < freq[s]; ++q) slot_sym[c + q] = (u8)s;
-            c += freq[s];
-        }
-        if (pos + 8 > len) return bad(18);
-        u32 x[2] = {rd32(in + pos), rd32(in + pos + 4)};
-        pos += 8;
-        for (u32 k = 0; k < 2; ++k)
-            if (x[k] < RANS_L || (u64)x[k] >= ((u64)RANS_L << 8)) return bad(19);
-        for (u64 wi = 0; wi < W; ++wi) v.words[wi] = 0;
-        for (u64 i = 0; i < nbytes; ++i) {
-            u32& st = x[i & 1];
-            u32 slot = st & (PROB_SCALE - 1), s = slot_sym[slot];
-            u32 nx = freq[s] * (st >> 12) + slot - cum[s];
-            while (nx < RANS_L) {
-                if (pos >= len) return bad(20);
-                nx = (nx << 8) | in[pos++];
-            }
-            st = nx;
-            v.words[i / 8] |= (u64)s << (8 * (i % 8));
-        }
-        if (pos != len) return bad(21);
-        if (x[0] != RANS_L || x[1] != RANS_L) return bad(22);
-        if (n % 64 && (v.words[W - 1] >> (n % 64))) return bad(2);
+        u64 n = j.n, W = cdiv(n, 64);
+        u32 why = rans_decode_seq(in, p.s1_len - 1, cdiv(n, 8), v.words);
+        if (why) return set_err(&p, DE_MASK, why, 0);
+        if (n % 64 && (v.words[W - 1] >> (n % 64))) return set_err(&p, DE_MASK, 2, 0);
         for (u64 t = 0; t < cdiv(n, TILE); ++t) {
             u32 ones = 0;
             for (u64 wi = t * TILE_WORDS; wi < W && wi < (t + 1) * TILE_WORDS; ++wi)
@@ -1360,7 +1683,7 @@ HD void dec_scan(const DecJob& j, u32 which, Blk& b, DecScanShm& sh) {
     u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
     DecView v(j.scratch, n);
     DecPlan& p = *v.plan;
-    if (p.err || p.fill) return;
+    if (p.err || p.fill || p.mode != 1) return;
     if (which < 2 && p.coding != MASK_HIER) return;
     b.each([&](u32 t) {
         u64 c = 0;
@@ -1399,7 +1722,7 @@ HD void dec_hier2(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.coding != MASK_HIER) return;
+    if (p.err || p.fill || p.mode != 1 || p.coding != MASK_HIER) return;
     const u8* pay = (const u8*)j.frame + p.s1_off + 1;
     u64 W = cdiv(n, 64);
     b.each([&](u32 t) {
@@ -1436,7 +1759,7 @@ HD void dec_hier3(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.coding != MASK_HIER) return;
+    if (p.err || p.fill || p.mode != 1 || p.coding != MASK_HIER) return;
     const u8* l3 = (const u8*)j.frame + p.s1_off + 1 + p.l1_len + p.nzw;
     u64 W = cdiv(n, 64);
     b.each([&](u32 t) {
@@ -1473,6 +1796,38 @@ HD void dec_hier3(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     });
 }
 
+// dec_hyb (Hybrid only): one block per job, one thread: both masks (bitmask::decode: their
+// rANS streams are sequential), the section lengths they imply, the exponent mask's word
+// prefixes and each tile's offset among the changed values.
+template <class L> HD void dec_hyb(const DecJob& j, Blk& b) {
+    u64 n = j.n;
+    DecView v(j.scratch, n);
+    DecPlan& p = *v.plan;
+    if (p.err || p.mode != 2) return;
+    b.one([&] {
+        const u8* f = (const u8*)j.frame;
+        u64 k = 0, ke = 0;
+        u32 why = mask_read_seq(f + p.s1_off, p.s1_len, n, v.words, &k);
+        if (why) return set_err(&p, DE_MASK, why, 1);
+        why = mask_read_seq(f + p.s2_off, p.s2_len, k, v.xw, &ke);
+        if (why) return set_err(&p, DE_MASK, why, 2);
+        if (p.s0_len != L::sm_len(k)) return set_err(&p, DE_LENGTH, L::sm_len(k), p.s0_len);
+        p.k = k;
+        u64 run = 0;
+        for (u64 w = 0; w < cdiv(k, 64); ++w) {
+            v.xp[w] = (u32)run;
+            run += pop64(v.xw[w]);
+        }
+        u64 W = cdiv(n, 64), T = cdiv(n, TILE);
+        run = 0;
+        for (u64 t = 0; t < T; ++t) {
+            v.off[t].c[2] = run;
+            for (u64 w = t * TILE_WORDS; w < W && w < (t + 1) * TILE_WORDS; ++w) run += pop64(v.words[w]);
+        }
+        if (p.s3_len != ke) set_err(&p, DE_EXCEPTION, p.s3_len, ke);
+    });
+}
+
 // dec_tile: one block per tile of 4096 elements, 2 groups of 8 per thread. Exp: value =
 // sm | e << shift with e the exception (checked: <= the field's maximum, not the cached one)
 // or the cached field; the cache takes e. FILL: the values, and the cache their fields. Both
@@ -1489,9 +1844,14 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
     u8* out = (u8*)j.out;
     u8* cache = (u8*)j.cache;
     u64 W = cdiv(n, 64);
+    // This block's part of s0 (SH64): the tile's raw values (FILL) or sm (Exp); for Hybrid the
+    // sm of changed values tile..tile+4096 in their order (none past the k-th).
+    bool hyb = p.mode == 2;
+    u64 hb = hyb && base < p.k ? min64(TILE, p.k - base) : 0;
     u64 s0_tile = p.fill ? base * L::BYTES : L::sm_len(base);
-    u64 s0_bytes = p.fill ? tn * L::BYTES : L::sm_len(tn);
+    u64 s0_bytes = p.fill ? tn * L::BYTES : hyb ? L::sm_len(hb) : L::sm_len(tn);
     const u8* s0 = f + 64 + s0_tile;
+    const u8* sm_all = f + 64;
     if (!p.fill) {
         b.each([&](u32 t) {
             if (t >= TILE_WORDS) return;
@@ -1514,7 +1874,44 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
                     u64 i = base + first + q;
                     u32 w = load_val<L>(f + 64, i);
                     store_val<L>(out, i, w);
-                    cache[i] = (u8)exp_of<L>(w);
+                    if (j.full)
+                        store_val<L>(cache, i, w);
+                    else
+                        cache[i] = (u8)exp_of<L>(w);
+                }
+                continue;
+            }
+            u32 wl = g / 8, sh8 = 8 * (g % 8);
+            u64 i0 = base + first;
+            if (hyb) {
+                // Changed values take their sm from their place among the changed ones, their
+                // field from s3 where the exponent mask says so, else the cached one.
+                u64 word = v.words[tile * TILE_WORDS + wl];
+                u64 rk = o.c[2] + sh.pre[wl] + pop64(word & ((1ull << sh8) - 1));
+                u32 bits = (u32)(word >> sh8) & 0xff;
+                for (u32 q = 0; q < r; ++q) {
+                    u64 i = i0 + q;
+                    u32 prev = load_val<L>(cache, i), w = prev;
+                    if ((bits >> q) & 1) {
+                        u64 gr = rk / 8;
+                        u32 sm[8], gn = (u32)min64(8, p.k - 8 * gr);
+                        if (!unpack_group<L>(sm_all + L::sm_len(8 * gr), gn, sm)) {
+                            set_err(v.plan, DE_PADDING, i, 0);
+                            break;
+                        }
+                        u64 xwd = v.xw[rk / 64], below = xwd & ((1ull << (rk % 64)) - 1);
+                        u32 e = exp_of<L>(prev);
+                        if ((xwd >> (rk % 64)) & 1) {
+                            u32 x = f[p.s3_off + v.xp[rk / 64] + pop64(below)];
+                            if (x > L::EMAX || x == e) set_err(v.plan, DE_EXCEPTION, i, x);
+                            e = x;
+                        }
+                        w = sm[rk % 8] | (e << L::SHIFT);
+                        if (w == prev) set_err(v.plan, DE_EXCEPTION, i, 256);
+                        store_val<L>(cache, i, w);
+                        ++rk;
+                    }
+                    store_val<L>(out, i, w);
                 }
                 continue;
             }
@@ -1523,12 +1920,23 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
                 set_err(v.plan, DE_PADDING, base + first, 0);
                 continue;
             }
-            u32 wl = g / 8, sh8 = 8 * (g % 8);
             u64 word = v.words[tile * TILE_WORDS + wl];
             u64 e_at = o.c[2] + sh.pre[wl] + pop64(word & ((1ull << sh8) - 1));
             u32 bits = (u32)(word >> sh8) & 0xff;
-            u64 i0 = base + first;
-            if (r == 8 && ((u64)(cache + i0) & 7) == 0) {
+            if (j.full) {
+                // Exp against a full-value cache: the cached field is the previous value's.
+                for (u32 q = 0; q < r; ++q) {
+                    u64 i = i0 + q;
+                    u32 e = exp_of<L>(load_val<L>(cache, i));
+                    if ((bits >> q) & 1) {
+                        u32 x = f[p.s2_off + e_at++];
+                        if (x > L::EMAX || x == e) set_err(v.plan, DE_EXCEPTION, i, x);
+                        e = x;
+                    }
+                    store_val<L>(out, i, w[q] | (e << L::SHIFT));
+                    store_val<L>(cache, i, w[q] | (e << L::SHIFT));
+                }
+            } else if (r == 8 && ((u64)(cache + i0) & 7) == 0) {
                 u64 c = ld64a(cache + i0), nu = c;
                 for (u32 m = bits; m; m &= m - 1) {
                     u32 q = ctz64(m);
@@ -1565,13 +1973,7 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
         for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
     });
     b.sync();
-    for (u32 s = NT / 2; s > 0; s /= 2) {
-        b.each([&](u32 t) {
-            if (t < s)
-                for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
-        });
-        b.sync();
-    }
+    block_reduce4(b, sh.red);
     b.one([&] {
         for (u32 l = 0; l < 4; ++l) v.stat[tile].acc[l] = sh.red[l][0];
     });
@@ -1590,13 +1992,7 @@ HD void dec_finish(const DecJob& j, Blk& b, FinishShm& sh) {
         for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
     });
     b.sync();
-    for (u32 s = NT / 2; s > 0; s /= 2) {
-        b.each([&](u32 t) {
-            if (t < s)
-                for (u32 l = 0; l < 4; ++l) sh.red[l][t] += sh.red[l][t + s];
-        });
-        b.sync();
-    }
+    block_reduce4(b, sh.red);
     b.one([&] {
         u64 part[4] = {sh.red[0][0], sh.red[1][0], sh.red[2][0], sh.red[3][0]};
         u64 h = sh_finish(part, p.s0_len);
@@ -1627,6 +2023,21 @@ HD void dec_finish(const DecJob& j, Blk& b, FinishShm& sh) {
         Blk b{NT};                                                                              \
         enc_emit<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                       \
     }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_hyb_compact_##name(const EncJob* jobs) { \
+        __shared__ EmitShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        hyb_compact<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                    \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_hyb_masks_##name(const EncJob* jobs) { \
+        __shared__ HybShm sh;                                                                   \
+        Blk b{NT};                                                                              \
+        hyb_masks<L>(jobs[blockIdx.y], b, sh);                                                  \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_hyb_pack_##name(const EncJob* jobs) { \
+        __shared__ EncTileShm<L> sh;                                                            \
+        Blk b{NT};                                                                              \
+        hyb_pack<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                       \
+    }                                                                                           \
     extern "C" __global__ void __launch_bounds__(NT) ciera_enc_finish_##name(const EncJob* jobs) { \
         __shared__ FinishShm sh;                                                                \
         Blk b{NT};                                                                              \
@@ -1638,6 +2049,10 @@ CIERA_TYPES(CIERA_ENC)
         __shared__ ParseShm sh;                                                                 \
         Blk b{NT};                                                                              \
         dec_parse<L>(jobs[blockIdx.y], b, sh);                                                  \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_dec_hyb_##name(const DecJob* jobs) { \
+        Blk b{NT};                                                                              \
+        dec_hyb<L>(jobs[blockIdx.y], b);                                                        \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(NT) ciera_dec_tile_##name(const DecJob* jobs) { \
         __shared__ DecMaskShm sh;                                                               \

@@ -12,7 +12,7 @@ mod skip;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ciera::codec::{CacheMode, CacheSlot, HEADER_LEN};
+use ciera::codec::{CacheMode, CacheSlot, FrameChoice, HEADER_LEN};
 use ciera::safetensors::SafeTensors;
 use ciera::DType;
 use ciera_cuda_host::{DecChunk, EncChunk};
@@ -23,6 +23,7 @@ use proptest::prelude::*;
 struct Seen {
     frames: usize,
     fills: usize,
+    hybrid: usize,
     coding: BTreeMap<u8, usize>,
 }
 
@@ -30,13 +31,41 @@ struct Seen {
 /// through the kernels' host build, chunk by chunk, and require identical frames. The CPU
 /// decoder also decodes every frame back to the input (the frames are the same bytes).
 fn same_frames(dtype: DType, iters: &[Vec<u8>], chunk: usize, ctx: &str, seen: &mut Seen) {
+    for (mode, choice) in [
+        (CacheMode::Exponent, FrameChoice::Auto),
+        (CacheMode::FullValue, FrameChoice::Auto),
+        (CacheMode::FullValue, FrameChoice::Hybrid),
+    ] {
+        same_frames_in(dtype, mode, choice, iters, chunk, ctx, seen);
+    }
+}
+
+/// `same_frames` for one cache mode and frame choice.
+fn same_frames_in(
+    dtype: DType,
+    mode: CacheMode,
+    choice: FrameChoice,
+    iters: &[Vec<u8>],
+    chunk: usize,
+    ctx: &str,
+    seen: &mut Seen,
+) {
     let size = dtype.size();
     let n = iters[0].len() / size;
     let chunk = chunk.min(n);
-    let mut tx = CacheSlot::new(dtype, CacheMode::Exponent, n);
-    let mut rx = CacheSlot::new(dtype, CacheMode::Exponent, n);
-    let mut cache = vec![0u8; n];
-    let mut dcache = vec![0u8; n];
+    let full = mode == CacheMode::FullValue;
+    let per = if full { size } else { 1 };
+    let choice_code = match choice {
+        FrameChoice::Exp => 1,
+        FrameChoice::Hybrid => 2,
+        _ => 0,
+    };
+    let mut tx = CacheSlot::new(dtype, mode, n);
+    let mut rx = CacheSlot::new(dtype, mode, n);
+    tx.set_frame_choice(choice);
+    rx.set_frame_choice(choice);
+    let mut cache = vec![0u8; n * per];
+    let mut dcache = vec![0u8; n * per];
     for (it, input) in iters.iter().enumerate() {
         assert_eq!(input.len(), n * size);
         let (version, cold) = (tx.version(), !tx.is_warm());
@@ -53,16 +82,18 @@ fn same_frames(dtype: DType, iters: &[Vec<u8>], chunk: usize, ctx: &str, seen: &
         }
         tx.commit(&infos).unwrap();
         let mut jobs: Vec<EncChunk<'_>> = cache
-            .chunks_mut(chunk)
+            .chunks_mut(chunk * per)
             .enumerate()
             .map(|(i, c)| {
                 let off = i * chunk;
                 EncChunk {
-                    input: &input[off * size..(off + c.len()) * size],
+                    input: &input[off * size..(off + c.len() / per) * size],
                     cache: c,
                     offset: off as u64,
                     version,
                     cold,
+                    full,
+                    choice: choice_code,
                 }
             })
             .collect();
@@ -75,18 +106,32 @@ fn same_frames(dtype: DType, iters: &[Vec<u8>], chunk: usize, ctx: &str, seen: &
                     .zip(c)
                     .position(|(a, b)| a != b)
                     .unwrap_or(g.len().min(c.len()));
+                let layout = |f: &[u8]| -> String {
+                    if f.len() < HEADER_LEN {
+                        return "short".into();
+                    }
+                    let sec: Vec<usize> = (0..4)
+                        .map(|q| {
+                            u32::from_le_bytes(f[32 + 4 * q..36 + 4 * q].try_into().unwrap())
+                                as usize
+                        })
+                        .collect();
+                    let c1 = f.get(HEADER_LEN + sec[0]).copied();
+                    let c2 = f.get(HEADER_LEN + sec[0] + sec[1]).copied();
+                    format!("mode {} sections {sec:?} codings {c1:?}/{c2:?}", f[6])
+                };
                 panic!(
-                    "{ctx} {dtype} iteration {it} chunk {k}: kernel frame differs from the CPU's \
-                     at byte {at} (lengths {} vs {}; mode {} vs {})",
-                    g.len(),
-                    c.len(),
-                    g.get(6).copied().unwrap_or(255),
-                    c[6]
+                    "{ctx} {dtype} {mode:?} {choice:?} iteration {it} chunk {k}: kernel frame differs \
+                     from the CPU's at byte {at} (kernels: {}; CPU: {})",
+                    layout(g),
+                    layout(c)
                 );
             }
             seen.frames += 1;
             if c[7] & 1 == 1 {
                 seen.fills += 1;
+            } else if c[6] == 2 {
+                seen.hybrid += 1;
             } else {
                 let s0 = u32::from_le_bytes(c[32..36].try_into().unwrap()) as usize;
                 *seen.coding.entry(c[HEADER_LEN + s0]).or_default() += 1;
@@ -96,7 +141,7 @@ fn same_frames(dtype: DType, iters: &[Vec<u8>], chunk: usize, ctx: &str, seen: &
         let mut got = vec![0u8; input.len()];
         let warm = rx.is_warm();
         let mut djobs: Vec<DecChunk<'_>> = dcache
-            .chunks_mut(chunk)
+            .chunks_mut(chunk * per)
             .zip(got.chunks_mut(chunk * size))
             .zip(&cpu)
             .enumerate()
@@ -107,6 +152,7 @@ fn same_frames(dtype: DType, iters: &[Vec<u8>], chunk: usize, ctx: &str, seen: &
                 offset: (i * chunk) as u64,
                 version: rx.version(),
                 warm,
+                full,
             })
             .collect();
         for (k, r) in ciera_cuda_host::decode(dtype.code() as u32, &mut djobs)
@@ -244,12 +290,14 @@ fn kernel_frames_match_the_cpu_on_the_trace() {
     }
     assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
     skip::show(&format!(
-        "kernel frames == CPU frames on {} ({} tensors, {} snapshots): {} frames, {} FILL, mask codings {:?}\n",
+        "kernel frames == CPU frames on {} ({} tensors, {} snapshots; exponent and full-value \
+         caches): {} frames, {} FILL, {} Hybrid, Exp mask codings {:?}\n",
         dir.display(),
         tensors,
         snaps.len(),
         seen.frames,
         seen.fills,
+        seen.hybrid,
         seen.coding
     ));
     assert!(seen.frames > seen.fills, "no Exp frame compared");
@@ -272,8 +320,16 @@ impl Rng {
 }
 
 /// Values of `dtype` drifting from `prev`: a share `p_exp` (per mille) of elements change
-/// their cached field, a share become special values, the rest change mantissa bits only.
-fn drift(dtype: DType, prev: &[u8], p_exp: u64, p_special: u64, rng: &mut Rng) -> Vec<u8> {
+/// their cached field, a share become special values, the rest change mantissa bits only;
+/// a share `keep` (per mille) stay as they were.
+fn drift_keep(
+    dtype: DType,
+    prev: &[u8],
+    p_exp: u64,
+    p_special: u64,
+    keep: u64,
+    rng: &mut Rng,
+) -> Vec<u8> {
     let size = dtype.size();
     let mut out = prev.to_vec();
     let specials16: [u16; 8] = [
@@ -295,6 +351,9 @@ fn drift(dtype: DType, prev: &[u8], p_exp: u64, p_special: u64, rng: &mut Rng) -
     for v in out.chunks_exact_mut(size) {
         let r = rng.below(1000);
         let x = rng.next();
+        if x % 1000 < keep {
+            continue; // unchanged
+        }
         if r < p_special {
             let s = (x % 8) as usize;
             match dtype {
@@ -341,9 +400,16 @@ fn kernel_frames_match_at_every_density_and_special_values() {
             let mut rng = Rng(1 + di as u64 * 1000 + n as u64);
             let mut v: Vec<u8> = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
             let mut iters = vec![v.clone()];
-            for (p_exp, p_special) in [(0, 0), (20, 0), (5, 2), (150, 0), (500, 10), (0, 0), (1, 1)]
-            {
-                v = drift(dtype, &v, p_exp, p_special, &mut rng);
+            for (p_exp, p_special, keep) in [
+                (0, 0, 0),
+                (20, 0, 900),
+                (5, 2, 0),
+                (150, 0, 500),
+                (500, 10, 0),
+                (0, 0, 999),
+                (1, 1, 700),
+            ] {
+                v = drift_keep(dtype, &v, p_exp, p_special, keep, &mut rng);
                 iters.push(v.clone());
             }
             same_frames(
@@ -356,8 +422,8 @@ fn kernel_frames_match_at_every_density_and_special_values() {
         }
     }
     skip::show(&format!(
-        "kernel frames == CPU frames on synthetic drift: {} frames, {} FILL, mask codings {:?}\n",
-        seen.frames, seen.fills, seen.coding
+        "kernel frames == CPU frames on synthetic drift: {} frames, {} FILL, {} Hybrid, Exp mask codings {:?}\n",
+        seen.frames, seen.fills, seen.hybrid, seen.coding
     ));
     for coding in 0..4u8 {
         assert!(
@@ -365,6 +431,7 @@ fn kernel_frames_match_at_every_density_and_special_values() {
             "mask coding {coding} never compared: {seen:?}"
         );
     }
+    assert!(seen.hybrid > 0, "no Hybrid frame compared: {seen:?}");
 }
 
 /// The kernels' checksum pieces against the Rust codec's: XXH3 over a header and a tail at
@@ -417,14 +484,14 @@ proptest! {
         chunk in 1usize..9_000,
         dt in 0usize..3,
         seed in any::<u64>(),
-        rates in proptest::collection::vec((0u64..600, 0u64..30), 1..4),
+        rates in proptest::collection::vec((0u64..600, 0u64..30, 0u64..1000), 1..4),
     ) {
         let dtype = [DType::BF16, DType::F16, DType::F32][dt];
         let mut rng = Rng(seed);
         let mut v: Vec<u8> = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
         let mut iters = vec![v.clone()];
-        for (p_exp, p_special) in rates {
-            v = drift(dtype, &v, p_exp, p_special, &mut rng);
+        for (p_exp, p_special, keep) in rates {
+            v = drift_keep(dtype, &v, p_exp, p_special, keep, &mut rng);
             iters.push(v.clone());
         }
         same_frames(dtype, &iters, chunk, &format!("random n={n} chunk={chunk}"), &mut Seen::default());
@@ -445,103 +512,167 @@ fn reseal(f: &mut [u8]) {
     }
 }
 
-/// Damaged frames: bytes flipped (checksums left stale, or recomputed so the damage reaches
-/// the section checks), truncated or extended. The kernels and the CPU decoder agree on every
-/// one: both refuse, or both accept and write the same values.
+/// Damaged frames (Exp frames of both caches, Hybrid frames): bytes flipped (checksums left
+/// stale, or recomputed so the damage reaches the section checks), truncated or extended. The
+/// kernels and the CPU decoder agree on every one: both refuse, or both accept and write the
+/// same values.
 #[test]
 fn kernel_decoder_refuses_what_the_cpu_refuses() {
     let (mut cases, mut refused, mut accepted) = (0, 0, 0);
-    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
-        .into_iter()
-        .enumerate()
+    let mut modes = BTreeMap::new();
+    for (mi, (mode, choice)) in [
+        (CacheMode::Exponent, FrameChoice::Auto),
+        (CacheMode::FullValue, FrameChoice::Exp),
+        (CacheMode::FullValue, FrameChoice::Hybrid),
+    ]
+    .into_iter()
+    .enumerate()
     {
-        for (n, p_exp) in [
-            (1usize, 500u64),
-            (100, 30),
-            (5000, 20),
-            (5000, 300),
-            (3000, 900),
-        ] {
-            let size = dtype.size();
-            let mut rng = Rng(77 + di as u64 * 31 + n as u64 + p_exp);
-            let v0: Vec<u8> = (0..n * size).map(|_| rng.next() as u8).collect();
-            let v1 = drift(dtype, &v0, p_exp, 5, &mut rng);
-            let mut tx = CacheSlot::new(dtype, CacheMode::Exponent, n);
-            let (mut f0, mut f1) = (Vec::new(), Vec::new());
-            let i0 = tx.encode(&v0, &mut f0).unwrap();
-            let _ = i0;
-            tx.encode(&v1, &mut f1).unwrap();
-            let mut damaged: Vec<Vec<u8>> = Vec::new();
-            for _ in 0..300 {
-                let mut f = f1.clone();
-                let at = rng.below(f.len() as u64) as usize;
-                f[at] ^= 1 << rng.below(8);
-                if rng.below(3) > 0 {
-                    reseal(&mut f);
-                }
-                damaged.push(f);
-            }
-            for cut in [1, 7, 64] {
-                if f1.len() > cut {
-                    damaged.push(f1[..f1.len() - cut].to_vec());
-                }
-            }
-            let mut longer = f1.clone();
-            longer.push(0);
-            damaged.push(longer);
-            for f in &damaged {
-                // CPU: a receiver that took the FILL, then this frame.
-                let mut rx = CacheSlot::new(dtype, CacheMode::Exponent, n);
-                let mut out0 = vec![0u8; n * size];
-                rx.decode(&f0, &mut out0).unwrap();
-                let version = rx.version();
-                let mut cpu_out = vec![0u8; n * size];
-                let cpu = rx.decode(f, &mut cpu_out);
-                // Kernels: the same.
-                let mut cache = vec![0u8; n];
-                let mut out = vec![0u8; n * size];
-                let r0 = ciera_cuda_host::decode(
-                    dtype.code() as u32,
-                    &mut [DecChunk {
-                        frame: &f0,
-                        out: &mut out,
-                        cache: &mut cache,
-                        offset: 0,
-                        version: 0,
-                        warm: false,
-                    }],
-                );
-                assert_eq!(r0[0], Ok(()));
-                let mut out = vec![0u8; n * size];
-                let r = ciera_cuda_host::decode(
-                    dtype.code() as u32,
-                    &mut [DecChunk {
-                        frame: f,
-                        out: &mut out,
-                        cache: &mut cache,
-                        offset: 0,
-                        version,
-                        warm: true,
-                    }],
-                );
-                cases += 1;
-                match (&cpu, &r[0]) {
-                    (Ok(_), Ok(())) => {
-                        accepted += 1;
-                        assert!(out == cpu_out, "{dtype} n={n}: both accept, values differ");
+        let full = mode == CacheMode::FullValue;
+        for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+            .into_iter()
+            .enumerate()
+        {
+            for (n, p_exp) in [
+                (1usize, 500u64),
+                (100, 30),
+                (5000, 20),
+                (5000, 300),
+                (3000, 900),
+            ] {
+                let size = dtype.size();
+                let mut rng = Rng(77 + di as u64 * 31 + n as u64 + p_exp + mi as u64 * 1000);
+                let v0: Vec<u8> = (0..n * size).map(|_| rng.next() as u8).collect();
+                let v1 = drift_keep(dtype, &v0, p_exp, 5, if full { 700 } else { 0 }, &mut rng);
+                let per = if full { size } else { 1 };
+                let mut tx = CacheSlot::new(dtype, mode, n);
+                tx.set_frame_choice(choice);
+                let (mut f0, mut f1) = (Vec::new(), Vec::new());
+                let i0 = tx.encode(&v0, &mut f0).unwrap();
+                let _ = i0;
+                tx.encode(&v1, &mut f1).unwrap();
+                *modes.entry(f1[6]).or_insert(0usize) += 1;
+                let mut damaged: Vec<Vec<u8>> = Vec::new();
+                for _ in 0..300 {
+                    let mut f = f1.clone();
+                    let at = rng.below(f.len() as u64) as usize;
+                    f[at] ^= 1 << rng.below(8);
+                    if rng.below(3) > 0 {
+                        reseal(&mut f);
                     }
-                    (Err(_), Err(_)) => refused += 1,
-                    (c, k) => panic!("{dtype} n={n}: CPU {c:?}, kernels {k:?}"),
+                    damaged.push(f);
+                }
+                for cut in [1, 7, 64] {
+                    if f1.len() > cut {
+                        damaged.push(f1[..f1.len() - cut].to_vec());
+                    }
+                }
+                let mut longer = f1.clone();
+                longer.push(0);
+                damaged.push(longer);
+                for f in &damaged {
+                    // CPU: a receiver that took the FILL, then this frame.
+                    let mut rx = CacheSlot::new(dtype, mode, n);
+                    let mut out0 = vec![0u8; n * size];
+                    rx.decode(&f0, &mut out0).unwrap();
+                    let version = rx.version();
+                    let mut cpu_out = vec![0u8; n * size];
+                    let cpu = rx.decode(f, &mut cpu_out);
+                    // Kernels: the same.
+                    let mut cache = vec![0u8; n * per];
+                    let mut out = vec![0u8; n * size];
+                    let r0 = ciera_cuda_host::decode(
+                        dtype.code() as u32,
+                        &mut [DecChunk {
+                            frame: &f0,
+                            out: &mut out,
+                            cache: &mut cache,
+                            offset: 0,
+                            version: 0,
+                            warm: false,
+                            full,
+                        }],
+                    );
+                    assert_eq!(r0[0], Ok(()));
+                    let mut out = vec![0u8; n * size];
+                    let r = ciera_cuda_host::decode(
+                        dtype.code() as u32,
+                        &mut [DecChunk {
+                            frame: f,
+                            out: &mut out,
+                            cache: &mut cache,
+                            offset: 0,
+                            version,
+                            warm: true,
+                            full,
+                        }],
+                    );
+                    cases += 1;
+                    match (&cpu, &r[0]) {
+                        (Ok(_), Ok(())) => {
+                            accepted += 1;
+                            assert!(out == cpu_out, "{dtype} n={n}: both accept, values differ");
+                        }
+                        (Err(_), Err(_)) => refused += 1,
+                        (c, k) => panic!("{dtype} {mode:?} n={n}: CPU {c:?}, kernels {k:?}"),
+                    }
                 }
             }
         }
     }
     skip::show(&format!(
-        "damaged frames: {cases}, refused by both {refused}, accepted by both {accepted} (same values)\n"
+        "damaged frames: {cases} (from frames of modes {modes:?}), refused by both {refused}, \
+         accepted by both {accepted} (same values)\n"
     ));
+    assert!(modes.contains_key(&2), "no Hybrid frame damaged: {modes:?}");
     // Resealed flips inside s0 are valid frames of other values (both decoders accept them).
     assert!(
         refused > cases / 4,
         "too few refusals: {refused} of {cases}"
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    /// The kernels' mask coder picks bitmask::plan's coding and writes bitmask::encode's bytes,
+    /// at every density (the rANS-or-not margin included), and its decoder reads them back.
+    #[test]
+    fn kernel_mask_coder_matches_bitmask(
+        m in 0usize..5000,
+        density in 0u64..1001,
+        seed in any::<u64>(),
+        gain in proptest::option::of(0usize..200),
+    ) {
+        let mut rng = Rng(seed);
+        let mut words = vec![0u64; m.div_ceil(64)];
+        // Bursts (runs of set bits) half the time, so rANS wins often and its margin is hit.
+        let burst = seed % 2 == 0;
+        let mut on = false;
+        for i in 0..m {
+            let set = if burst {
+                if rng.below(1000) < density / 8 + 1 {
+                    on = !on;
+                }
+                on
+            } else {
+                rng.below(1000) < density
+            };
+            if set {
+                words[i / 64] |= 1 << (i % 64);
+            }
+        }
+        let plan = ciera::codec::bitmask::plan(&words, m, gain);
+        prop_assert_eq!(
+            ciera_cuda_host::mask_plan(&words, m, gain),
+            (plan.coding as u8, plan.bytes),
+            "plan, m={} density={} gain={:?}", m, density, gain
+        );
+        let mut want = Vec::new();
+        ciera::codec::bitmask::encode(&words, m, plan.coding, &mut want);
+        let got = ciera_cuda_host::mask_encode(&words, m, gain);
+        prop_assert_eq!(&got, &want, "m={} density={} gain={:?}", m, density, gain);
+        let (back, ones) = ciera_cuda_host::mask_decode(&got, m).unwrap();
+        prop_assert_eq!(&back, &words);
+        prop_assert_eq!(ones as usize, plan.ones);
+    }
 }

@@ -10,29 +10,27 @@ template <class L> static void encode_batch(const EncJob* jobs, u32 nj) {
     u64 tiles = 0;
     for (u32 y = 0; y < nj; ++y) tiles = tiles > cdiv(jobs[y].n, TILE) ? tiles : cdiv(jobs[y].n, TILE);
     Blk b{NT};
-    {
-        auto sh = std::make_unique<EncTileShm<L>>();
+    auto ts = std::make_unique<EncTileShm<L>>();
+    auto ps = std::make_unique<PlanShm>();
+    auto es = std::make_unique<EmitShm>();
+    auto hs = std::make_unique<HybShm>();
+    auto fs = std::make_unique<FinishShm>();
+    auto tiled = [&](auto body) {
         for (u32 y = 0; y < nj; ++y)
-            for (u64 x = 0; x < tiles; ++x) enc_tile<L>(jobs[y], x, b, *sh);
-    }
-    {
-        auto sh = std::make_unique<PlanShm>();
-        for (u32 y = 0; y < nj; ++y) enc_plan<L>(jobs[y], b, *sh);
-    }
-    {
-        auto sh = std::make_unique<EmitShm>();
-        for (u32 y = 0; y < nj; ++y)
-            for (u64 x = 0; x < tiles; ++x) enc_emit<L>(jobs[y], x, b, *sh);
-    }
-    {
-        auto sh = std::make_unique<FinishShm>();
-        for (u32 y = 0; y < nj; ++y) enc_finish<L>(jobs[y], b, *sh);
-    }
+            for (u64 x = 0; x < tiles; ++x) body(jobs[y], x);
+    };
+    tiled([&](const EncJob& j, u64 x) { enc_tile<L>(j, x, b, *ts); });
+    for (u32 y = 0; y < nj; ++y) enc_plan<L>(jobs[y], b, *ps);
+    tiled([&](const EncJob& j, u64 x) { hyb_compact<L>(j, x, b, *es); });
+    for (u32 y = 0; y < nj; ++y) hyb_masks<L>(jobs[y], b, *hs);
+    tiled([&](const EncJob& j, u64 x) { enc_emit<L>(j, x, b, *es); });
+    tiled([&](const EncJob& j, u64 x) { hyb_pack<L>(j, x, b, *ts); });
+    for (u32 y = 0; y < nj; ++y) enc_finish<L>(jobs[y], b, *fs);
 }
 
 extern "C" {
 
-u64 ciera_emu_enc_scratch_bytes(u64 n) { return enc_scratch_bytes(n); }
+u64 ciera_emu_enc_scratch_bytes(u64 n, u32 full) { return enc_scratch_bytes(n, full != 0); }
 u64 ciera_emu_plan_bytes() { return sizeof(Plan); }
 
 // dtype: ncclDataType_t numbering (6 fp16, 7 fp32, 9 bf16). Returns 0, or -1 for another type.
@@ -82,6 +80,7 @@ template <class L> static void decode_batch(const DecJob* jobs, u32 nj) {
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_hier3(jobs[y], x, b, *ms);
     for (u32 y = 0; y < nj; ++y) dec_scan(jobs[y], 2, b, *ss);
+    for (u32 y = 0; y < nj; ++y) dec_hyb<L>(jobs[y], b);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_tile<L>(jobs[y], x, b, *ms);
     for (u32 y = 0; y < nj; ++y) dec_finish(jobs[y], b, *fs);
@@ -97,5 +96,27 @@ int ciera_emu_decode(u32 dtype, const DecJob* jobs, u32 njobs) {
     case F32::DT: decode_batch<F32>(jobs, njobs); return 0;
     default: return -1;
     }
+}
+}
+
+extern "C" {
+// The one-thread mask coder of Hybrid frames: plan (with rANS when `rans`, if it saves more
+// than `gain` bytes) and write; returns the bytes written to out (room: 2 * ceil(m/8) + 1100).
+u64 ciera_emu_mask_encode(const u64* words, u64 m, u32 rans, u64 gain, u8* out) {
+    u32 hist[256], freq[256];
+    MaskChoice c = mask_plan_seq(words, m, rans != 0, gain, hist, freq);
+    std::unique_ptr<u8[]> rev(new u8[2 * cdiv(m, 8) + 16]);
+    return mask_write_seq(words, m, c.coding, freq, rev.get(), out);
+}
+// Its plan alone: the coding (into *coding) and its estimated bytes.
+u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 gain, u32* coding) {
+    u32 hist[256], freq[256];
+    MaskChoice c = mask_plan_seq(words, m, rans != 0, gain, hist, freq);
+    *coding = c.coding;
+    return c.bytes;
+}
+// Its decoder: 0 and the ones, or why not.
+u32 ciera_emu_mask_decode(const u8* in, u64 len, u64 m, u64* words, u64* ones) {
+    return mask_read_seq(in, len, m, words, ones);
 }
 }

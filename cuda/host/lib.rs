@@ -18,11 +18,11 @@ struct EncJob {
     n: u64,
     offset: u64,
     version: u64,
-    cold: u64,
+    flags: u64,
 }
 
 extern "C" {
-    fn ciera_emu_enc_scratch_bytes(n: u64) -> u64;
+    fn ciera_emu_enc_scratch_bytes(n: u64, full: u32) -> u64;
     fn ciera_emu_encode(dtype: u32, jobs: *const EncJob, njobs: u32) -> c_int;
     fn ciera_emu_xxh3(head56: *const u8, tail: *const u8, tail_len: u64) -> u64;
     fn ciera_emu_log2_q16(x: u64) -> u64;
@@ -33,12 +33,17 @@ extern "C" {
 pub struct EncChunk<'a> {
     /// The chunk's values (`n * size` bytes, little-endian).
     pub input: &'a [u8],
-    /// The chunk's exponent cache (`n` bytes), updated as a device encoder updates it.
+    /// The chunk's cache, updated as a device encoder updates it: `n` exponent bytes, or with
+    /// `full` the `n` previous values.
     pub cache: &'a mut [u8],
     pub offset: u64,
     pub version: u64,
     /// A cold slot: the frame is a FILL.
     pub cold: bool,
+    /// A full-value cache (Exp or Hybrid frames), else an exponent cache (Exp frames).
+    pub full: bool,
+    /// A full-value cache's frame choice: 0 as the CPU's Auto, 1 Exp, 2 Hybrid.
+    pub choice: u8,
 }
 
 /// Element size of the codec's float types by `ncclDataType_t` number, or None.
@@ -61,11 +66,15 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
     let mut scratch: Vec<Vec<u64>> = Vec::new();
     let mut jobs = Vec::new();
     for c in chunks.iter_mut() {
-        let n = c.cache.len();
-        assert!(n >= 1 && c.input.len() == n * size, "chunk of {n} elements");
+        let n = c.input.len() / size;
+        let per = if c.full { size } else { 1 };
+        assert!(
+            n >= 1 && c.input.len() == n * size && c.cache.len() == n * per,
+            "chunk of {n} elements"
+        );
+        assert!(c.choice < 3, "choice {}", c.choice);
         frames.push(vec![0u64; (64 + n * size).div_ceil(8)]);
-        // SAFETY: a pure function of n.
-        let sb = unsafe { ciera_emu_enc_scratch_bytes(n as u64) } as usize;
+        let sb = enc_scratch_bytes(n, c.full);
         scratch.push(vec![0u64; sb.div_ceil(8)]);
         jobs.push(EncJob {
             input: c.input.as_ptr() as u64,
@@ -75,7 +84,7 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
             n: n as u64,
             offset: c.offset,
             version: c.version,
-            cold: c.cold as u64,
+            flags: c.cold as u64 | (c.full as u64) << 1 | (c.choice as u64) << 2,
         });
     }
     // SAFETY: every job's addresses point to live buffers of the sizes the kernels need
@@ -127,7 +136,7 @@ struct DecJob {
     offset: u64,
     version: u64,
     warm: u64,
-    pad: u64,
+    full: u64,
 }
 
 extern "C" {
@@ -140,11 +149,13 @@ pub struct DecChunk<'a> {
     pub frame: &'a [u8],
     /// The chunk's values (`n * size` bytes), written.
     pub out: &'a mut [u8],
-    /// The chunk's exponent cache (`n` bytes), updated.
+    /// The chunk's cache, updated: `n` exponent bytes, or with `full` the `n` previous values.
     pub cache: &'a mut [u8],
     pub offset: u64,
     pub version: u64,
     pub warm: bool,
+    /// A full-value cache (takes Exp and Hybrid frames), else an exponent cache.
+    pub full: bool,
 }
 
 /// Why the kernels refused a frame: `DecPlan.err` and its two details (codec.cu, `DE_*`).
@@ -165,8 +176,12 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
     let mut scratch: Vec<Vec<u64>> = Vec::new();
     let mut jobs = Vec::new();
     for c in chunks.iter_mut() {
-        let n = c.cache.len();
-        assert!(n >= 1 && c.out.len() == n * size, "chunk of {n} elements");
+        let n = c.out.len() / size;
+        let per = if c.full { size } else { 1 };
+        assert!(
+            n >= 1 && c.out.len() == n * size && c.cache.len() == n * per,
+            "chunk of {n} elements"
+        );
         // An 8-aligned copy of the frame, as a device receive buffer is.
         let mut f = vec![0u64; c.frame.len().div_ceil(8)];
         for (w, b) in f.iter_mut().zip(c.frame.chunks(8)) {
@@ -188,7 +203,7 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
             offset: c.offset,
             version: c.version,
             warm: c.warm as u64,
-            pad: 0,
+            full: c.full as u64,
         });
     }
     // SAFETY: every job's addresses point to live buffers of the sizes the kernels need
@@ -213,14 +228,90 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
         .collect()
 }
 
-/// Scratch bytes the kernels need for an encode job of `n` elements (`enc_scratch_bytes`).
-pub fn enc_scratch_bytes(n: usize) -> usize {
-    // SAFETY: a pure function of n.
-    unsafe { ciera_emu_enc_scratch_bytes(n as u64) as usize }
+/// Scratch bytes the kernels need for an encode job of `n` elements (`enc_scratch_bytes`), with
+/// an exponent cache or a full-value one.
+pub fn enc_scratch_bytes(n: usize, full: bool) -> usize {
+    // SAFETY: a pure function of its arguments.
+    unsafe { ciera_emu_enc_scratch_bytes(n as u64, full as u32) as usize }
 }
 
 /// Scratch bytes the kernels need for a decode job of `n` elements (`dec_scratch_bytes`).
 pub fn dec_scratch_bytes(n: usize) -> usize {
     // SAFETY: a pure function of n.
     unsafe { ciera_emu_dec_scratch_bytes(n as u64) as usize }
+}
+
+extern "C" {
+    fn ciera_emu_mask_encode(words: *const u64, m: u64, rans: u32, gain: u64, out: *mut u8) -> u64;
+    fn ciera_emu_mask_plan(
+        words: *const u64,
+        m: u64,
+        rans: u32,
+        gain: u64,
+        coding: *mut u32,
+    ) -> u64;
+    fn ciera_emu_mask_decode(
+        input: *const u8,
+        len: u64,
+        m: u64,
+        words: *mut u64,
+        ones: *mut u64,
+    ) -> u32;
+}
+
+/// The kernels' one-thread mask coder (Hybrid frames): the coding `bitmask::plan` would pick
+/// (rANS considered when `rans_min_gain` is Some), written out.
+pub fn mask_encode(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> Vec<u8> {
+    assert_eq!(words.len(), m.div_ceil(64));
+    let mut out = vec![0u8; 2 * m.div_ceil(8) + 1100];
+    // SAFETY: words holds ceil(m/64) words; out has the room the coder needs.
+    let len = unsafe {
+        ciera_emu_mask_encode(
+            words.as_ptr(),
+            m as u64,
+            rans_min_gain.is_some() as u32,
+            rans_min_gain.unwrap_or(0) as u64,
+            out.as_mut_ptr(),
+        )
+    };
+    out.truncate(len as usize);
+    out
+}
+
+/// The kernels' mask plan: (coding byte, estimated bytes), as `bitmask::plan` reports them.
+pub fn mask_plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> (u8, usize) {
+    assert_eq!(words.len(), m.div_ceil(64));
+    let mut coding = 0u32;
+    // SAFETY: words holds ceil(m/64) words; coding is writable.
+    let bytes = unsafe {
+        ciera_emu_mask_plan(
+            words.as_ptr(),
+            m as u64,
+            rans_min_gain.is_some() as u32,
+            rans_min_gain.unwrap_or(0) as u64,
+            &mut coding,
+        )
+    };
+    (coding as u8, bytes as usize)
+}
+
+/// The kernels' one-thread mask decoder: the words and their ones, or the reason code.
+pub fn mask_decode(input: &[u8], m: usize) -> Result<(Vec<u64>, u64), u32> {
+    let mut words = vec![0u64; m.div_ceil(64)];
+    let mut ones = 0u64;
+    // SAFETY: input has input.len() bytes; words ceil(m/64).
+    let why = unsafe {
+        ciera_emu_mask_decode(
+            input.as_ptr(),
+            input.len() as u64,
+            m as u64,
+            words.as_mut_ptr(),
+            &mut ones,
+        )
+    };
+    if why == 0 {
+        Ok((words, ones))
+    } else {
+        Err(why)
+    }
 }

@@ -271,7 +271,7 @@ fn encode_delta_with<L: Layout>(
                 let d_est = delta::estimate(&sc, n, delta::width::<L>());
                 let (k, ke) = (sc.changed, sc.exp_changed);
                 let exp_est = L::sm_len(n) as f64 + mask_entropy_bytes(ke, n) + ke as f64;
-                let hyb_est = hybrid_estimate::<L>(n, k, ke);
+                let hyb_est = hybrid_estimate::<L>(n, k, ke) as f64;
                 choice = if (d_est as f64) <= exp_est.min(hyb_est) {
                     FrameChoice::Delta
                 } else if hyb_est < exp_est {
@@ -315,7 +315,7 @@ fn encode_delta_with<L: Layout>(
         let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
         let pe = bitmask::plan(exp_changed, n, None);
         let exp_bytes = L::sm_len(n) + pe.bytes + ke;
-        if hybrid_estimate::<L>(n, k, ke) * 1.25 >= exp_bytes as f64 {
+        if hybrid_estimate::<L>(n, k, ke) as u64 * 5 >= exp_bytes as u64 * 4 {
             return write_exp::<L>(c, input, out, masks, exps);
         }
     }
@@ -341,9 +341,14 @@ fn encode_delta_with<L: Layout>(
 }
 
 /// Estimated bytes of a Hybrid frame of `n` values, `k` changed, `ke` of them in exponent (its
-/// masks near their entropy, plus a table's worth).
-fn hybrid_estimate<L: Layout>(n: usize, k: usize, ke: usize) -> f64 {
-    L::sm_len(k) as f64 + mask_entropy_bytes(k, n) + mask_entropy_bytes(ke, k) + ke as f64 + 300.0
+/// masks at the entropy of independent bits, plus a table's worth). Integer arithmetic, so a
+/// GPU encoder (cuda/codec.cu, `hybrid_estimate`) chooses Exp or Hybrid exactly as this does.
+fn hybrid_estimate<L: Layout>(n: usize, k: usize, ke: usize) -> usize {
+    L::sm_len(k)
+        + bitmask::iid_bytes(k as u64, n as u64) as usize
+        + bitmask::iid_bytes(ke as u64, k as u64) as usize
+        + ke
+        + 300
 }
 
 /// Bytes of a mask of `m` bits with `x` set, coded at its entropy.
