@@ -83,6 +83,8 @@ template <class L> static void decode_batch(const DecJob* jobs, u32 nj) {
     for (u32 y = 0; y < nj; ++y) dec_hyb<L>(jobs[y], b);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_tile<L>(jobs[y], x, b, *ms);
+    for (u32 y = 0; y < nj; ++y)
+        for (u64 x = 0; x < tiles; ++x) dec_tile_hyb<L>(jobs[y], x, b, *ms);
     for (u32 y = 0; y < nj; ++y) dec_finish(jobs[y], b, *fs);
 }
 
