@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The device check, run once on a machine with an NVIDIA GPU (under 10 minutes): the GPU tests
+# (the kernels on the device against the CPU codec, NVRTC compiles, the host build of the
+# kernels), then the kernels' throughput against a device-to-device copy (bench/gpu_codec.rs).
+# Every step runs even when an earlier one failed, each under a time limit; a summary at the
+# end says which passed, and the exit status is 0 only if all did.
+#
+# Two ways to run it:
+#   bench/gpu_check.sh                 # where cargo works: builds, then runs (logs in target/gpu_check/)
+#   bench/gpu_check.sh prepare         # here (no GPU needed): builds the test and bench programs
+#                                      # into .gpu/ (git-ignored, stripped, about 30 MiB) ...
+#   bench/gpu_check.sh                 # ... and there, with .gpu/ carried and no cargo: runs them
+# The device machines of this project have CUDA, NVRTC and Python but no Rust and no network,
+# so the second way is the one for them: `run` with carry [".gpu"] and the command
+# `bench/gpu_check.sh`. Programs built on this Debian 12 (glibc 2.36) run on newer systems.
+#
+# The programs were built here, with this checkout's path compiled in (tests find cuda/ and the
+# bundled trace through it): on the device the script links that path to the checkout it runs
+# in when they differ. NVRTC 13 is searched where CUDA images keep it (CIERA_NVRTC_LIB wins).
+# CIERA_GPU_BENCH_MIB (256) and CIERA_GPU_BENCH_JOB (1048576 elements) size the bench.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CARRY=.gpu
+
+if [ "${1:-}" = prepare ]; then
+    set -e
+    # Release programs without debug info, in their own target folder.
+    export CARGO_TARGET_DIR=target/gpu-prepare CARGO_PROFILE_RELEASE_DEBUG=false \
+        CARGO_PROFILE_RELEASE_STRIP=true CARGO_PROFILE_BENCH_DEBUG=false \
+        CARGO_PROFILE_BENCH_STRIP=true
+    rm -rf "$CARRY" && mkdir -p "$CARRY/bin"
+    msgs=$(cargo test --release --no-run --message-format=json \
+        --test gpu_device --test gpu_compile --test gpu_host 2>/dev/null)
+    msgs+=$'\n'$(cargo bench --no-run --message-format=json --bench gpu_codec 2>/dev/null)
+    echo "$msgs" | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and \
+            m["target"]["name"] in ("gpu_device", "gpu_compile", "gpu_host", "gpu_codec"):
+        shutil.copy(m["executable"], sys.argv[1] + "/" + m["target"]["name"])
+        print("  " + m["target"]["name"])
+' "$CARRY/bin"
+    echo "$ROOT" >"$CARRY/built-in"
+    grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
+    du -sh "$CARRY"
+    echo "carry $CARRY to the device machine and run bench/gpu_check.sh there"
+    exit 0
+fi
+
+LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check}
+mkdir -p "$LOG"
+names=()
+results=()
+
+# step NAME TIMEOUT_SECONDS COMMAND...: run, tee the output to $LOG/NAME.log, record the result.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo
+    echo "=== $name: $*"
+    local t0=$SECONDS rc
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$LOG/$name.log"
+    rc=${PIPESTATUS[0]}
+    local took=$((SECONDS - t0))
+    names+=("$name")
+    if [ "$rc" -eq 0 ]; then
+        results+=("ok (${took}s)")
+    elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        results+=("TIMED OUT after ${limit}s")
+    else
+        results+=("FAILED: exit $rc (${took}s, see $LOG/$name.log)")
+    fi
+    return 0
+}
+
+# NVRTC 13: the loader's own search first (CIERA_NVRTC_LIB, LD_LIBRARY_PATH, .venv), else the
+# places CUDA images keep it.
+if [ -z "${CIERA_NVRTC_LIB:-}" ] && [ ! -d .venv ]; then
+    for f in /usr/local/cuda/lib64/libnvrtc.so.13 /usr/local/cuda-13*/lib64/libnvrtc.so.13 \
+        /opt/*/.venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+        /usr/lib/python3*/*-packages/nvidia/cu13/lib/libnvrtc.so.13 \
+        /usr/local/lib/python3*/*-packages/nvidia/cu13/lib/libnvrtc.so.13; do
+        if [ -e "$f" ]; then
+            export CIERA_NVRTC_LIB=$f
+            break
+        fi
+    done
+    if [ -z "${CIERA_NVRTC_LIB:-}" ]; then
+        f=$(find /usr /opt -name 'libnvrtc.so.13' 2>/dev/null | head -1)
+        [ -n "$f" ] && export CIERA_NVRTC_LIB=$f
+    fi
+fi
+echo "NVRTC: ${CIERA_NVRTC_LIB:-as src/gpu/nvrtc.rs searches}"
+
+step machine 30 bash -c 'uname -a; nvidia-smi || echo "nvidia-smi: not available"; \
+    ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libnvrtc" || true; \
+    command -v cargo >/dev/null && cargo --version || echo "no cargo: carried programs"'
+export CIERA_REQUIRE_GPU=1 CIERA_REQUIRE_NVRTC=1
+if command -v cargo >/dev/null 2>&1 && [ ! -d "$CARRY/bin" ]; then
+    step build 240 cargo build --release
+    step tests 180 cargo test --release --no-fail-fast --test gpu_device --test gpu_compile \
+        --test gpu_host
+    step bench 150 cargo bench --bench gpu_codec
+else
+    built=$(cat "$CARRY/built-in" 2>/dev/null || echo "")
+    if [ -z "$built" ] || [ ! -d "$CARRY/bin" ]; then
+        echo "no cargo here and no $CARRY/bin: run 'bench/gpu_check.sh prepare' where cargo works and carry $CARRY"
+        exit 1
+    fi
+    if [ "$built" != "$ROOT" ] && [ ! -e "$built" ]; then
+        mkdir -p "$(dirname "$built")" && ln -s "$ROOT" "$built"
+    fi
+    for t in gpu_device:150 gpu_host:60 gpu_compile:150; do
+        step "${t%:*}" "${t#*:}" bash -c "cd '$built' && '$ROOT/$CARRY/bin/${t%:*}'"
+    done
+    step bench 200 bash -c "cd '$built' && '$ROOT/$CARRY/bin/gpu_codec' --bench"
+fi
+
+echo
+echo "=== summary (logs in $LOG/)"
+fail=0
+for i in "${!names[@]}"; do
+    printf '  %-11s %s\n' "${names[$i]}" "${results[$i]}"
+    case "${results[$i]}" in ok*) ;; *) [ "${names[$i]}" = machine ] || fail=1 ;; esac
+done
+for f in "$LOG"/tests.log "$LOG"/gpu_*.log; do
+    [ -f "$f" ] || continue
+    echo "  $(basename "$f" .log):"
+    grep -E '^(test |SKIPPED|GPU |kernel |damaged )|test result|panicked at|CIERA_REQUIRE' "$f" |
+        sed 's/^/    /'
+done
+exit $fail

@@ -1,0 +1,1042 @@
+//! The codec kernels run on a GPU (`ciera::gpu::codec`): frames equal to the Rust codec's byte
+//! for byte (and the same `FrameInfo`), bf16, fp16 and fp32, exponent and full-value caches
+//! (Exp, Hybrid and FILL frames), synthetic drift with special values and every mask coding,
+//! and the real trace; several jobs per batch, some ending in
+//! the middle of a tile; the kernels decode the CPU's frames to the input bit for bit and leave
+//! the encoder's cache; damaged frames are refused, with the same errors the host build of the
+//! kernels gives; jobs carved from one device allocation, as a collective would lay them out.
+//!
+//! Without a GPU those tests print a SKIPPED line naming what is missing (driver, device,
+//! NVRTC), unless CIERA_REQUIRE_GPU=1 (bench/gpu_check.sh sets it), where they fail. What needs
+//! no GPU runs everywhere: the scratch sizes against the kernels' own (host build), the
+//! mapping of the kernels' refusals to codec errors (host build against the CPU decoder), and
+//! the cubin declaring every kernel the launcher looks up (NVRTC, skipped without it).
+
+#[path = "common/skip.rs"]
+mod skip;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ciera::codec::{CacheMode, CacheSlot, CodecError, FrameChoice, FrameInfo, HEADER_LEN};
+use ciera::gpu::codec::{
+    self as gpu, DeviceDecJob, DeviceEncJob, GpuCodec, HostDecChunk, HostEncChunk, Refusal,
+};
+use ciera::gpu::nvrtc::{self, Arch};
+use ciera::safetensors::SafeTensors;
+use ciera::DType;
+
+const TYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
+
+/// The codec on this machine's GPU, or None after printing why the test is skipped.
+fn gpu(test: &str) -> Option<Arc<GpuCodec>> {
+    match gpu::device() {
+        Ok(g) => Some(g),
+        Err(e) if std::env::var_os("CIERA_REQUIRE_GPU").is_some_and(|v| v == "1") => {
+            panic!("CIERA_REQUIRE_GPU=1 but the GPU codec is not usable: {e}")
+        }
+        Err(e) => {
+            skip::skip(test, &format!("no GPU: {e}").replace('\n', " "));
+            None
+        }
+    }
+}
+
+// The host build of the kernels (crate ciera-cuda-host), called through its C ABI: the same
+// `DecJob` rows the launcher builds, so these tests follow the ABI rather than the crate's
+// Rust wrappers.
+extern crate ciera_cuda_host;
+
+/// `DecJob` of codec.cu: ten u64.
+#[repr(C)]
+struct EmuDecJob {
+    frame: u64,
+    frame_len: u64,
+    out: u64,
+    cache: u64,
+    scratch: u64,
+    n: u64,
+    offset: u64,
+    version: u64,
+    warm: u64,
+    full: u64,
+}
+
+extern "C" {
+    fn ciera_emu_plan_bytes() -> u64;
+    fn ciera_emu_enc_scratch_bytes(n: u64, full: u32) -> u64;
+    fn ciera_emu_dec_scratch_bytes(n: u64) -> u64;
+    fn ciera_emu_decode(dtype: u32, jobs: *const EmuDecJob, njobs: u32) -> std::ffi::c_int;
+}
+
+/// Decode one frame with the host build of the kernels (in the launch order the device
+/// uses) against an exponent cache, or a full-value one (`full`): Ok, or the kernels' refusal.
+#[allow(clippy::too_many_arguments)]
+fn emu_decode(
+    dtype: DType,
+    frame: &[u8],
+    out: &mut [u8],
+    cache: &mut [u8],
+    full: bool,
+    offset: u64,
+    version: u64,
+    warm: bool,
+) -> Result<(), Refusal> {
+    let n = out.len() / dtype.size();
+    assert!(n >= 1 && out.len() == n * dtype.size());
+    assert_eq!(cache.len(), gpu::cache_bytes(dtype, n, full));
+    // An 8-aligned copy of the frame, as a device receive buffer is.
+    let mut f = vec![0u64; frame.len().div_ceil(8).max(1)];
+    for (w, b) in f.iter_mut().zip(frame.chunks(8)) {
+        let mut x = [0u8; 8];
+        x[..b.len()].copy_from_slice(b);
+        *w = u64::from_le_bytes(x);
+    }
+    // SAFETY: a pure function of n.
+    let sb = unsafe { ciera_emu_dec_scratch_bytes(n as u64) } as usize;
+    let mut scratch = vec![0u64; sb.div_ceil(8)];
+    let job = EmuDecJob {
+        frame: f.as_ptr() as u64,
+        frame_len: frame.len() as u64,
+        out: out.as_mut_ptr() as u64,
+        cache: cache.as_mut_ptr() as u64,
+        scratch: scratch.as_mut_ptr() as u64,
+        n: n as u64,
+        offset,
+        version,
+        warm: u64::from(warm),
+        full: u64::from(full),
+    };
+    // SAFETY: the job's addresses point to live buffers of the sizes the kernels need (frame
+    // frame_len bytes, 8-aligned; out n*size; cache n or n*size; scratch dec_scratch_bytes(n),
+    // 8-aligned),
+    // the written ones borrowed exclusively for the call.
+    let rc = unsafe { ciera_emu_decode(dtype.code() as u32, &job, 1) };
+    assert_eq!(rc, 0, "dtype {dtype}");
+    // DecPlan { u32 err, u32 pad0, u64 a, u64 b, .. }
+    match scratch[0] as u32 {
+        0 => Ok(()),
+        code => Err(Refusal {
+            code,
+            a: scratch[1],
+            b: scratch[2],
+        }),
+    }
+}
+
+/// The launcher's buffer sizes are the kernels' (`sizeof` of their structs, as g++ lays them
+/// out: the same layout NVRTC gives these u64/u32 structs).
+#[test]
+fn scratch_sizes_match_the_kernels() {
+    // SAFETY: a constant of the linked host build.
+    let plan = unsafe { ciera_emu_plan_bytes() };
+    assert_eq!(
+        plan,
+        gpu::PLAN_BYTES as u64,
+        "sizeof(Plan) changed: the launcher's scratch sizes and plan reading are stale"
+    );
+    for n in (1..300u64)
+        .chain([
+            4095,
+            4096,
+            4097,
+            8191,
+            65_536,
+            70_001,
+            1 << 22,
+            (1 << 22) + 3,
+        ])
+        .chain((0..40).map(|s| 1u64 << s))
+    {
+        for full in [false, true] {
+            // SAFETY: a pure function of its arguments in the linked host build.
+            let enc = unsafe { ciera_emu_enc_scratch_bytes(n, u32::from(full)) };
+            assert_eq!(
+                gpu::enc_scratch_bytes(n as usize, full) as u64,
+                enc,
+                "encode n={n} full={full}"
+            );
+        }
+        // SAFETY: a pure function of n in the linked host build.
+        let dec = unsafe { ciera_emu_dec_scratch_bytes(n) };
+        assert_eq!(
+            gpu::dec_scratch_bytes(n as usize) as u64,
+            dec,
+            "decode n={n}"
+        );
+    }
+}
+
+/// NVRTC's cubin declares every kernel the launcher looks up, each fitting 256 threads per
+/// block in static shared memory and registers.
+#[test]
+fn the_cubin_declares_every_kernel_the_launcher_loads() {
+    const TEST: &str = "the_cubin_declares_every_kernel_the_launcher_loads";
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/codec.cu"))
+        .unwrap();
+    let compiled = match nvrtc::compile(&src, "codec.cu", Arch::sm(90)) {
+        Ok(c) => c,
+        Err(e) if std::env::var_os("CIERA_REQUIRE_NVRTC").is_some_and(|v| v == "1") => {
+            panic!("CIERA_REQUIRE_NVRTC=1 but: {e}")
+        }
+        Err(e) => {
+            skip::skip(TEST, &format!("{e}").replace('\n', " "));
+            return;
+        }
+    };
+    for k in gpu::kernel_names() {
+        assert!(
+            compiled.entries.iter().any(|e| e.name == k),
+            "{k} is not an entry point of the cubin"
+        );
+        let r = compiled
+            .kernel(k)
+            .unwrap_or_else(|| panic!("ptxas reported nothing for {k}"));
+        assert!(
+            r.shared_bytes <= 48 << 10,
+            "{k}: {} B shared",
+            r.shared_bytes
+        );
+        assert!(
+            r.registers * 256 <= 65_536,
+            "{k}: {} registers",
+            r.registers
+        );
+    }
+}
+
+/// A deterministic generator for synthetic drift.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = self.0;
+        (x ^ (x >> 29)).wrapping_mul(0xbf58476d1ce4e5b9) ^ (x >> 32)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Values of `dtype` drifting from `prev`: a share `keep` (per mille) stay as they were (what
+/// a full-value cache sees); of the others a share `p_exp` change their cached field, a share
+/// `p_special` become NaN, infinities, -0, 0 or subnormals, the rest change low mantissa bits
+/// only.
+fn drift(
+    dtype: DType,
+    prev: &[u8],
+    p_exp: u64,
+    p_special: u64,
+    keep: u64,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = prev.to_vec();
+    let bf16: [u16; 8] = [
+        0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0000, 0x0001, 0x807f,
+    ];
+    let f16: [u16; 8] = [
+        0x7e00, 0xfe01, 0x7c00, 0xfc00, 0x8000, 0x0000, 0x0001, 0x83ff,
+    ];
+    let f32: [u32; 8] = [
+        0x7fc0_0001,
+        0xffa0_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x8000_0000,
+        0,
+        1,
+        0x807f_ffff,
+    ];
+    for v in out.chunks_exact_mut(size) {
+        let r = rng.below(1000);
+        let x = rng.next();
+        let s = (x % 8) as usize;
+        if (x >> 40) % 1000 < keep {
+            continue;
+        }
+        if r < p_special {
+            match dtype {
+                DType::BF16 => v.copy_from_slice(&bf16[s].to_le_bytes()),
+                DType::F16 => v.copy_from_slice(&f16[s].to_le_bytes()),
+                _ => v.copy_from_slice(&f32[s].to_le_bytes()),
+            }
+        } else if r < p_special + p_exp {
+            match dtype {
+                DType::BF16 => v[1] ^= 1 << (x % 8),
+                DType::F16 => {
+                    let w = u16::from_le_bytes([v[0], v[1]]) ^ (1 << (10 + x % 5));
+                    v.copy_from_slice(&w.to_le_bytes());
+                }
+                _ => v[3] ^= 1 << (x % 8),
+            }
+        } else {
+            v[0] ^= (x >> 8) as u8;
+            if size == 4 {
+                v[1] ^= (x >> 16) as u8;
+            }
+        }
+    }
+    out
+}
+
+/// Frames compared, FILLs and Hybrids among them, and the mask codings of the Exp ones.
+#[derive(Default, Debug)]
+struct Seen {
+    frames: usize,
+    fills: usize,
+    hybrid: usize,
+    coding: BTreeMap<u8, usize>,
+}
+
+fn first_difference(a: &[u8], b: &[u8]) -> usize {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()))
+}
+
+/// Encode `iters` (one tensor per iteration) through CPU slots and on the GPU, `chunk`
+/// elements per job, all jobs of an iteration in one batch: an exponent cache, and a
+/// full-value cache choosing as the CPU does and always Hybrid.
+fn same_frames(
+    g: &GpuCodec,
+    dtype: DType,
+    iters: &[Vec<u8>],
+    chunk: usize,
+    ctx: &str,
+    seen: &mut Seen,
+) {
+    for (mode, choice) in [
+        (CacheMode::Exponent, FrameChoice::Auto),
+        (CacheMode::FullValue, FrameChoice::Auto),
+        (CacheMode::FullValue, FrameChoice::Hybrid),
+    ] {
+        let ctx = format!("{ctx} {mode:?} {choice:?}");
+        same_frames_in(g, dtype, mode, choice, iters, chunk, &ctx, seen);
+    }
+}
+
+/// `same_frames` for one cache: identical frames and infos; the GPU decodes the CPU's frames
+/// back to the input and to the encoder's cache; the CPU decodes the GPU's.
+#[allow(clippy::too_many_arguments)]
+fn same_frames_in(
+    g: &GpuCodec,
+    dtype: DType,
+    mode: CacheMode,
+    choice: FrameChoice,
+    iters: &[Vec<u8>],
+    chunk: usize,
+    ctx: &str,
+    seen: &mut Seen,
+) {
+    let size = dtype.size();
+    let n = iters[0].len() / size;
+    let chunk = chunk.min(n);
+    let full = mode == CacheMode::FullValue;
+    let per = if full { size } else { 1 };
+    let mut tx = CacheSlot::new(dtype, mode, n);
+    let mut rx = CacheSlot::new(dtype, mode, n);
+    tx.set_frame_choice(choice);
+    rx.set_frame_choice(choice);
+    let mut cache = vec![0u8; n * per];
+    let mut dcache = vec![0u8; n * per];
+    for (it, input) in iters.iter().enumerate() {
+        assert_eq!(input.len(), n * size);
+        let (version, cold) = (tx.version(), !tx.is_warm());
+        let mut cpu: Vec<Vec<u8>> = Vec::new();
+        let mut infos: Vec<FrameInfo> = Vec::new();
+        for c in tx.chunks(chunk).iter_mut() {
+            let (off, len) = (c.offset(), c.len());
+            let mut f = Vec::new();
+            infos.push(
+                c.encode(&input[off * size..(off + len) * size], &mut f)
+                    .unwrap(),
+            );
+            cpu.push(f);
+        }
+        tx.commit(&infos).unwrap();
+
+        let mut jobs: Vec<HostEncChunk<'_>> = cache
+            .chunks_mut(chunk * per)
+            .enumerate()
+            .map(|(i, c)| {
+                let off = i * chunk;
+                HostEncChunk {
+                    input: &input[off * size..(off + c.len() / per) * size],
+                    cache: c,
+                    offset: off as u64,
+                    version,
+                    cold,
+                    full,
+                    choice,
+                }
+            })
+            .collect();
+        let got = g
+            .encode_host_batch(dtype, &mut jobs)
+            .unwrap_or_else(|e| panic!("{ctx} {dtype} iteration {it}: {e}"));
+        assert_eq!(got.len(), cpu.len(), "{ctx}: frame count");
+        for (k, ((gf, gi), (cf, ci))) in got.iter().zip(cpu.iter().zip(&infos)).enumerate() {
+            if gf != cf {
+                panic!(
+                    "{ctx} {dtype} iteration {it} chunk {k}: GPU frame differs from the CPU's at \
+                     byte {} (lengths {} vs {}; mode {} vs {})",
+                    first_difference(gf, cf),
+                    gf.len(),
+                    cf.len(),
+                    gf.get(6).copied().unwrap_or(255),
+                    cf[6]
+                );
+            }
+            assert_eq!(gi, ci, "{ctx} {dtype} iteration {it} chunk {k}: frame info");
+            seen.frames += 1;
+            if cf[7] & 1 == 1 {
+                seen.fills += 1;
+            } else if cf[6] == 2 {
+                seen.hybrid += 1;
+            } else {
+                let s0 = u32::from_le_bytes(cf[32..36].try_into().unwrap()) as usize;
+                *seen.coding.entry(cf[HEADER_LEN + s0]).or_default() += 1;
+            }
+        }
+
+        // The GPU decodes the CPU's frames: the input, and the encoder's cache.
+        let mut out = vec![0u8; input.len()];
+        let (warm, rv) = (rx.is_warm(), rx.version());
+        let mut djobs: Vec<HostDecChunk<'_>> = dcache
+            .chunks_mut(chunk * per)
+            .zip(out.chunks_mut(chunk * size))
+            .zip(&cpu)
+            .enumerate()
+            .map(|(i, ((c, o), f))| HostDecChunk {
+                frame: f,
+                out: o,
+                cache: c,
+                offset: (i * chunk) as u64,
+                version: rv,
+                warm,
+                full,
+            })
+            .collect();
+        let verdicts = g
+            .decode_host_batch(dtype, &mut djobs)
+            .unwrap_or_else(|e| panic!("{ctx} {dtype} iteration {it}: {e}"));
+        for (k, v) in verdicts.iter().enumerate() {
+            assert_eq!(
+                *v,
+                Ok(()),
+                "{ctx} {dtype} iteration {it} chunk {k}: the GPU refused the CPU's frame"
+            );
+        }
+        assert!(
+            out == *input,
+            "{ctx} {dtype} iteration {it}: GPU decode differs at byte {}",
+            first_difference(&out, input)
+        );
+        assert!(
+            dcache == cache,
+            "{ctx} {dtype} iteration {it}: GPU decoder and encoder caches differ"
+        );
+
+        // The CPU decodes the GPU's frames (and keeps the receiver's version in step).
+        let mut back = vec![0u8; input.len()];
+        let mut rinfos = Vec::new();
+        for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
+            let (off, len) = (c.offset(), c.len());
+            let f = ciera::codec::frame::parse(&got[k].0).unwrap();
+            rinfos.push(
+                c.decode(&f, &mut back[off * size..(off + len) * size])
+                    .unwrap(),
+            );
+        }
+        rx.commit(&rinfos).unwrap();
+        assert!(
+            back == *input,
+            "{ctx} {dtype} iteration {it}: CPU decode differs"
+        );
+    }
+}
+
+/// Synthetic drift from no exceptions to most, with special values, in batches of several
+/// jobs (some ending inside a tile, one over many tiles): every mask coding is compared.
+#[test]
+fn gpu_frames_match_the_cpu_on_synthetic_drift() {
+    let Some(g) = gpu("gpu_frames_match_the_cpu_on_synthetic_drift") else {
+        return;
+    };
+    let mut seen = Seen::default();
+    for (di, dtype) in TYPES.into_iter().enumerate() {
+        for (n, chunk) in [
+            (1usize, 1usize),
+            (63, 64),
+            (4097, 4096),
+            (70_001, 9000),
+            (200_000, 200_000),
+            (300_000, 65_536),
+        ] {
+            let mut rng = Rng(1 + di as u64 * 1000 + n as u64);
+            let mut v = rng.bytes(n * dtype.size());
+            let mut iters = vec![v.clone()];
+            for (p_exp, p_special, keep) in [
+                (0, 0, 0),
+                (20, 0, 900),
+                (5, 2, 0),
+                (150, 0, 500),
+                (500, 10, 0),
+                (0, 0, 999),
+                (1, 1, 700),
+            ] {
+                v = drift(dtype, &v, p_exp, p_special, keep, &mut rng);
+                iters.push(v.clone());
+            }
+            same_frames(
+                &g,
+                dtype,
+                &iters,
+                chunk,
+                &format!("synthetic n={n} chunk={chunk}"),
+                &mut seen,
+            );
+        }
+    }
+    skip::show(&format!(
+        "GPU {} ({}): frames == CPU frames on synthetic drift: {} frames, {} FILL, {} Hybrid, \
+         Exp mask codings {:?}\n",
+        g.name(),
+        g.arch(),
+        seen.frames,
+        seen.fills,
+        seen.hybrid,
+        seen.coding
+    ));
+    for coding in 0..4u8 {
+        assert!(
+            seen.coding.contains_key(&coding),
+            "mask coding {coding} never compared: {seen:?}"
+        );
+    }
+    assert!(seen.hybrid > 0, "no Hybrid frame compared: {seen:?}");
+}
+
+fn trace_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let full = root.join("../shared/traces/olmoe-mini-s0");
+    if full.is_dir() {
+        full
+    } else {
+        root.join("tests/data/olmoe-slice")
+    }
+}
+
+fn snapshots(dir: &Path) -> Vec<SafeTensors> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| SafeTensors::open(p).unwrap())
+        .collect()
+}
+
+/// fp32 -> fp16, round to nearest even (fp16 data with real drift).
+fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign
+            | 0x7c00
+            | if man != 0 {
+                0x200 | (man >> 13) as u16
+            } else {
+                0
+            };
+    }
+    let e = exp - 127 + 15;
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    let (m, shift) = if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        (man | 0x80_0000, (14 - e) as u32)
+    } else {
+        (man, 13)
+    };
+    let mut h = m >> shift;
+    let rem = m & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    if rem > half || (rem == half && h & 1 == 1) {
+        h += 1;
+    }
+    let v = if e <= 0 { h } else { ((e as u32) << 10) + h };
+    sign | v as u16
+}
+
+/// Every bf16 and fp32 tensor of the trace (and fp32 cast to fp16), its snapshots in order,
+/// one frame per tensor and 5000-element jobs.
+#[test]
+fn gpu_frames_match_the_cpu_on_the_trace() {
+    let Some(g) = gpu("gpu_frames_match_the_cpu_on_the_trace") else {
+        return;
+    };
+    let dir = trace_dir();
+    let snaps = snapshots(&dir);
+    let mut seen = Seen::default();
+    let mut tensors = 0;
+    for t in &snaps[0].tensors {
+        let Some(dtype) = [DType::BF16, DType::F32]
+            .into_iter()
+            .find(|&d| d == t.dtype)
+        else {
+            continue;
+        };
+        let iters: Vec<Vec<u8>> = snaps
+            .iter()
+            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
+            .collect();
+        for chunk in [usize::MAX, 5000] {
+            same_frames(&g, dtype, &iters, chunk, &t.name, &mut seen);
+        }
+        if dtype == DType::F32 {
+            let half: Vec<Vec<u8>> = iters
+                .iter()
+                .map(|v| {
+                    v.chunks_exact(4)
+                        .flat_map(|c| {
+                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                        })
+                        .collect()
+                })
+                .collect();
+            same_frames(&g, DType::F16, &half, 5000, &t.name, &mut seen);
+        }
+        tensors += 1;
+    }
+    assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
+    skip::show(&format!(
+        "GPU frames == CPU frames on {} ({tensors} tensors, {} snapshots): {} frames, {} FILL, \
+         {} Hybrid, Exp mask codings {:?}\n",
+        dir.display(),
+        snaps.len(),
+        seen.frames,
+        seen.fills,
+        seen.hybrid,
+        seen.coding
+    ));
+    assert!(seen.frames > seen.fills, "no Exp frame compared");
+}
+
+/// A FILL and a delta frame (Exp, or Hybrid for a full-value cache) of `n` elements of
+/// `dtype`, from the CPU encoder: the second values, the frames, and the version the delta
+/// frame was coded against.
+struct Pair {
+    v1: Vec<u8>,
+    f0: Vec<u8>,
+    f1: Vec<u8>,
+    version: u64,
+}
+
+fn pair(dtype: DType, full: bool, n: usize, p_exp: u64, seed: u64) -> Pair {
+    let mut rng = Rng(seed);
+    let v0 = rng.bytes(n * dtype.size());
+    let v1 = drift(dtype, &v0, p_exp, 5, if full { 900 } else { 0 }, &mut rng);
+    let mode = if full {
+        CacheMode::FullValue
+    } else {
+        CacheMode::Exponent
+    };
+    let mut tx = CacheSlot::new(dtype, mode, n);
+    if full {
+        tx.set_frame_choice(FrameChoice::Hybrid);
+    }
+    let (mut f0, mut f1) = (Vec::new(), Vec::new());
+    tx.encode(&v0, &mut f0).unwrap();
+    let version = tx.version();
+    tx.encode(&v1, &mut f1).unwrap();
+    Pair {
+        v1,
+        f0,
+        f1,
+        version,
+    }
+}
+
+/// The cache a receiver holds after the FILL `f0` (decoded by the host build).
+fn cache_after_fill(dtype: DType, full: bool, n: usize, f0: &[u8]) -> Vec<u8> {
+    let mut cache = vec![0u8; gpu::cache_bytes(dtype, n, full)];
+    let mut out = vec![0u8; n * dtype.size()];
+    assert_eq!(
+        emu_decode(dtype, f0, &mut out, &mut cache, full, 0, 0, false),
+        Ok(())
+    );
+    cache
+}
+
+/// The kernels' verdict (host build) on one frame for `n` elements against `cache`, as the
+/// GPU path reports it.
+#[allow(clippy::too_many_arguments)]
+fn kernel_error(
+    dtype: DType,
+    frame: &[u8],
+    n: usize,
+    cache: &[u8],
+    full: bool,
+    offset: u64,
+    version: u64,
+    warm: bool,
+) -> Result<(), CodecError> {
+    let mut cache = cache[..gpu::cache_bytes(dtype, n, full)].to_vec();
+    let mut out = vec![0u8; n * dtype.size()];
+    emu_decode(
+        dtype, frame, &mut out, &mut cache, full, offset, version, warm,
+    )
+    .map_err(|r| r.to_error(n as u64, offset, full, frame.get(..HEADER_LEN)))
+}
+
+/// A warm CPU exponent-cache receiver at `version` holding the FILL `f0`'s exponents.
+fn warm_slot(dtype: DType, n: usize, version: u64, f0: &[u8]) -> CacheSlot {
+    let mut rx = CacheSlot::with_version(dtype, CacheMode::Exponent, n, version);
+    let mut out = vec![0u8; n * dtype.size()];
+    let f = ciera::codec::frame::parse(f0).unwrap();
+    rx.chunk(0..n).decode(&f, &mut out).unwrap();
+    rx.fill_from(&out).unwrap();
+    rx
+}
+
+/// The kernels' refusals become the codec errors the CPU decoder gives for the same fault
+/// (checked with the host build of the kernels: no GPU needed).
+#[test]
+fn refusals_map_to_the_cpu_decoders_errors() {
+    let (dtype, n) = (DType::BF16, 5000usize);
+    let p = pair(dtype, false, n, 30, 11);
+    let cache = cache_after_fill(dtype, false, n, &p.f0);
+    let v = p.version;
+    let cpu = |slot: &mut CacheSlot, f: &[u8]| {
+        let mut out = vec![0u8; slot.len() * dtype.size()];
+        slot.decode(f, &mut out).map(|_| ())
+    };
+    let kernels = |f: &[u8], n: usize, offset: u64, version: u64, warm: bool| {
+        kernel_error(dtype, f, n, &cache, false, offset, version, warm)
+    };
+    assert_eq!(kernels(&p.f1, n, 0, v, true), Ok(()));
+
+    // A flipped byte past s0: the frame checksum.
+    let mut f = p.f1.clone();
+    *f.last_mut().unwrap() ^= 0x10;
+    let k = kernels(&f, n, 0, v, true);
+    assert!(matches!(k, Err(CodecError::Checksum { .. })), "{k:?}");
+    assert_eq!(k, cpu(&mut warm_slot(dtype, n, v, &p.f0), &f));
+
+    // A flipped byte in s0: its SH64.
+    let mut f = p.f1.clone();
+    f[HEADER_LEN + 100] ^= 0x01;
+    let k = kernels(&f, n, 0, v, true);
+    assert!(matches!(k, Err(CodecError::Checksum { .. })), "{k:?}");
+    assert_eq!(k, cpu(&mut warm_slot(dtype, n, v, &p.f0), &f));
+
+    // Another slot version.
+    let k = kernels(&p.f1, n, 0, v ^ 7, true);
+    assert_eq!(
+        k,
+        Err(CodecError::VersionMismatch {
+            slot_version: v ^ 7,
+            frame_version: v
+        })
+    );
+    assert_eq!(k, cpu(&mut warm_slot(dtype, n, v ^ 7, &p.f0), &p.f1));
+
+    // A cold slot.
+    let k = kernels(&p.f1, n, 0, v, false);
+    assert!(matches!(k, Err(CodecError::SlotState { .. })), "{k:?}");
+    assert_eq!(
+        k,
+        cpu(&mut CacheSlot::new(dtype, CacheMode::Exponent, n), &p.f1)
+    );
+
+    // Another element count, another offset.
+    let k = kernels(&p.f1, n - 1, 0, v, true);
+    assert_eq!(
+        k,
+        Err(CodecError::LengthMismatch {
+            what: "frame element count",
+            expected: n - 1,
+            found: n
+        })
+    );
+    assert_eq!(
+        k,
+        cpu(
+            &mut CacheSlot::new(dtype, CacheMode::Exponent, n - 1),
+            &p.f1
+        )
+    );
+    let k = kernels(&p.f1, n, 5, v, true);
+    let mut wide = CacheSlot::new(dtype, CacheMode::Exponent, n + 5);
+    let mut out = vec![0u8; n * dtype.size()];
+    let f = ciera::codec::frame::parse(&p.f1).unwrap();
+    let c = wide.chunk(5..5 + n).decode(&f, &mut out).map(|_| ());
+    assert!(matches!(
+        k,
+        Err(CodecError::LengthMismatch {
+            what: "frame element offset",
+            ..
+        })
+    ));
+    assert_eq!(k, c);
+
+    // Another element type of the same size.
+    let k = kernel_error(DType::F16, &p.f1, n, &cache, false, 0, v, true);
+    assert_eq!(
+        k,
+        Err(CodecError::DTypeMismatch {
+            expected: DType::F16,
+            found: DType::BF16
+        })
+    );
+    assert_eq!(
+        k,
+        cpu(
+            &mut CacheSlot::new(DType::F16, CacheMode::Exponent, n),
+            &p.f1
+        )
+    );
+
+    // Truncated: the header's section lengths.
+    for cut in [&p.f1[..p.f1.len() - 1], &p.f1[..10]] {
+        let k = kernels(cut, n, 0, v, true);
+        assert!(
+            matches!(k, Err(CodecError::CorruptFrame { what: "header", .. })),
+            "{k:?}"
+        );
+    }
+
+    // A Hybrid frame for an exponent cache, and for a cold full-value one.
+    let h = pair(dtype, true, n, 30, 12);
+    let k = kernels(&h.f1, n, 0, h.version, true);
+    assert!(matches!(k, Err(CodecError::SlotState { .. })), "{k:?}");
+    let k = kernel_error(
+        dtype,
+        &h.f1,
+        n,
+        &vec![0u8; 2 * n],
+        true,
+        0,
+        h.version,
+        false,
+    );
+    assert_eq!(
+        k,
+        cpu(&mut CacheSlot::new(dtype, CacheMode::FullValue, n), &h.f1)
+    );
+}
+
+/// Damaged frames (one bit flipped anywhere, checksums left as they were; truncated), decoded
+/// in one batch beside intact ones (also with a byte after the frame, which is not the
+/// frame's), Exp frames against exponent caches and Hybrid frames against full-value ones:
+/// the GPU refuses every damaged frame, with the error the host build of the kernels gives,
+/// and accepts the intact ones.
+#[test]
+fn gpu_refuses_damaged_frames() {
+    let Some(g) = gpu("gpu_refuses_damaged_frames") else {
+        return;
+    };
+    let mut refused = 0;
+    for (di, dtype) in TYPES.into_iter().enumerate() {
+        for full in [false, true] {
+            for (n, p_exp) in [(1usize, 500u64), (100, 30), (5000, 20), (9000, 300)] {
+                let p = pair(dtype, full, n, p_exp, 77 + di as u64 * 31 + n as u64);
+                let cache = cache_after_fill(dtype, full, n, &p.f0);
+                let mut rng = Rng(n as u64 ^ p_exp);
+                let mut frames: Vec<Vec<u8>> = Vec::new();
+                for k in 0..120 {
+                    let mut f = p.f1.clone();
+                    if k % 10 == 0 {
+                        frames.push(f); // intact
+                        continue;
+                    }
+                    let at = rng.below(f.len() as u64) as usize;
+                    f[at] ^= 1 << rng.below(8);
+                    frames.push(f);
+                }
+                for cut in [1, 7, 64] {
+                    if p.f1.len() > cut {
+                        frames.push(p.f1[..p.f1.len() - cut].to_vec());
+                    }
+                }
+                let mut longer = p.f1.clone();
+                longer.push(0xa5);
+                frames.push(longer);
+
+                let size = dtype.size();
+                let mut caches: Vec<Vec<u8>> = frames.iter().map(|_| cache.clone()).collect();
+                let mut outs: Vec<Vec<u8>> = frames.iter().map(|_| vec![0u8; n * size]).collect();
+                let mut jobs: Vec<HostDecChunk<'_>> = frames
+                    .iter()
+                    .zip(caches.iter_mut().zip(outs.iter_mut()))
+                    .map(|(f, (c, o))| HostDecChunk {
+                        frame: f,
+                        out: o,
+                        cache: c,
+                        offset: 0,
+                        version: p.version,
+                        warm: true,
+                        full,
+                    })
+                    .collect();
+                let verdicts = g.decode_host_batch(dtype, &mut jobs).unwrap();
+                drop(jobs);
+                let ctx = format!("{dtype} full={full} n={n}");
+                for (k, (f, v)) in frames.iter().zip(&verdicts).enumerate() {
+                    let want = kernel_error(dtype, f, n, &cache, full, 0, p.version, true);
+                    assert_eq!(*v, want, "{ctx} frame {k}: GPU vs host build");
+                    if f.starts_with(&p.f1) {
+                        assert_eq!(*v, Ok(()), "{ctx} frame {k}: intact frame refused");
+                        assert!(outs[k] == p.v1, "{ctx} frame {k}: values differ");
+                    } else {
+                        assert!(v.is_err(), "{ctx} frame {k}: damaged frame accepted");
+                        refused += 1;
+                    }
+                }
+            }
+        }
+    }
+    skip::show(&format!(
+        "GPU refused {refused} damaged frames, each with the host build's error\n"
+    ));
+}
+
+/// Jobs carved from one device allocation each (values, caches, frames at an 8-aligned
+/// stride, scratch), as a collective lays a shard out: encode cold then warm (an exponent
+/// cache, and a full-value one sending Hybrid frames), decode the frames where they lie,
+/// against the CPU's frames and values.
+#[test]
+fn gpu_jobs_share_device_buffers() {
+    let Some(g) = gpu("gpu_jobs_share_device_buffers") else {
+        return;
+    };
+    let s = g.stream().clone();
+    for (di, dtype) in TYPES.into_iter().enumerate() {
+        for full in [false, true] {
+            let (jobs_n, m) = (5usize, 10_000usize);
+            let size = dtype.size();
+            let n = jobs_n * m;
+            let per = gpu::cache_bytes(dtype, m, full);
+            let stride = gpu::max_frame_bytes(dtype, m).next_multiple_of(gpu::ALIGN);
+            let (es, ds) = (
+                gpu::enc_scratch_bytes(m, full).next_multiple_of(gpu::ALIGN),
+                gpu::dec_scratch_bytes(m).next_multiple_of(gpu::ALIGN),
+            );
+            let (mode, choice) = if full {
+                (CacheMode::FullValue, FrameChoice::Hybrid)
+            } else {
+                (CacheMode::Exponent, FrameChoice::Auto)
+            };
+            let mut rng = Rng(900 + di as u64);
+            let v0 = rng.bytes(n * size);
+            let v1 = drift(dtype, &v0, 25, 3, 800, &mut rng);
+            let mut tx = CacheSlot::new(dtype, mode, n);
+            tx.set_frame_choice(choice);
+            let mut cache = s.alloc_zeros::<u8>(jobs_n * per).unwrap();
+            let mut dcache = s.alloc_zeros::<u8>(jobs_n * per).unwrap();
+            let mut frames = s.alloc_zeros::<u8>(jobs_n * stride).unwrap();
+            let mut escratch = s.alloc_zeros::<u8>(jobs_n * es).unwrap();
+            let mut dscratch = s.alloc_zeros::<u8>(jobs_n * ds).unwrap();
+            let mut out = s.alloc_zeros::<u8>(n * size).unwrap();
+            for (it, values) in [&v0, &v1].into_iter().enumerate() {
+                let ctx = format!("{dtype} full={full} iteration {it}");
+                let (version, cold) = (tx.version(), !tx.is_warm());
+                let mut cpu = Vec::new();
+                let mut infos = Vec::new();
+                for c in tx.chunks(m).iter_mut() {
+                    let mut f = Vec::new();
+                    let off = c.offset();
+                    infos.push(
+                        c.encode(&values[off * size..(off + m) * size], &mut f)
+                            .unwrap(),
+                    );
+                    cpu.push(f);
+                }
+                tx.commit(&infos).unwrap();
+
+                let input = s.clone_htod(values.as_slice()).unwrap();
+                let lens: Vec<usize> = {
+                    let iv = input.as_view();
+                    let mut jobs: Vec<DeviceEncJob<'_>> = iv
+                        .chunks_exact(m * size)
+                        .zip(cache.as_view_mut().chunks_exact_mut(per))
+                        .zip(frames.as_view_mut().chunks_exact_mut(stride))
+                        .zip(escratch.as_view_mut().chunks_exact_mut(es))
+                        .enumerate()
+                        .map(|(j, (((input, cache), frame), scratch))| DeviceEncJob {
+                            input,
+                            cache,
+                            frame,
+                            scratch,
+                            offset: (j * m) as u64,
+                            version,
+                            cold,
+                            full,
+                            choice,
+                        })
+                        .collect();
+                    let got = g.encode(&s, dtype, &mut jobs).unwrap();
+                    assert_eq!(got, infos, "{ctx}: frame infos");
+                    got.iter().map(|i| i.frame_bytes).collect()
+                };
+                for (j, f) in cpu.iter().enumerate() {
+                    let gf = s
+                        .clone_dtoh(&frames.slice(j * stride..j * stride + lens[j]))
+                        .unwrap();
+                    assert!(gf == *f, "{ctx} job {j}: frame differs");
+                }
+                let verdicts = {
+                    let mut jobs: Vec<DeviceDecJob<'_>> = out
+                        .as_view_mut()
+                        .chunks_exact_mut(m * size)
+                        .zip(dcache.as_view_mut().chunks_exact_mut(per))
+                        .zip(dscratch.as_view_mut().chunks_exact_mut(ds))
+                        .enumerate()
+                        .map(|(j, ((out, cache), scratch))| DeviceDecJob {
+                            // The whole slot of the frame: bytes past it are not read.
+                            frame: frames.slice(j * stride..(j + 1) * stride),
+                            out,
+                            cache,
+                            scratch,
+                            offset: (j * m) as u64,
+                            version,
+                            warm: !cold,
+                            full,
+                        })
+                        .collect();
+                    g.decode(&s, dtype, &mut jobs).unwrap()
+                };
+                assert!(verdicts.iter().all(|v| v.is_ok()), "{ctx}: {verdicts:?}");
+                assert!(
+                    s.clone_dtoh(&out).unwrap() == *values,
+                    "{ctx}: decoded values differ"
+                );
+                assert!(
+                    s.clone_dtoh(&dcache).unwrap() == s.clone_dtoh(&cache).unwrap(),
+                    "{ctx}: caches differ"
+                );
+            }
+            if full {
+                assert!(tx.is_warm(), "{dtype}: the full-value slot did not warm up");
+            }
+        }
+    }
+}
