@@ -15,6 +15,9 @@
 //! Without a GPU it prints "no GPU: <why>" and exits 0 (1 with CIERA_REQUIRE_GPU=1, as
 //! bench/gpu_check.sh runs it); it exits 1 if a row failed (the row says why).
 
+#[path = "../tests/common/gpu_data.rs"]
+mod gpu_data;
+
 use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,43 +87,6 @@ fn pairs(steps: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
-/// fp32 -> fp16, round to nearest even.
-fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign
-            | 0x7c00
-            | if man != 0 {
-                0x200 | (man >> 13) as u16
-            } else {
-                0
-            };
-    }
-    let e = exp - 127 + 15;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    let (m, shift) = if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        (man | 0x80_0000, (14 - e) as u32)
-    } else {
-        (man, 13)
-    };
-    let mut h = m >> shift;
-    let rem = m & ((1 << shift) - 1);
-    let half = 1 << (shift - 1);
-    if rem > half || (rem == half && h & 1 == 1) {
-        h += 1;
-    }
-    let v = if e <= 0 { h } else { ((e as u32) << 10) + h };
-    sign | v as u16
-}
-
 /// Every tensor of `dtype` in snapshot `step` (fp16: the fp32 ones, cast), by name, one after
 /// another.
 fn snapshot(dir: &Path, step: u64, dtype: DType) -> Res<Vec<u8>> {
@@ -136,11 +102,9 @@ fn snapshot(dir: &Path, step: u64, dtype: DType) -> Res<Vec<u8>> {
     for t in tensors {
         let b = st.bytes(t);
         if dtype == DType::F16 {
-            out.extend(
-                b.chunks_exact(4).flat_map(|c| {
-                    f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-                }),
-            );
+            out.extend(b.chunks_exact(4).flat_map(|c| {
+                gpu_data::f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+            }));
         } else {
             out.extend_from_slice(b);
         }

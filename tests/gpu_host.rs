@@ -6,16 +6,17 @@
 //! subnormals); every mask coding; odd lengths and chunk edges (proptest). What the host build
 //! cannot show (blocks running concurrently on a device) is bench/gpu_check.sh's part.
 
+#[path = "common/gpu_data.rs"]
+mod gpu_data;
 #[path = "common/skip.rs"]
 mod skip;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use ciera::codec::{CacheMode, CacheSlot, FrameChoice, HEADER_LEN};
-use ciera::safetensors::SafeTensors;
 use ciera::DType;
 use ciera_cuda_host::{DecChunk, EncChunk};
+use gpu_data::*;
 use proptest::prelude::*;
 
 /// Mask codings seen in the frames compared (s1's first byte of Exp frames), and FILLs.
@@ -191,66 +192,6 @@ fn same_frames_in(
     }
 }
 
-fn trace_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let full = root.join("../shared/traces/olmoe-mini-s0");
-    if full.is_dir() {
-        full
-    } else {
-        root.join("tests/data/olmoe-slice")
-    }
-}
-
-fn snapshots(dir: &Path) -> Vec<SafeTensors> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|p| SafeTensors::open(p).unwrap())
-        .collect()
-}
-
-/// fp32 -> fp16, round to nearest even (the test's own cast, for fp16 data with real drift).
-fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign
-            | 0x7c00
-            | if man != 0 {
-                0x200 | (man >> 13) as u16
-            } else {
-                0
-            };
-    }
-    let e = exp - 127 + 15;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    let (m, shift) = if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        (man | 0x80_0000, (14 - e) as u32)
-    } else {
-        (man, 13)
-    };
-    let mut h = m >> shift;
-    let rem = m & ((1 << shift) - 1);
-    let half = 1 << (shift - 1);
-    if rem > half || (rem == half && h & 1 == 1) {
-        h += 1;
-    }
-    let v = if e <= 0 { h } else { ((e as u32) << 10) + h };
-    sign | v as u16
-}
-
 /// Every tensor of the trace, its snapshots in order (so every consecutive pair is coded),
 /// as stored (bf16, fp32) and fp32 cast to fp16; one frame per tensor and 5000-element chunks.
 #[test]
@@ -303,84 +244,6 @@ fn kernel_frames_match_the_cpu_on_the_trace() {
     assert!(seen.frames > seen.fills, "no Exp frame compared");
 }
 
-/// A deterministic generator for synthetic drift.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let x = self.0;
-        (x ^ (x >> 29)).wrapping_mul(0xbf58476d1ce4e5b9) ^ (x >> 32)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Values of `dtype` drifting from `prev`: a share `p_exp` (per mille) of elements change
-/// their cached field, a share become special values, the rest change mantissa bits only;
-/// a share `keep` (per mille) stay as they were.
-fn drift_keep(
-    dtype: DType,
-    prev: &[u8],
-    p_exp: u64,
-    p_special: u64,
-    keep: u64,
-    rng: &mut Rng,
-) -> Vec<u8> {
-    let size = dtype.size();
-    let mut out = prev.to_vec();
-    let specials16: [u16; 8] = [
-        0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0000, 0x0001, 0x807f,
-    ];
-    let specials_h: [u16; 8] = [
-        0x7e00, 0xfe01, 0x7c00, 0xfc00, 0x8000, 0x0000, 0x0001, 0x83ff,
-    ];
-    let specials32: [u32; 8] = [
-        0x7fc0_0001,
-        0xffa0_0000,
-        0x7f80_0000,
-        0xff80_0000,
-        0x8000_0000,
-        0,
-        1,
-        0x807f_ffff,
-    ];
-    for v in out.chunks_exact_mut(size) {
-        let r = rng.below(1000);
-        let x = rng.next();
-        if x % 1000 < keep {
-            continue; // unchanged
-        }
-        if r < p_special {
-            let s = (x % 8) as usize;
-            match dtype {
-                DType::BF16 => v.copy_from_slice(&specials16[s].to_le_bytes()),
-                DType::F16 => v.copy_from_slice(&specials_h[s].to_le_bytes()),
-                _ => v.copy_from_slice(&specials32[s].to_le_bytes()),
-            }
-        } else if r < p_special + p_exp {
-            // flip a bit of the cached field (bf16/fp32: high byte; fp16: bits 14..10)
-            match dtype {
-                DType::BF16 => v[1] ^= 1 << (x % 8),
-                DType::F16 => {
-                    let w = u16::from_le_bytes([v[0], v[1]]) ^ (1 << (10 + x % 5));
-                    v.copy_from_slice(&w.to_le_bytes());
-                }
-                _ => v[3] ^= 1 << (x % 8),
-            }
-        } else {
-            v[0] ^= (x >> 8) as u8;
-            if size == 4 {
-                v[1] ^= (x >> 16) as u8;
-            }
-        }
-    }
-    out
-}
-
 /// Synthetic drift at exception rates from none to most, with special values: every mask
 /// coding (Zero, Flat, Hier and rANS) is produced by the CPU and matched by the kernels.
 #[test]
@@ -409,7 +272,7 @@ fn kernel_frames_match_at_every_density_and_special_values() {
                 (0, 0, 999),
                 (1, 1, 700),
             ] {
-                v = drift_keep(dtype, &v, p_exp, p_special, keep, &mut rng);
+                v = drift(dtype, &v, p_exp, p_special, keep, &mut rng);
                 iters.push(v.clone());
             }
             same_frames(
@@ -491,7 +354,7 @@ proptest! {
         let mut v: Vec<u8> = (0..n * dtype.size()).map(|_| rng.next() as u8).collect();
         let mut iters = vec![v.clone()];
         for (p_exp, p_special, keep) in rates {
-            v = drift_keep(dtype, &v, p_exp, p_special, keep, &mut rng);
+            v = drift(dtype, &v, p_exp, p_special, keep, &mut rng);
             iters.push(v.clone());
         }
         same_frames(dtype, &iters, chunk, &format!("random n={n} chunk={chunk}"), &mut Seen::default());
@@ -543,7 +406,7 @@ fn kernel_decoder_refuses_what_the_cpu_refuses() {
                 let size = dtype.size();
                 let mut rng = Rng(77 + di as u64 * 31 + n as u64 + p_exp + mi as u64 * 1000);
                 let v0: Vec<u8> = (0..n * size).map(|_| rng.next() as u8).collect();
-                let v1 = drift_keep(dtype, &v0, p_exp, 5, if full { 700 } else { 0 }, &mut rng);
+                let v1 = drift(dtype, &v0, p_exp, 5, if full { 700 } else { 0 }, &mut rng);
                 let per = if full { size } else { 1 };
                 let mut tx = CacheSlot::new(dtype, mode, n);
                 tx.set_frame_choice(choice);

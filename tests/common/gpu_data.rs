@@ -1,0 +1,151 @@
+//! Data for the GPU codec's tests and bench: the trace (its snapshots in order), an fp16 cast
+//! of fp32 values, and synthetic drift with special values, from a deterministic generator.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use ciera::safetensors::SafeTensors;
+use ciera::DType;
+
+/// The real trace beside the repository (CI has it), else the slice the repository ships.
+pub fn trace_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let full = root.join("../shared/traces/olmoe-mini-s0");
+    if full.is_dir() {
+        full
+    } else {
+        root.join("tests/data/olmoe-slice")
+    }
+}
+
+/// The snapshots of a trace folder, in step order.
+pub fn snapshots(dir: &Path) -> Vec<SafeTensors> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| SafeTensors::open(p).unwrap())
+        .collect()
+}
+
+/// fp32 -> fp16, round to nearest even (fp16 data with real drift).
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign
+            | 0x7c00
+            | if man != 0 {
+                0x200 | (man >> 13) as u16
+            } else {
+                0
+            };
+    }
+    let e = exp - 127 + 15;
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    let (m, shift) = if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        (man | 0x80_0000, (14 - e) as u32)
+    } else {
+        (man, 13)
+    };
+    let mut h = m >> shift;
+    let rem = m & ((1 << shift) - 1);
+    let half = 1 << (shift - 1);
+    if rem > half || (rem == half && h & 1 == 1) {
+        h += 1;
+    }
+    let v = if e <= 0 { h } else { ((e as u32) << 10) + h };
+    sign | v as u16
+}
+
+/// A deterministic generator for synthetic drift.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = self.0;
+        (x ^ (x >> 29)).wrapping_mul(0xbf58476d1ce4e5b9) ^ (x >> 32)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Values of `dtype` drifting from `prev`: a share `keep` (per mille) stay as they were (what
+/// a full-value cache sees); of the others a share `p_exp` change their cached field, a share
+/// `p_special` become NaN, infinities, -0, 0 or subnormals, the rest change low mantissa bits
+/// only.
+pub fn drift(
+    dtype: DType,
+    prev: &[u8],
+    p_exp: u64,
+    p_special: u64,
+    keep: u64,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = prev.to_vec();
+    let bf16: [u16; 8] = [
+        0x7fc0, 0xffc1, 0x7f80, 0xff80, 0x8000, 0x0000, 0x0001, 0x807f,
+    ];
+    let f16: [u16; 8] = [
+        0x7e00, 0xfe01, 0x7c00, 0xfc00, 0x8000, 0x0000, 0x0001, 0x83ff,
+    ];
+    let f32: [u32; 8] = [
+        0x7fc0_0001,
+        0xffa0_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x8000_0000,
+        0,
+        1,
+        0x807f_ffff,
+    ];
+    for v in out.chunks_exact_mut(size) {
+        let r = rng.below(1000);
+        let x = rng.next();
+        let s = (x % 8) as usize;
+        if (x >> 40) % 1000 < keep {
+            continue;
+        }
+        if r < p_special {
+            match dtype {
+                DType::BF16 => v.copy_from_slice(&bf16[s].to_le_bytes()),
+                DType::F16 => v.copy_from_slice(&f16[s].to_le_bytes()),
+                _ => v.copy_from_slice(&f32[s].to_le_bytes()),
+            }
+        } else if r < p_special + p_exp {
+            match dtype {
+                DType::BF16 => v[1] ^= 1 << (x % 8),
+                DType::F16 => {
+                    let w = u16::from_le_bytes([v[0], v[1]]) ^ (1 << (10 + x % 5));
+                    v.copy_from_slice(&w.to_le_bytes());
+                }
+                _ => v[3] ^= 1 << (x % 8),
+            }
+        } else {
+            v[0] ^= (x >> 8) as u8;
+            if size == 4 {
+                v[1] ^= (x >> 16) as u8;
+            }
+        }
+    }
+    out
+}
