@@ -1834,6 +1834,18 @@ template <class L> HD void dec_hyb(const DecJob& j, Blk& b) {
 // or the cached field; the cache takes e. FILL: the values, and the cache their fields. Both
 // sum SH64 over the tile's s0 bytes. Reads sm_len + n + n/8 (+ exceptions) bytes, writes
 // n*size + n (Exp); FILL reads and writes n*size + n.
+// sh.pre[w]: the set bits of the tile's mask words before word w (W words in all).
+HD void word_prefix(Blk& b, DecMaskShm& sh, const u64* words, u64 tile, u64 W) {
+    b.each([&](u32 t) {
+        if (t >= TILE_WORDS) return;
+        u64 wi = tile * TILE_WORDS + t;
+        sh.cnt[t] = wi < W ? pop64(words[wi]) : 0;
+    });
+    b.sync();
+    b.one([&] { tile_prefix(sh, nullptr); });
+    b.sync();
+}
+
 // Thread t's share of the SH64 partial sums of s0[0..bytes), byte `at` of the section (a
 // multiple of 32; s0 8-aligned: the frame's base + 64 + at), into red[.][t].
 HD void s0_share(u32 t, const u8* s0, u64 bytes, u64 at, u64 (*red)[NT]) {
@@ -1864,16 +1876,7 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
     u64 s0_tile = p.fill ? base * L::BYTES : L::sm_len(base);
     u64 s0_bytes = p.fill ? tn * L::BYTES : L::sm_len(tn);
     const u8* s0 = f + 64 + s0_tile;
-    if (!p.fill) {
-        b.each([&](u32 t) {
-            if (t >= TILE_WORDS) return;
-            u64 wi = tile * TILE_WORDS + t;
-            sh.cnt[t] = wi < W ? pop64(v.words[wi]) : 0;
-        });
-        b.sync();
-        b.one([&] { tile_prefix(sh, nullptr); });
-        b.sync();
-    }
+    if (!p.fill) word_prefix(b, sh, v.words, tile, W);
     const DecOff& o = v.off[tile];
     b.each([&](u32 t) {
         for (u32 k = 0; k < 2; ++k) {
@@ -1968,14 +1971,7 @@ template <class L> HD void dec_tile_hyb(const DecJob& j, u64 tile, Blk& b, DecMa
     u64 W = cdiv(n, 64);
     u64 hb = base < p.k ? min64(TILE, p.k - base) : 0;
     const u8* sm_all = f + 64;
-    b.each([&](u32 t) {
-        if (t >= TILE_WORDS) return;
-        u64 wi = tile * TILE_WORDS + t;
-        sh.cnt[t] = wi < W ? pop64(v.words[wi]) : 0;
-    });
-    b.sync();
-    b.one([&] { tile_prefix(sh, nullptr); });
-    b.sync();
+    word_prefix(b, sh, v.words, tile, W);
     const DecOff& o = v.off[tile];
     b.each([&](u32 t) {
         for (u32 k = 0; k < 2; ++k) {
