@@ -1,6 +1,6 @@
-//! AVX2 fast path for the bf16 exponent-cache kernels: the hot loop of the exponent mode
-//! (split 32 values into their low (sent) and high (cached) bytes, compare with the cache,
-//! build the change mask; and the inverse). Everything else, and every CPU without AVX2, uses the
+//! AVX2 fast path for the exponent-cache kernels: the hot loop of the exponent mode (split 32
+//! values into their low (sent) and high (cached) bytes, compare with the cache, build the
+//! change mask) for bf16 and fp32, and its inverse for bf16. Everything else, and every CPU without AVX2, uses the
 //! plain kernels in `kernels.rs`; `tests` below check both paths bit for bit on the same data.
 //!
 //! Dispatch returns `false` when this path does not apply, so callers fall back to the plain
@@ -29,9 +29,9 @@ pub(super) fn enabled() -> bool {
     }
 }
 
-/// Encode with the fast path if it applies (bf16, exponent cache, AVX2): appends the dense
-/// sign+mantissa section (`n` bytes) to `out` and returns its SH64. Otherwise `None`, and the
-/// caller uses `kernels::encode_exp`.
+/// Encode with the fast path if it applies (bf16 or fp32, exponent cache, AVX2): appends the
+/// dense sign+mantissa section (`L::sm_len(n)` bytes) to `out` and returns its SH64. Otherwise
+/// `None`, and the caller uses `kernels::encode_exp`.
 pub fn encode_exp<L: Layout>(
     input: &[u8],
     cache: &mut CacheRef<'_>,
@@ -42,51 +42,58 @@ pub fn encode_exp<L: Layout>(
     let CacheRef::Exp(ce) = cache else {
         return None;
     };
-    if L::DTYPE != DType::BF16 || !enabled() {
+    let f32 = match L::DTYPE {
+        DType::BF16 => false,
+        DType::F32 => true,
+        _ => return None,
+    };
+    if !enabled() {
         return None;
     }
-    let n = input.len() / 2;
+    let n = input.len() / L::BYTES;
     let mut hash = StripeHash::default();
     assert!(
         ce.len() == n,
-        "bf16 exp encode: cache {} for {n} values",
+        "{} exp encode: cache {} for {n} values",
+        L::DTYPE,
         ce.len()
     );
     let full = n / BLOCK * BLOCK;
+    let (dense_full, dense_n) = (L::sm_len(full), L::sm_len(n));
     masks.clear();
     masks.reserve(n.div_ceil(BLOCK));
     exps.reserve(n / 16);
     let d0 = out.len();
-    out.reserve(n);
+    // fp32 writes its 12-byte groups with 16-byte stores: 4 bytes of slack past the end.
+    out.reserve(dense_n + 16);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `enabled()` checked that the CPU has AVX2. `out` has room for `n >= full` more
-    // bytes (reserved above); `encode_bf16` writes exactly the `full` bytes after `d0`, so they
-    // are initialised when `set_len` exposes them.
+    // SAFETY: `enabled()` checked that the CPU has AVX2. `out` has room for `dense_n + 16 >=
+    // dense_full + 4` more bytes (reserved above); the encoders write the `dense_full` bytes
+    // after `d0` (fp32 also up to 4 bytes past them, within the reserve, never exposed), so
+    // those are initialised when `set_len` exposes them.
     unsafe {
         let dense = out.as_mut_ptr().add(d0);
-        avx2::encode_bf16(
-            &input[..2 * full],
-            &mut ce[..full],
-            dense,
-            masks,
-            exps,
-            &mut hash,
-        );
-        out.set_len(d0 + full);
+        let (inp, c) = (&input[..L::BYTES * full], &mut ce[..full]);
+        if f32 {
+            avx2::encode_f32(inp, c, dense, masks, exps, &mut hash);
+        } else {
+            avx2::encode_bf16(inp, c, dense, masks, exps, &mut hash);
+        }
+        out.set_len(d0 + dense_full);
     }
     if full < n {
-        out.resize(d0 + n, 0);
+        out.resize(d0 + dense_n, 0);
         let mut tail = Vec::new();
         kernels::encode_exp::<L>(
-            &input[2 * full..],
+            &input[L::BYTES * full..],
             CacheRef::Exp(&mut ce[full..]),
-            &mut out[d0 + full..],
+            &mut out[d0 + dense_full..],
             &mut tail,
             exps,
         );
         masks.extend_from_slice(&tail);
     }
-    Some(finish_hash(hash, &out[d0 + full..], n))
+    Some(finish_hash(hash, &out[d0 + dense_full..], dense_n))
 }
 
 /// Value-changed and exponent-changed masks against a full-value cache (`kernels::scan_full`),
@@ -412,6 +419,93 @@ mod avx2 {
         store_acc(acc, hash, (n / 32) as u64);
     }
 
+    /// Encode `cache.len()` (a multiple of 64) fp32 values, writing three sign+mantissa bytes
+    /// per value at `dense` (bits 23..0, little-endian) and the high byte to the cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `input` holds 4 bytes per value of `cache`, and `dense` is
+    /// valid for writes of `3 * cache.len() + 4` bytes (it may be uninitialised): groups of 12
+    /// bytes are written with 16-byte stores, the next one overwriting the 4 extra.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn encode_f32(
+        input: &[u8],
+        cache: &mut [u8],
+        dense: *mut u8,
+        masks: &mut Vec<u64>,
+        exps: &mut Vec<u8>,
+        hash: &mut StripeHash,
+    ) {
+        let n = cache.len();
+        let mut acc = load_acc(hash);
+        let base = hash.stripes;
+        debug_assert!(n.is_multiple_of(64) && input.len() == 4 * n);
+        // Per 128-bit lane: the low three bytes of its four values, then nothing.
+        let low3 = _mm256_setr_epi8(
+            0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12,
+            13, 14, -1, -1, -1, -1,
+        );
+        // packus per lane leaves dwords a0-3 b0-3 c0-3 d0-3 a4-7 b4-7 c4-7 d4-7.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut tmp = [0u8; 32];
+        for b in (0..n).step_by(64) {
+            let mut m = 0u64;
+            for h in 0..2 {
+                let v = b + 32 * h;
+                // SAFETY: v + 32 <= n, so bytes [4v, 4v+128) of input and [v, v+32) of cache
+                // are in bounds; unaligned loads.
+                let (x0, x1, x2, x3, c) = unsafe {
+                    let p = input.as_ptr().add(4 * v);
+                    (
+                        _mm256_loadu_si256(p as *const __m256i),
+                        _mm256_loadu_si256(p.add(32) as *const __m256i),
+                        _mm256_loadu_si256(p.add(64) as *const __m256i),
+                        _mm256_loadu_si256(p.add(96) as *const __m256i),
+                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
+                    )
+                };
+                // Cached field: the high byte of each value, 32 of them in order.
+                let e01 = _mm256_packus_epi32(_mm256_srli_epi32(x0, 24), _mm256_srli_epi32(x1, 24));
+                let e23 = _mm256_packus_epi32(_mm256_srli_epi32(x2, 24), _mm256_srli_epi32(x3, 24));
+                let e = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(e01, e23), order);
+                // Always sent: the low three bytes, 96 for 32 values, 12 per lane.
+                let d = dense.add(3 * v);
+                for (k, x) in [x0, x1, x2, x3].into_iter().enumerate() {
+                    let y = _mm256_shuffle_epi8(x, low3);
+                    // SAFETY: bytes [3v + 24k, 3v + 24k + 28) <= 3v + 100 <= 3n + 4: within
+                    // the caller's contract.
+                    unsafe {
+                        _mm_storeu_si128(d.add(24 * k) as *mut __m128i, _mm256_castsi256_si128(y));
+                        _mm_storeu_si128(
+                            d.add(24 * k + 12) as *mut __m128i,
+                            _mm256_extracti128_si256(y, 1),
+                        );
+                    }
+                }
+                for q in 0..3 {
+                    // SAFETY: the 96 bytes at d were just written (in bounds, as above).
+                    let s = unsafe { _mm256_loadu_si256(d.add(32 * q) as *const __m256i) };
+                    acc = stripe_step(acc, s, base + (3 * v / 32 + q) as u64);
+                }
+                let diff = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(e, c)) as u32);
+                if diff != 0 {
+                    // SAFETY: [v, v+32) of cache is in bounds; tmp is 32 bytes.
+                    unsafe {
+                        _mm256_storeu_si256(cache.as_mut_ptr().add(v) as *mut __m256i, e);
+                        _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, e);
+                    }
+                    let mut t = diff;
+                    while t != 0 {
+                        exps.push(tmp[t.trailing_zeros() as usize]);
+                        t &= t - 1;
+                    }
+                }
+                m |= (diff as u64) << (32 * h);
+            }
+            masks.push(m);
+        }
+        store_acc(acc, hash, (3 * n / 32) as u64);
+    }
+
     /// Decode `dense.len()` (a multiple of 64) bf16 values; returns how many exponents it used.
     ///
     /// # Safety
@@ -532,6 +626,47 @@ mod tests {
                 }
                 assert_eq!((a1, e1), (a2, e2), "n={n} bytes={bytes}");
             }
+        }
+    }
+
+    /// The fp32 encoder against the plain one (the decoder has no fp32 path).
+    #[test]
+    fn avx2_f32_encode_matches_plain() {
+        if !enabled() {
+            eprintln!("skipping: no AVX2 on this CPU (or CIERA_NO_SIMD set)");
+            return;
+        }
+        use crate::codec::float::F32;
+        let mut s = 11;
+        for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
+            let input: Vec<u8> = (0..4 * n).map(|_| lcg(&mut s) as u8).collect();
+            let cache0: Vec<u8> = (0..n)
+                .map(|i| {
+                    if lcg(&mut s).is_multiple_of(4) {
+                        lcg(&mut s) as u8
+                    } else {
+                        input[4 * i + 3]
+                    }
+                })
+                .collect();
+            let (mut c1, mut c2) = (cache0.clone(), cache0.clone());
+            let (mut d1, mut d2) = (vec![0u8; 3 * n], vec![0xaa]);
+            let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            kernels::encode_exp::<F32>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
+            let h = encode_exp::<F32>(
+                &input,
+                &mut CacheRef::Exp(&mut c2),
+                &mut d2,
+                &mut m2,
+                &mut e2,
+            );
+            assert_eq!(d2.remove(0), 0xaa, "appends after existing bytes");
+            assert_eq!(
+                h,
+                Some(crate::codec::checksum::sh64_plain(&d1)),
+                "fused hash n={n}"
+            );
+            assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
         }
     }
 
