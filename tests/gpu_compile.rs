@@ -68,7 +68,11 @@ fn every_kernel_file_compiles() {
             .enumerate()
             .flat_map(|(i, (name, text))| archs.iter().map(move |&a| (i, name, text, Arch::sm(a))))
             .map(|(i, name, text, arch)| {
-                (i, arch, s.spawn(move || nvrtc::compile(text, name, arch)))
+                (
+                    i,
+                    arch,
+                    s.spawn(move || nvrtc::compile_fresh(text, name, arch).map(Arc::new)),
+                )
             })
             .collect();
         jobs.into_iter()

@@ -25,6 +25,15 @@
 //! is integer code that must match the CPU bit for bit), and `-Xptxas -v`, whose report gives
 //! each kernel's registers, spills, shared and local memory ([`KernelResources`]). A compiled
 //! (source, architecture) pair is kept for the process's life and not compiled again.
+//!
+//! It is also kept on disk, so that a process does not pay NVRTC's tens of seconds for a
+//! cubin an earlier one made: `CIERA_CUBIN_CACHE` names the folder (`off` disables it;
+//! default `$XDG_CACHE_HOME/ciera/cubin`, else `~/.cache/ciera/cubin`). An entry is the cubin
+//! and NVRTC's log, named by the source's XXH3-128 and the architecture, so a changed source
+//! never loads a stale cubin; a cubin read back is checked as a fresh one is (its kernels are
+//! read from its ELF). A cache hit needs no NVRTC at all (a machine with a driver but no NVRTC
+//! can run cubins another machine compiled into the folder). [`compile_fresh`] always runs
+//! NVRTC (the compile test) and writes through.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString, OsStr};
@@ -191,7 +200,6 @@ pub fn supported_archs() -> Result<Vec<u32>> {
 pub fn compile(source: &str, name: &str, arch: Arch) -> Result<Arc<Compiled>> {
     type Slot = Arc<Mutex<Option<Arc<Compiled>>>>;
     static CACHE: OnceLock<Mutex<HashMap<(u128, Arch), Slot>>> = OnceLock::new();
-    library()?;
     let key = (xxhash_rust::xxh3::xxh3_128(source.as_bytes()), arch);
     // One slot per key: the map's lock is held only to find the slot, the slot's while it
     // compiles, so different sources compile in parallel and the same one once.
@@ -206,9 +214,72 @@ pub fn compile(source: &str, name: &str, arch: Arch) -> Result<Arc<Compiled>> {
     if let Some(c) = done.as_ref() {
         return Ok(c.clone());
     }
-    let c = Arc::new(compile_uncached(source, name, arch)?);
+    let c = match disk_cache().and_then(|d| read_cached(&d, key.0, name, arch)) {
+        Some(c) => c,
+        None => compile_fresh(source, name, arch)?,
+    };
+    let c = Arc::new(c);
     *done = Some(c.clone());
     Ok(c)
+}
+
+/// Compiles `source` with NVRTC whatever the caches hold (and writes the disk cache).
+pub fn compile_fresh(source: &str, name: &str, arch: Arch) -> Result<Compiled> {
+    library()?;
+    let c = compile_uncached(source, name, arch)?;
+    if let Some(dir) = disk_cache() {
+        write_cached(&dir, xxhash_rust::xxh3::xxh3_128(source.as_bytes()), &c);
+    }
+    Ok(c)
+}
+
+/// The disk cache's folder, or None when `CIERA_CUBIN_CACHE=off` or no home is known.
+fn disk_cache() -> Option<PathBuf> {
+    match std::env::var_os("CIERA_CUBIN_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+            .map(|c| c.join("ciera").join("cubin")),
+    }
+}
+
+fn cache_path(dir: &Path, hash: u128, arch: Arch, ext: &str) -> PathBuf {
+    dir.join(format!("{hash:032x}-{arch}.{ext}"))
+}
+
+/// A cached cubin for (source hash, arch), checked like a fresh one; None if absent or bad.
+fn read_cached(dir: &Path, hash: u128, name: &str, arch: Arch) -> Option<Compiled> {
+    let cubin = std::fs::read(cache_path(dir, hash, arch, "cubin")).ok()?;
+    let log = std::fs::read_to_string(cache_path(dir, hash, arch, "log")).unwrap_or_default();
+    let entries = super::cubin::cubin_entries(&cubin).ok()?;
+    if entries.is_empty() {
+        return None;
+    }
+    Some(Compiled {
+        name: name.into(),
+        arch,
+        kernels: super::cubin::parse_ptxas_report(&log),
+        entries,
+        cubin,
+        log,
+    })
+}
+
+/// Best effort: a write that fails leaves the cache as it was (written to a temporary name,
+/// then renamed, so a reader never sees half a cubin).
+fn write_cached(dir: &Path, hash: u128, c: &Compiled) {
+    let write = |ext: &str, bytes: &[u8]| -> std::io::Result<()> {
+        let path = cache_path(dir, hash, c.arch, ext);
+        let tmp = path.with_extension(format!("{ext}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &path)
+    };
+    let _ = std::fs::create_dir_all(dir)
+        .and_then(|()| write("log", c.log.as_bytes()))
+        .and_then(|()| write("cubin", &c.cubin));
 }
 
 /// An NVRTC program, destroyed on drop.
@@ -547,5 +618,46 @@ mod tests {
             assert!(err.contains("no lib/python3*/site-packages"), "{err}");
         }
         std::fs::remove_dir_all(&venv).unwrap();
+    }
+
+    /// The disk cache gives back the cubin NVRTC made (its kernels read from its ELF), keyed by
+    /// source and architecture, and refuses a damaged file rather than loading it.
+    #[test]
+    fn disk_cache_round_trips_and_refuses_damage() {
+        if let Err(e) = library() {
+            use std::io::Write;
+            let _ = std::io::stderr().lock().write_all(
+                format!("SKIPPED disk_cache_round_trips_and_refuses_damage: {e}\n").as_bytes(),
+            );
+            assert!(
+                std::env::var("CIERA_REQUIRE_NVRTC").map_or(true, |v| v != "1"),
+                "{e}"
+            );
+            return;
+        }
+        let src = "extern \"C\" __global__ void k(unsigned* p) { p[threadIdx.x] += 1; }";
+        let fresh = compile_uncached(src, "k.cu", Arch::sm(80)).unwrap();
+        let dir = std::env::temp_dir().join(format!("ciera-cubin-{}", std::process::id()));
+        let hash = xxhash_rust::xxh3::xxh3_128(src.as_bytes());
+        write_cached(&dir, hash, &fresh);
+        let back = read_cached(&dir, hash, "k.cu", Arch::sm(80)).expect("a cache hit");
+        assert_eq!(back.cubin, fresh.cubin);
+        assert_eq!(back.entries, fresh.entries);
+        assert_eq!(back.kernels, fresh.kernels);
+        assert!(
+            read_cached(&dir, hash ^ 1, "k.cu", Arch::sm(80)).is_none(),
+            "other source"
+        );
+        assert!(
+            read_cached(&dir, hash, "k.cu", Arch::sm(90)).is_none(),
+            "other arch"
+        );
+        let path = cache_path(&dir, hash, Arch::sm(80), "cubin");
+        std::fs::write(&path, &fresh.cubin[..fresh.cubin.len() / 3]).unwrap();
+        assert!(
+            read_cached(&dir, hash, "k.cu", Arch::sm(80)).is_none(),
+            "damaged cubin"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
