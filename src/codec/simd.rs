@@ -181,38 +181,46 @@ pub fn decode_exp<L: Layout>(
     let CacheRef::Exp(ce) = cache else {
         return Ok(None);
     };
-    if L::DTYPE != DType::BF16 || !enabled() {
+    let f32 = match L::DTYPE {
+        DType::BF16 => false,
+        DType::F32 => true,
+        _ => return Ok(None),
+    };
+    if !enabled() {
         return Ok(None);
     }
     let mut hash = StripeHash::default();
-    let n = out.len() / 2;
-    assert!(ce.len() == n && dense.len() == n && masks.len() == n.div_ceil(BLOCK));
+    let n = out.len() / L::BYTES;
+    assert!(ce.len() == n && dense.len() == L::sm_len(n) && masks.len() == n.div_ceil(BLOCK));
     let full = n / BLOCK * BLOCK;
-    let nb = full / BLOCK;
+    let (nb, dense_full) = (full / BLOCK, L::sm_len(full));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX2 checked by `enabled()`; all slices hold at least `full` values (asserted).
     let used = unsafe {
-        avx2::decode_bf16(
-            &dense[..full],
+        let (d, m, c, o) = (
+            &dense[..dense_full],
             &masks[..nb],
-            exps,
             &mut ce[..full],
-            &mut out[..2 * full],
-            &mut hash,
-        )?
+            &mut out[..L::BYTES * full],
+        );
+        if f32 {
+            avx2::decode_f32(d, m, exps, c, o, &mut hash)?
+        } else {
+            avx2::decode_bf16(d, m, exps, c, o, &mut hash)?
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
     let used = 0;
     if full < n {
         kernels::decode_exp::<L>(
-            &dense[full..],
+            &dense[dense_full..],
             &masks[nb..],
             &exps[used..],
             CacheRef::Exp(&mut ce[full..]),
-            &mut out[2 * full..],
+            &mut out[L::BYTES * full..],
         )?;
     }
-    Ok(Some(finish_hash(hash, &dense[full..], n)))
+    Ok(Some(finish_hash(hash, &dense[dense_full..], L::sm_len(n))))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -506,6 +514,102 @@ mod avx2 {
         store_acc(acc, hash, (3 * n / 32) as u64);
     }
 
+    /// The exceptions of one 64-value block `b` (mask word `mask`) into the cache, from
+    /// `exps[*k..]`: each must differ from the cached field.
+    fn patch_exceptions(
+        mask: u64,
+        b: usize,
+        exps: &[u8],
+        k: &mut usize,
+        cache: &mut [u8],
+    ) -> Result<()> {
+        let mut t = mask;
+        while t != 0 {
+            let j = t.trailing_zeros() as usize;
+            t &= t - 1;
+            let e = exps[*k];
+            *k += 1;
+            if e == cache[b + j] {
+                return Err(CodecError::corrupt(
+                    "exponent section",
+                    format!(
+                        "element {}: exception repeats the cached exponent {e}",
+                        b + j
+                    ),
+                ));
+            }
+            cache[b + j] = e;
+        }
+        Ok(())
+    }
+
+    /// Decode `dense.len() / 3` (a multiple of 64) fp32 values; returns how many exponents it
+    /// used.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `cache` holds one byte and `out` four bytes per value;
+    /// `masks` one word per 64 values; `exps` at least as many bytes as mask bits.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn decode_f32(
+        dense: &[u8],
+        masks: &[u64],
+        exps: &[u8],
+        cache: &mut [u8],
+        out: &mut [u8],
+        hash: &mut StripeHash,
+    ) -> Result<usize> {
+        let n = cache.len();
+        let mut acc = load_acc(hash);
+        let base = hash.stripes;
+        debug_assert!(
+            n.is_multiple_of(64)
+                && dense.len() == 3 * n
+                && out.len() == 4 * n
+                && masks.len() == n / 64
+        );
+        // Lane 0 reads its 12 bytes from a load at the group's start, lane 1 from a load 4 bytes
+        // before its group (so no load passes the group's end); each value's top byte is zero.
+        let spread = _mm256_setr_epi8(
+            0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1, 4, 5, 6, -1, 7, 8, 9, -1, 10, 11,
+            12, -1, 13, 14, 15, -1,
+        );
+        let mut k = 0usize;
+        for (bi, &mask) in masks.iter().enumerate() {
+            let b = bi * 64;
+            patch_exceptions(mask, b, exps, &mut k, cache)?;
+            for h in 0..2 {
+                let v = b + 32 * h;
+                let d = dense.as_ptr().add(3 * v);
+                for q in 0..3 {
+                    // SAFETY: 3v + 96 <= 3n: bytes [3v, 3v+96) of dense are in bounds.
+                    let s = unsafe { _mm256_loadu_si256(d.add(32 * q) as *const __m256i) };
+                    acc = stripe_step(acc, s, base + (3 * v / 32 + q) as u64);
+                }
+                for g in 0..4 {
+                    // SAFETY: the loads cover [3v + 24g, 3v + 24g + 24) within the 96 bytes
+                    // above; the cache's [v + 8g, v + 8g + 8) and out's [4v + 32g, +32) are in
+                    // bounds as v + 32 <= n.
+                    unsafe {
+                        let lo = _mm_loadu_si128(d.add(24 * g) as *const __m128i);
+                        let hi = _mm_loadu_si128(d.add(24 * g + 8) as *const __m128i);
+                        let sm = _mm256_shuffle_epi8(
+                            _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1),
+                            spread,
+                        );
+                        let e8 = _mm_loadl_epi64(cache.as_ptr().add(v + 8 * g) as *const __m128i);
+                        let e = _mm256_slli_epi32(_mm256_cvtepu8_epi32(e8), 24);
+                        _mm256_storeu_si256(
+                            out.as_mut_ptr().add(4 * (v + 8 * g)) as *mut __m256i,
+                            _mm256_or_si256(sm, e),
+                        );
+                    }
+                }
+            }
+        }
+        store_acc(acc, hash, (3 * n / 32) as u64);
+        Ok(k)
+    }
+
     /// Decode `dense.len()` (a multiple of 64) bf16 values; returns how many exponents it used.
     ///
     /// # Safety
@@ -529,23 +633,7 @@ mod avx2 {
         let mut k = 0usize;
         for (bi, &mask) in masks.iter().enumerate() {
             let b = bi * 64;
-            let mut t = mask;
-            while t != 0 {
-                let j = t.trailing_zeros() as usize;
-                t &= t - 1;
-                let e = exps[k];
-                k += 1;
-                if e == cache[b + j] {
-                    return Err(CodecError::corrupt(
-                        "exponent section",
-                        format!(
-                            "element {}: exception repeats the cached exponent {e}",
-                            b + j
-                        ),
-                    ));
-                }
-                cache[b + j] = e;
-            }
+            patch_exceptions(mask, b, exps, &mut k, cache)?;
             for h in 0..2 {
                 let v = b + 32 * h;
                 // SAFETY: v + 32 <= n: bytes [v, v+32) of dense and cache, [2v, 2v+64) of out.
@@ -629,9 +717,9 @@ mod tests {
         }
     }
 
-    /// The fp32 encoder against the plain one (the decoder has no fp32 path).
+    /// The fp32 coders against the plain ones.
     #[test]
-    fn avx2_f32_encode_matches_plain() {
+    fn avx2_f32_matches_plain() {
         if !enabled() {
             eprintln!("skipping: no AVX2 on this CPU (or CIERA_NO_SIMD set)");
             return;
@@ -667,6 +755,26 @@ mod tests {
                 "fused hash n={n}"
             );
             assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
+            let (mut r1, mut r2) = (cache0.clone(), cache0.clone());
+            let (mut o1, mut o2) = (vec![0u8; 4 * n], vec![0u8; 4 * n]);
+            kernels::decode_exp::<F32>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
+            let h = decode_exp::<F32>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
+            assert_eq!(
+                h,
+                Some(crate::codec::checksum::sh64_plain(&d1)),
+                "decode hash n={n}"
+            );
+            assert_eq!(o1, input, "plain decode n={n}");
+            assert_eq!(o2, input, "avx2 decode n={n}");
+            assert_eq!(r1, r2);
+            // An exception that repeats the cached field is refused on both paths.
+            if let Some(first) = (0..n).find(|&i| m1[i / 64] >> (i % 64) & 1 == 1) {
+                let mut bad = e1.clone();
+                bad[0] = cache0[first];
+                let mut r = cache0.clone();
+                let got = decode_exp::<F32>(&d1, &m1, &bad, &mut CacheRef::Exp(&mut r), &mut o2);
+                assert!(got.is_err(), "n={n}: a repeated field accepted");
+            }
         }
     }
 
