@@ -14,9 +14,9 @@
 # so the second way is the one for them: `run` with carry [".gpu"] and the command
 # `bench/gpu_check.sh`. Programs built on this Debian 12 (glibc 2.36) run on newer systems.
 #
-# The programs were built here, with this checkout's path compiled in (tests find cuda/ and the
-# bundled trace through it): on the device the script links that path to the checkout it runs
-# in when they differ. NVRTC 13 is searched where CUDA images keep it (CIERA_NVRTC_LIB wins).
+# The programs were built here, with this checkout's path compiled in: on the device the script
+# points them at the checkout it runs in (CIERA_REPO_DIR, and a link at the old path when it
+# can make one). NVRTC 13 is searched where CUDA images keep it (CIERA_NVRTC_LIB wins).
 # `prepare` also compiles the kernels' cubins into .gpu/cubin (sm_80, sm_90, the newest), the
 # disk cache the programs read there, so the device spends no time in NVRTC.
 # CIERA_GPU_BENCH_MIB (256) and CIERA_GPU_BENCH_JOB (1048576 elements) size the bench.
@@ -119,9 +119,14 @@ else
         echo "no cargo here and no $CARRY/bin: run 'bench/gpu_check.sh prepare' where cargo works and carry $CARRY"
         exit 1
     fi
+    # The programs find the checkout through CIERA_REPO_DIR; the link also serves anything that
+    # still uses the path compiled in (best effort: it needs a writable parent).
+    export CIERA_REPO_DIR=$ROOT
     if [ "$built" != "$ROOT" ] && [ ! -e "$built" ]; then
-        mkdir -p "$(dirname "$built")" && ln -s "$ROOT" "$built"
+        mkdir -p "$(dirname "$built")" 2>/dev/null && ln -s "$ROOT" "$built" 2>/dev/null ||
+            echo "(could not link $built to $ROOT; CIERA_REPO_DIR serves)"
     fi
+    [ -e "$built" ] || built=$ROOT
     export CIERA_CUBIN_CACHE="$ROOT/$CARRY/cubin"
     for t in gpu_device:200 gpu_host:60; do
         step "${t%:*}" "${t#*:}" bash -c "cd '$built' && '$ROOT/$CARRY/bin/${t%:*}'"

@@ -43,7 +43,7 @@ fn trace_dir() -> PathBuf {
     if let Ok(p) = std::env::var("CIERA_TRACE") {
         return p.into();
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = gpu_data::repo_dir();
     let shared = root.join("../shared/traces/olmoe-mini-s0");
     if shared.is_dir() {
         shared

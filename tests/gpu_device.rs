@@ -18,7 +18,6 @@ mod gpu_data;
 mod skip;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use ciera::codec::{CacheMode, CacheSlot, CodecError, FrameChoice, FrameInfo, HEADER_LEN};
@@ -175,8 +174,7 @@ fn scratch_sizes_match_the_kernels() {
 #[test]
 fn the_cubin_declares_every_kernel_the_launcher_loads() {
     const TEST: &str = "the_cubin_declares_every_kernel_the_launcher_loads";
-    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda/codec.cu"))
-        .unwrap();
+    let src = std::fs::read_to_string(repo_dir().join("cuda/codec.cu")).unwrap();
     let compiled = match nvrtc::compile(&src, "codec.cu", Arch::sm(90)) {
         Ok(c) => c,
         Err(e) if std::env::var_os("CIERA_REQUIRE_NVRTC").is_some_and(|v| v == "1") => {

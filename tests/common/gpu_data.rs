@@ -7,9 +7,17 @@ use std::path::{Path, PathBuf};
 use ciera::safetensors::SafeTensors;
 use ciera::DType;
 
+/// The repository: `CIERA_REPO_DIR` (set by bench/gpu_check.sh, whose programs were built in
+/// another checkout), else the one these programs were built from.
+pub fn repo_dir() -> PathBuf {
+    std::env::var_os("CIERA_REPO_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
 /// The real trace beside the repository (CI has it), else the slice the repository ships.
 pub fn trace_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repo_dir();
     let full = root.join("../shared/traces/olmoe-mini-s0");
     if full.is_dir() {
         full
