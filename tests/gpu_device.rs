@@ -44,33 +44,6 @@ fn gpu(test: &str) -> Option<Arc<GpuCodec>> {
     }
 }
 
-// The host build of the kernels (crate ciera-cuda-host), called through its C ABI: the same
-// `DecJob` rows the launcher builds, so these tests follow the ABI rather than the crate's
-// Rust wrappers.
-extern crate ciera_cuda_host;
-
-/// `DecJob` of codec.cu: ten u64.
-#[repr(C)]
-struct EmuDecJob {
-    frame: u64,
-    frame_len: u64,
-    out: u64,
-    cache: u64,
-    scratch: u64,
-    n: u64,
-    offset: u64,
-    version: u64,
-    warm: u64,
-    full: u64,
-}
-
-extern "C" {
-    fn ciera_emu_plan_bytes() -> u64;
-    fn ciera_emu_enc_scratch_bytes(n: u64, full: u32) -> u64;
-    fn ciera_emu_dec_scratch_bytes(n: u64) -> u64;
-    fn ciera_emu_decode(dtype: u32, jobs: *const EmuDecJob, njobs: u32) -> std::ffi::c_int;
-}
-
 /// Decode one frame with the host build of the kernels (in the launch order the device
 /// uses) against an exponent cache, or a full-value one (`full`): Ok, or the kernels' refusal.
 #[allow(clippy::too_many_arguments)]
@@ -85,56 +58,32 @@ fn emu_decode(
     warm: bool,
 ) -> Result<(), Refusal> {
     let n = out.len() / dtype.size();
-    assert!(n >= 1 && out.len() == n * dtype.size());
     assert_eq!(cache.len(), gpu::cache_bytes(dtype, n, full));
-    // An 8-aligned copy of the frame, as a device receive buffer is.
-    let mut f = vec![0u64; frame.len().div_ceil(8).max(1)];
-    for (w, b) in f.iter_mut().zip(frame.chunks(8)) {
-        let mut x = [0u8; 8];
-        x[..b.len()].copy_from_slice(b);
-        *w = u64::from_le_bytes(x);
-    }
-    // SAFETY: a pure function of n.
-    let sb = unsafe { ciera_emu_dec_scratch_bytes(n as u64) } as usize;
-    let mut scratch = vec![0u64; sb.div_ceil(8)];
-    let job = EmuDecJob {
-        frame: f.as_ptr() as u64,
-        frame_len: frame.len() as u64,
-        out: out.as_mut_ptr() as u64,
-        cache: cache.as_mut_ptr() as u64,
-        scratch: scratch.as_mut_ptr() as u64,
-        n: n as u64,
+    let chunk = ciera_cuda_host::DecChunk {
+        frame,
+        out,
+        cache,
         offset,
         version,
-        warm: u64::from(warm),
-        full: u64::from(full),
+        warm,
+        full,
     };
-    // SAFETY: the job's addresses point to live buffers of the sizes the kernels need (frame
-    // frame_len bytes, 8-aligned; out n*size; cache n or n*size; scratch dec_scratch_bytes(n),
-    // 8-aligned),
-    // the written ones borrowed exclusively for the call.
-    let rc = unsafe { ciera_emu_decode(dtype.code() as u32, &job, 1) };
-    assert_eq!(rc, 0, "dtype {dtype}");
-    // DecPlan { u32 err, u32 pad0, u64 a, u64 b, .. }
-    match scratch[0] as u32 {
-        0 => Ok(()),
-        code => Err(Refusal {
-            code,
-            a: scratch[1],
-            b: scratch[2],
-        }),
-    }
+    ciera_cuda_host::decode(dtype.code() as u32, &mut [chunk])
+        .remove(0)
+        .map_err(|r| Refusal {
+            code: r.code,
+            a: r.a,
+            b: r.b,
+        })
 }
 
 /// The launcher's buffer sizes are the kernels' (`sizeof` of their structs, as g++ lays them
 /// out: the same layout NVRTC gives these u64/u32 structs).
 #[test]
 fn scratch_sizes_match_the_kernels() {
-    // SAFETY: a constant of the linked host build.
-    let plan = unsafe { ciera_emu_plan_bytes() };
     assert_eq!(
-        plan,
-        gpu::PLAN_BYTES as u64,
+        ciera_cuda_host::plan_bytes(),
+        gpu::PLAN_BYTES,
         "sizeof(Plan) changed: the launcher's scratch sizes and plan reading are stale"
     );
     for n in (1..300u64)
@@ -151,19 +100,15 @@ fn scratch_sizes_match_the_kernels() {
         .chain((0..40).map(|s| 1u64 << s))
     {
         for full in [false, true] {
-            // SAFETY: a pure function of its arguments in the linked host build.
-            let enc = unsafe { ciera_emu_enc_scratch_bytes(n, u32::from(full)) };
             assert_eq!(
-                gpu::enc_scratch_bytes(n as usize, full) as u64,
-                enc,
+                gpu::enc_scratch_bytes(n as usize, full),
+                ciera_cuda_host::enc_scratch_bytes(n as usize, full),
                 "encode n={n} full={full}"
             );
         }
-        // SAFETY: a pure function of n in the linked host build.
-        let dec = unsafe { ciera_emu_dec_scratch_bytes(n) };
         assert_eq!(
-            gpu::dec_scratch_bytes(n as usize) as u64,
-            dec,
+            gpu::dec_scratch_bytes(n as usize),
+            ciera_cuda_host::dec_scratch_bytes(n as usize),
             "decode n={n}"
         );
     }

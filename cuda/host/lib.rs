@@ -22,6 +22,7 @@ struct EncJob {
 }
 
 extern "C" {
+    fn ciera_emu_plan_bytes() -> u64;
     fn ciera_emu_enc_scratch_bytes(n: u64, full: u32) -> u64;
     fn ciera_emu_encode(dtype: u32, jobs: *const EncJob, njobs: u32) -> c_int;
     fn ciera_emu_xxh3(head56: *const u8, tail: *const u8, tail_len: u64) -> u64;
@@ -226,6 +227,12 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
             }
         })
         .collect()
+}
+
+/// `sizeof(Plan)` in the host build (the launcher reads plans at this stride).
+pub fn plan_bytes() -> usize {
+    // SAFETY: a constant of the linked host build.
+    unsafe { ciera_emu_plan_bytes() as usize }
 }
 
 /// Scratch bytes the kernels need for an encode job of `n` elements (`enc_scratch_bytes`), with
