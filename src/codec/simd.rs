@@ -717,31 +717,32 @@ mod tests {
         }
     }
 
-    /// The fp32 coders against the plain ones.
-    #[test]
-    fn avx2_f32_matches_plain() {
+    /// The AVX2 coders of `L` (bf16, fp32) against the plain ones, on the same data, for lengths
+    /// around the 64-value block and random cache states: same dense bytes, masks, exceptions,
+    /// cache and fused hashes, both decoders back to the input, a repeated field refused.
+    fn coders_match_plain<L: crate::codec::float::Layout>(seed: u64) {
         if !enabled() {
             eprintln!("skipping: no AVX2 on this CPU (or CIERA_NO_SIMD set)");
             return;
         }
-        use crate::codec::float::F32;
-        let mut s = 11;
+        let mut s = seed;
+        let size = L::BYTES;
         for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
-            let input: Vec<u8> = (0..4 * n).map(|_| lcg(&mut s) as u8).collect();
+            let input: Vec<u8> = (0..size * n).map(|_| lcg(&mut s) as u8).collect();
             let cache0: Vec<u8> = (0..n)
                 .map(|i| {
                     if lcg(&mut s).is_multiple_of(4) {
                         lcg(&mut s) as u8
                     } else {
-                        input[4 * i + 3]
+                        input[size * i + size - 1]
                     }
                 })
                 .collect();
             let (mut c1, mut c2) = (cache0.clone(), cache0.clone());
-            let (mut d1, mut d2) = (vec![0u8; 3 * n], vec![0xaa]);
+            let (mut d1, mut d2) = (vec![0u8; L::sm_len(n)], vec![0xaa]);
             let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            kernels::encode_exp::<F32>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
-            let h = encode_exp::<F32>(
+            kernels::encode_exp::<L>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
+            let h = encode_exp::<L>(
                 &input,
                 &mut CacheRef::Exp(&mut c2),
                 &mut d2,
@@ -749,30 +750,23 @@ mod tests {
                 &mut e2,
             );
             assert_eq!(d2.remove(0), 0xaa, "appends after existing bytes");
-            assert_eq!(
-                h,
-                Some(crate::codec::checksum::sh64_plain(&d1)),
-                "fused hash n={n}"
-            );
+            let hash = Some(crate::codec::checksum::sh64_plain(&d1));
+            assert_eq!(h, hash, "fused encode hash n={n}");
             assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
             let (mut r1, mut r2) = (cache0.clone(), cache0.clone());
-            let (mut o1, mut o2) = (vec![0u8; 4 * n], vec![0u8; 4 * n]);
-            kernels::decode_exp::<F32>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
-            let h = decode_exp::<F32>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
-            assert_eq!(
-                h,
-                Some(crate::codec::checksum::sh64_plain(&d1)),
-                "decode hash n={n}"
-            );
+            let (mut o1, mut o2) = (vec![0u8; size * n], vec![0u8; size * n]);
+            kernels::decode_exp::<L>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
+            let h = decode_exp::<L>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
+            assert_eq!(h, hash, "fused decode hash n={n}");
             assert_eq!(o1, input, "plain decode n={n}");
             assert_eq!(o2, input, "avx2 decode n={n}");
             assert_eq!(r1, r2);
-            // An exception that repeats the cached field is refused on both paths.
+            // An exception that repeats the cached field is refused.
             if let Some(first) = (0..n).find(|&i| m1[i / 64] >> (i % 64) & 1 == 1) {
                 let mut bad = e1.clone();
                 bad[0] = cache0[first];
                 let mut r = cache0.clone();
-                let got = decode_exp::<F32>(&d1, &m1, &bad, &mut CacheRef::Exp(&mut r), &mut o2);
+                let got = decode_exp::<L>(&d1, &m1, &bad, &mut CacheRef::Exp(&mut r), &mut o2);
                 assert!(got.is_err(), "n={n}: a repeated field accepted");
             }
         }
@@ -780,53 +774,11 @@ mod tests {
 
     #[test]
     fn avx2_matches_plain() {
-        if !enabled() {
-            eprintln!("skipping: no AVX2 on this CPU (or CIERA_NO_SIMD set)");
-            return;
-        }
-        let mut s = 7;
-        for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
-            let input: Vec<u8> = (0..2 * n).map(|_| lcg(&mut s) as u8).collect();
-            let cache0: Vec<u8> = (0..n)
-                .map(|i| {
-                    if lcg(&mut s).is_multiple_of(4) {
-                        lcg(&mut s) as u8
-                    } else {
-                        input[2 * i + 1]
-                    }
-                })
-                .collect();
-            let (mut c1, mut c2) = (cache0.clone(), cache0.clone());
-            let (mut d1, mut d2) = (vec![0u8; n], vec![0xaa]);
-            let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            kernels::encode_exp::<Bf16>(&input, CacheRef::Exp(&mut c1), &mut d1, &mut m1, &mut e1);
-            let h = encode_exp::<Bf16>(
-                &input,
-                &mut CacheRef::Exp(&mut c2),
-                &mut d2,
-                &mut m2,
-                &mut e2,
-            );
-            assert_eq!(d2.remove(0), 0xaa, "appends after existing bytes");
-            assert_eq!(
-                h,
-                Some(crate::codec::checksum::sh64_plain(&d1)),
-                "fused hash n={n}"
-            );
-            assert_eq!((&c1, &d1, &m1, &e1), (&c2, &d2, &m2, &e2), "encode n={n}");
-            let (mut r1, mut r2) = (cache0.clone(), cache0.clone());
-            let (mut o1, mut o2) = (vec![0u8; 2 * n], vec![0u8; 2 * n]);
-            kernels::decode_exp::<Bf16>(&d1, &m1, &e1, CacheRef::Exp(&mut r1), &mut o1).unwrap();
-            let h =
-                decode_exp::<Bf16>(&d1, &m1, &e1, &mut CacheRef::Exp(&mut r2), &mut o2).unwrap();
-            assert_eq!(
-                h,
-                Some(crate::codec::checksum::sh64_plain(&d1)),
-                "fused decode hash n={n}"
-            );
-            assert_eq!(o1, input, "plain decode n={n}");
-            assert_eq!(o2, input, "avx2 decode n={n}");
-            assert_eq!(r1, r2);
-        }
+        coders_match_plain::<Bf16>(7);
+    }
+
+    #[test]
+    fn avx2_f32_matches_plain() {
+        coders_match_plain::<crate::codec::float::F32>(11);
     }
 }
