@@ -3,6 +3,9 @@
 //! of the same bytes measured in the same run. Set CIERA_TRACE to another trace folder; by
 //! default ../shared/traces/olmoe-mini-s0 when present, else the slice bundled in tests/data.
 
+#[path = "../tests/common/trace_data.rs"]
+mod trace_data;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -24,15 +27,9 @@ fn reps() -> usize {
 }
 
 fn trace_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("CIERA_TRACE") {
-        return p.into();
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let shared = root.join("../shared/traces/olmoe-mini-s0");
-    if shared.is_dir() {
-        shared
-    } else {
-        root.join("tests/data/olmoe-slice")
+    match std::env::var("CIERA_TRACE") {
+        Ok(p) => p.into(),
+        Err(_) => trace_data::trace_dir(),
     }
 }
 

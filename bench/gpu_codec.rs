@@ -15,8 +15,8 @@
 //! Without a GPU it prints "no GPU: <why>" and exits 0 (1 with CIERA_REQUIRE_GPU=1, as
 //! bench/gpu_check.sh runs it); it exits 1 if a row failed (the row says why).
 
-#[path = "../tests/common/gpu_data.rs"]
-mod gpu_data;
+#[path = "../tests/common/trace_data.rs"]
+mod trace_data;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -40,15 +40,9 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn trace_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("CIERA_TRACE") {
-        return p.into();
-    }
-    let root = gpu_data::repo_dir();
-    let shared = root.join("../shared/traces/olmoe-mini-s0");
-    if shared.is_dir() {
-        shared
-    } else {
-        root.join("tests/data/olmoe-slice")
+    match std::env::var("CIERA_TRACE") {
+        Ok(p) => p.into(),
+        Err(_) => trace_data::trace_dir(),
     }
 }
 
@@ -103,7 +97,7 @@ fn snapshot(dir: &Path, step: u64, dtype: DType) -> Res<Vec<u8>> {
         let b = st.bytes(t);
         if dtype == DType::F16 {
             out.extend(b.chunks_exact(4).flat_map(|c| {
-                gpu_data::f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                trace_data::f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
             }));
         } else {
             out.extend_from_slice(b);

@@ -7,36 +7,13 @@
 
 #[path = "common/comm_harness.rs"]
 mod harness;
-
-use std::path::{Path, PathBuf};
+#[path = "common/trace_data.rs"]
+mod trace_data;
 
 use ciera::comm::{Communicator, Config};
 use ciera::compress::{CompressMode, GatherOptions};
-use ciera::safetensors::SafeTensors;
 use harness::*;
-
-fn trace_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let full = root.join("../shared/traces/olmoe-mini-s0");
-    if full.is_dir() {
-        full
-    } else {
-        root.join("tests/data/olmoe-slice")
-    }
-}
-
-fn snapshots(dir: &Path) -> Vec<SafeTensors> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|p| SafeTensors::open(p).unwrap())
-        .collect()
-}
+use trace_data::{snapshots, trace_dir};
 
 /// Rank program: replay the trace through the communicator's compressed Allgather with
 /// compression forced on.

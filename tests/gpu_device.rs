@@ -12,10 +12,10 @@
 //! mapping of the kernels' refusals to codec errors (host build against the CPU decoder), and
 //! the cubin declaring every kernel the launcher looks up (NVRTC, skipped without it).
 
-#[path = "common/gpu_data.rs"]
-mod gpu_data;
 #[path = "common/skip.rs"]
 mod skip;
+#[path = "common/trace_data.rs"]
+mod trace_data;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use ciera::gpu::codec::{
 };
 use ciera::gpu::nvrtc::{self, Arch};
 use ciera::DType;
-use gpu_data::*;
+use trace_data::*;
 
 const TYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
 

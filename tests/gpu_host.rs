@@ -6,18 +6,18 @@
 //! subnormals); every mask coding; odd lengths and chunk edges (proptest). What the host build
 //! cannot show (blocks running concurrently on a device) is bench/gpu_check.sh's part.
 
-#[path = "common/gpu_data.rs"]
-mod gpu_data;
 #[path = "common/skip.rs"]
 mod skip;
+#[path = "common/trace_data.rs"]
+mod trace_data;
 
 use std::collections::BTreeMap;
 
 use ciera::codec::{CacheMode, CacheSlot, FrameChoice, HEADER_LEN};
 use ciera::DType;
 use ciera_cuda_host::{DecChunk, EncChunk};
-use gpu_data::*;
 use proptest::prelude::*;
+use trace_data::*;
 
 /// Mask codings seen in the frames compared (s1's first byte of Exp frames), and FILLs.
 #[derive(Default, Debug)]

@@ -1,5 +1,5 @@
-//! Data for the GPU codec's tests and bench: the trace (its snapshots in order), an fp16 cast
-//! of fp32 values, and synthetic drift with special values, from a deterministic generator.
+//! Test and bench data: the trace (its folder, its snapshots in order), an fp16 cast of fp32
+//! values, and synthetic drift with special values, from a deterministic generator.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
