@@ -20,6 +20,15 @@
 # `prepare` also compiles the kernels' cubins into .gpu/cubin (sm_80, sm_90, the newest), the
 # disk cache the programs read there, so the device spends no time in NVRTC.
 # CIERA_GPU_BENCH_MIB (256) and CIERA_GPU_BENCH_JOB (1048576 elements) size the bench.
+#
+#   bench/gpu_check.sh allgather       # the device-memory Allgather (a second command, its own
+#                                      # 10 minutes): tests/c/device_app.c against the real driver,
+#                                      # 2, 3 and 4 processes on the one GPU through the C ABI (NCCL
+#                                      # refuses two ranks on one GPU), CUDA IPC: every byte of the
+#                                      # bundled trace steps checked, then 64 and 256 MiB timed beside
+#                                      # a device-to-device copy; then host-staged over TCP, raw and
+#                                      # compressed, on a loopback shaped to 1 Gbit/s when this is
+#                                      # root with ip and tc (else unshaped, and it says so).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -48,6 +57,18 @@ for line in sys.stdin:
         print("  " + m["target"]["name"])
 ' "$CARRY/bin"
     echo "$ROOT" >"$CARRY/built-in"
+    # The device-memory Allgather: libciera.so, the launcher, and tests/c/device_app.c linked
+    # against libcuda.so.1 by name only (the stand-in here at link time, the real one there).
+    cargo build --release --quiet --lib --bin ciera -p ciera
+    mkdir -p "$CARRY/lib" "$CARRY/link"
+    cp target/gpu-prepare/release/libciera.so "$CARRY/lib/"
+    cp target/gpu-prepare/release/ciera "$CARRY/bin/"
+    cc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$CARRY/link/libcuda.so.1" \
+        tests/c/standin_cuda.c -lpthread
+    cc -O2 -Wall -Werror -Iinclude -Itests/c -o "$CARRY/bin/device_app" tests/c/device_app.c \
+        -L"$CARRY/link" -l:libcuda.so.1 -L"$CARRY/lib" -lciera '-Wl,-rpath,$ORIGIN/../lib' -ldl
+    rm -rf "$CARRY/link"
+    echo "  libciera.so ciera device_app"
     # The kernels' cubins for sm_80, sm_90 and the newest arch, compiled here into the disk
     # cache the programs read (src/gpu/nvrtc.rs): the device then spends no time in NVRTC.
     CIERA_CUBIN_CACHE="$ROOT/$CARRY/cubin" CIERA_REQUIRE_NVRTC=1 "$CARRY/bin/gpu_compile" \
@@ -59,7 +80,11 @@ for line in sys.stdin:
     exit 0
 fi
 
-LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check}
+if [ "${1:-}" = allgather ]; then
+    LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check_allgather}
+else
+    LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check}
+fi
 rm -rf "$LOG" && mkdir -p "$LOG"
 names=()
 results=()
@@ -103,6 +128,56 @@ if [ -z "${CIERA_NVRTC_LIB:-}" ] && [ ! -d .venv ]; then
     fi
 fi
 echo "NVRTC: ${CIERA_NVRTC_LIB:-as src/gpu/nvrtc.rs searches}"
+
+if [ "${1:-}" = allgather ]; then
+    B=$ROOT/$CARRY/bin
+    if [ ! -x "$B/device_app" ]; then
+        echo "no $B/device_app: run 'bench/gpu_check.sh prepare' where cargo works and carry $CARRY"
+        exit 1
+    fi
+    DATA=$ROOT/tests/data/olmoe-slice
+    PEAK=$(mktemp -d)
+    trap 'rm -rf "$PEAK"; ip netns del ciera-gpu 2>/dev/null || true' EXIT
+    for f in "$DATA"/step_0010[0-2].safetensors; do ln -s "$f" "$PEAK/"; done
+    step machine 30 bash -c 'nvidia-smi || echo "nvidia-smi: not available"'
+    for n in 2 3 4; do
+        step "ipc_$n" 150 env CIERA_DEVICE_IPC=1 DEVICE_APP_BENCH_MIB=64,256 \
+            "$B/ciera" launch -n "$n" -- "$B/device_app" - "$DATA"
+    done
+    # Host-staged over TCP: raw, then compressed, at the peak-learning-rate steps.
+    shaped=""
+    if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null &&
+        ip netns add ciera-gpu 2>/dev/null; then
+        ip netns exec ciera-gpu ip link set lo up
+        ip netns exec ciera-gpu ip link set lo mtu 9000
+        ip netns exec ciera-gpu tc qdisc add dev lo root tbf rate 1gbit burst 64kb latency 10ms &&
+            shaped="ip netns exec ciera-gpu"
+    fi
+    echo "host-staged link: ${shaped:+loopback shaped to 1 Gbit/s (tbf)}${shaped:-UNSHAPED loopback (needs root, ip, tc)}"
+    for mode in off on; do
+        step "staged_$mode" 200 $shaped env CIERA_DEVICE_IPC=0 CIERA_TRANSPORT=tcp \
+            CIERA_COMPRESS=$mode DEVICE_APP_BENCH_MIB=64 DEVICE_APP_BENCH_ITERS=8 \
+            "$B/ciera" launch -n 2 -- "$B/device_app" - "$PEAK"
+    done
+    echo
+    echo "=== summary (logs in $LOG/)"
+    fail=0
+    for i in "${!names[@]}"; do
+        printf '  %-11s %s\n' "${names[$i]}" "${results[$i]}"
+        case "${results[$i]}" in ok*) ;; *) [ "${names[$i]}" = machine ] || fail=1 ;; esac
+    done
+    grep -h -E 'device_app (bench )?rank 0: (OK|[0-9]+ MiB)' "$LOG"/*.log | sed 's/^/  /'
+    for mode in off on; do
+        t=$(grep -h -o 'rank 0: 64 MiB gathered by 2 ranks: [0-9.]* ms' "$LOG/staged_$mode.log" 2>/dev/null |
+            grep -o '[0-9.]* ms' | cut -d' ' -f1)
+        eval "t_$mode=\${t:-}"
+    done
+    if [ -n "${t_off:-}" ] && [ -n "${t_on:-}" ]; then
+        echo "  host-staged 64 MiB, 2 ranks: raw $t_off ms, compressed $t_on ms: $(python3 -c \
+            "print(f'{$t_off / $t_on:.2f}x')")"
+    fi
+    exit $fail
+fi
 
 step machine 30 bash -c 'uname -a; nvidia-smi || echo "nvidia-smi: not available"; \
     ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libnvrtc" || true; \

@@ -162,8 +162,13 @@ cieraResult_t cieraCommInitFromEnv(cieraComm_t* comm, cieraConfig_t* config);
 
 /* Every rank contributes sendcount elements; rank r's land at recvbuff + r*sendcount*size.
  * In place when sendbuff == recvbuff + rank*sendcount*size; any other overlap is
- * cieraInvalidArgument. NULL buffers are allowed only with sendcount == 0. Host memory; the
- * call returns when the gather is complete; stream is ignored. */
+ * cieraInvalidArgument. NULL buffers are allowed only with sendcount == 0.
+ * Host memory: the call returns when the gather is complete; stream is ignored.
+ * CUDA device memory (both buffers; the process has loaded the driver and a context is
+ * current): as ncclAllGather, the gather is queued on stream (a CUstream / cudaStream_t, NULL
+ * the default stream) and the call returns; work queued on stream afterwards sees the result.
+ * A failure of the exchange itself (a peer died, a timeout) is reported by
+ * cieraCommGetAsyncError, and every later call returns it. */
 cieraResult_t cieraAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                              cieraDataType_t datatype, cieraComm_t comm, void* stream);
 /* As cieraAllGather; `key` names the tensor (the same key for the same tensor every iteration)
@@ -176,10 +181,12 @@ cieraResult_t cieraAllGatherKeyed(const void* sendbuff, void* recvbuff, size_t s
 /* Abort a collective in flight on comm (from any thread; it returns cieraRemoteError and the
  * peers are told) and free the handle. NULL: no-op. */
 cieraResult_t cieraCommAbort(cieraComm_t comm);
-/* Free the handle; the communicator goes when a call still running on it returns. NULL: no-op.
+/* Free the handle; the communicator goes when a call still running on it returns (device-memory
+ * calls queued on streams run first; every rank must destroy, as with NCCL). NULL: no-op.
  * A handle destroyed twice: cieraInvalidUsage. */
 cieraResult_t cieraCommDestroy(cieraComm_t comm);
-/* cieraSuccess while comm is usable; otherwise the code of the failure that broke it. */
+/* cieraSuccess while comm is usable; otherwise the code of the failure that broke it, whose
+ * message cieraGetLastError then returns (on this thread). */
 cieraResult_t cieraCommGetAsyncError(cieraComm_t comm, cieraResult_t* asyncError);
 cieraResult_t cieraCommCount(const cieraComm_t comm, int* count);
 cieraResult_t cieraCommUserRank(const cieraComm_t comm, int* rank);

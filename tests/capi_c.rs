@@ -179,7 +179,7 @@ fn libciera_exports_exactly_the_c_api() {
 }
 
 #[test]
-fn device_memory_is_refused_when_the_driver_is_loaded_late() {
+fn device_memory_is_seen_when_the_driver_is_loaded_late() {
     // The "driver" checks are cached while no new library is loaded; loading one (here a fake
     // libcuda.so.1) must make the next call ask again.
     build_libs(&["ciera"]);

@@ -25,6 +25,7 @@ fn role_moving() {
         key: None,
         compress: Some(CompressMode::On),
         cache_mode: None,
+        ..GatherOptions::default()
     };
     let mut pool: Vec<Vec<u8>> = (0..2 + rank)
         .map(|_| vec![0u8; count * dtype.size()])

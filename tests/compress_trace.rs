@@ -41,6 +41,7 @@ fn role_trace(comm: &mut Communicator) {
                     key: Some((ti * 2 + in_place as usize) as u64),
                     compress: Some(CompressMode::On),
                     cache_mode: None,
+                    ..GatherOptions::default()
                 };
                 let mut recv = vec![0xA5u8; want.len()];
                 let r = if in_place {

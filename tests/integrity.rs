@@ -80,6 +80,7 @@ fn role_corrupt(mode: CompressMode) {
         key: Some(1),
         compress: Some(mode),
         cache_mode: None,
+        ..GatherOptions::default()
     };
     let (mut wrong_ok, mut calls) = (0u64, 0u64);
     let mut ended = "none".to_string();

@@ -147,7 +147,7 @@ pub fn result_code(e: &Error) -> ResultCode {
 // ---- failures: a result code and a message --------------------------------------------------
 
 /// What a failed entry point returns: the code, and the message `cieraGetLastError` gives.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Failure {
     pub code: ResultCode,
     pub message: String,

@@ -211,7 +211,8 @@ pub unsafe extern "C" fn cieraCommInitFromEnv(
 
 /// # Safety
 /// Buffers as [`gather_buffers`] requires (host memory, sized by `sendcount`, `datatype` and
-/// the communicator's size), or NULL (an error unless `sendcount` is 0).
+/// the communicator's size), or NULL (an error unless `sendcount` is 0); or, both device
+/// memory, as [`LiveComm::all_gather_device`] requires, with `stream` a live stream.
 unsafe fn all_gather(
     send: *const c_void,
     recv: *mut c_void,
@@ -219,21 +220,30 @@ unsafe fn all_gather(
     dtype: c_int,
     comm: *mut c_void,
     key: Option<u64>,
+    stream: *mut c_void,
 ) -> Result<(), Failure> {
     let live = live(comm)?;
     let dtype = datatype(dtype)?;
+    if super::device::on_device(send, recv)? {
+        // SAFETY: forwarded caller contract (device memory, a live stream).
+        return unsafe { live.all_gather_device(send, recv, count, dtype, key, stream) };
+    }
     // SAFETY: forwarded caller contract.
     let bufs = unsafe { gather_buffers(send, recv, count, dtype, live.rank(), live.size()) }?;
     live.all_gather(bufs, count, dtype, key)
 }
 
-/// `ncclAllGather`'s contract on host memory: returns when the gather is complete. `stream`
-/// is ignored.
+/// `ncclAllGather`'s contract. Host memory: returns when the gather is complete (`stream` is
+/// ignored). Device memory (both buffers): the gather is queued on `stream` and the call
+/// returns; work queued on `stream` afterwards sees the result; failures of the exchange are
+/// reported by `cieraCommGetAsyncError`.
 ///
 /// # Safety
 /// `sendbuff` readable for `sendcount` elements, `recvbuff` writable for `nranks*sendcount`
-/// elements of `datatype`, host memory, untouched by others during the call; in place when
-/// `sendbuff == recvbuff + rank*sendcount*size`, otherwise not overlapping (checked).
+/// elements of `datatype`, untouched by others during the call (for device memory: until the
+/// stream's work reaches past it); in place when `sendbuff == recvbuff + rank*sendcount*size`,
+/// otherwise not overlapping (checked); `stream` a live `CUstream` of the current context (or
+/// NULL) when the buffers are device memory.
 #[no_mangle]
 pub unsafe extern "C" fn cieraAllGather(
     sendbuff: *const c_void,
@@ -241,11 +251,11 @@ pub unsafe extern "C" fn cieraAllGather(
     sendcount: usize,
     datatype: c_int,
     comm: *mut c_void,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> c_int {
     entry("cieraAllGather", || {
         // SAFETY: forwarded caller contract.
-        unsafe { all_gather(sendbuff, recvbuff, sendcount, datatype, comm, None) }
+        unsafe { all_gather(sendbuff, recvbuff, sendcount, datatype, comm, None, stream) }
     })
 }
 
@@ -263,11 +273,21 @@ pub unsafe extern "C" fn cieraAllGatherKeyed(
     datatype: c_int,
     key: u64,
     comm: *mut c_void,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> c_int {
     entry("cieraAllGatherKeyed", || {
         // SAFETY: forwarded caller contract.
-        unsafe { all_gather(sendbuff, recvbuff, sendcount, datatype, comm, Some(key)) }
+        unsafe {
+            all_gather(
+                sendbuff,
+                recvbuff,
+                sendcount,
+                datatype,
+                comm,
+                Some(key),
+                stream,
+            )
+        }
     })
 }
 
@@ -309,7 +329,14 @@ pub unsafe extern "C" fn cieraCommGetAsyncError(
             return Err(Failure::invalid_argument("asyncError is NULL"));
         }
         let live = live(comm)?;
-        let code = live.async_error().map_or(ResultCode::Success, |(c, _)| c);
+        let code = match live.async_error() {
+            Some((code, message)) => {
+                // cieraGetLastError then says what broke the communicator.
+                set_last_error(&message);
+                code
+            }
+            None => ResultCode::Success,
+        };
         // SAFETY: non-null, writable by contract.
         unsafe { async_error.write(code as c_int) };
         Ok(())

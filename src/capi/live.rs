@@ -6,9 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::abi::{CStats, API_MAGIC, STATS_VERSION};
 use super::abi::{Failure, ResultCode};
+use super::device::{DeviceCall, DeviceQueue};
 use crate::comm::{AbortHandle, Communicator, Config, UniqueId};
-use crate::compress::{CompressConfig, Stats as CompressStats};
+use crate::compress::{CompressConfig, GatherOptions, Stats as CompressStats};
 use crate::gpu::driver;
+use crate::gpu::stream::StreamRef;
 use crate::mem::Location;
 use crate::DType;
 
@@ -107,6 +109,63 @@ pub unsafe fn gather_buffers<'a>(
     rank: usize,
     nranks: usize,
 ) -> Result<GatherBuffers<'a>, Failure> {
+    let c = check_buffers(send, recv, count, dtype, rank, nranks)?;
+    if c.total == 0 {
+        // Nothing is read or written; NULL is fine here (as with NCCL).
+        return Ok(if c.in_place {
+            GatherBuffers::InPlace { recv: &mut [] }
+        } else {
+            GatherBuffers::OutOfPlace {
+                send: &[],
+                recv: &mut [],
+            }
+        });
+    }
+    for (name, p) in [("sendbuff", send), ("recvbuff", recv as *const c_void)] {
+        if driver::classify(p) != Location::Host {
+            return Err(Failure::invalid_argument(format!(
+                "{name} {p:p} is CUDA device or managed memory, but the other buffer is not: \
+                 both must be device memory, or both host memory"
+            )));
+        }
+    }
+    if c.in_place {
+        // SAFETY: non-null, `total` bytes writable for 'a and unaliased (caller's contract).
+        let recv = unsafe { std::slice::from_raw_parts_mut(recv as *mut u8, c.total) };
+        return Ok(GatherBuffers::InPlace { recv });
+    }
+    // SAFETY: both non-null, sized as the caller's contract says, and disjoint (checked),
+    // so the shared and the mutable slice do not alias.
+    let (send, recv) = unsafe {
+        (
+            std::slice::from_raw_parts(send as *const u8, c.block),
+            std::slice::from_raw_parts_mut(recv as *mut u8, c.total),
+        )
+    };
+    Ok(GatherBuffers::OutOfPlace { send, recv })
+}
+
+/// An allgather's buffers as [`check_buffers`] found them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckedBuffers {
+    /// Bytes per rank.
+    pub block: usize,
+    /// Bytes of recv.
+    pub total: usize,
+    /// `send == recv + rank*block`.
+    pub in_place: bool,
+}
+
+/// NCCL's rules for an allgather's pointers and sizes, wherever the memory is: sizes that fit
+/// the address space, no NULL unless nothing is moved, in place or not overlapping.
+pub fn check_buffers(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: DType,
+    rank: usize,
+    nranks: usize,
+) -> Result<CheckedBuffers, Failure> {
     let block = count.checked_mul(dtype.size()).ok_or_else(|| {
         Failure::invalid_argument(format!(
             "sendcount {count} of {dtype} overflows a byte length"
@@ -121,15 +180,12 @@ pub unsafe fn gather_buffers<'a>(
                 dtype.size()
             ))
         })?;
+    let (r, s) = (recv as usize, send as usize);
     if total == 0 {
-        // Nothing is read or written; NULL is fine here (as with NCCL).
-        return Ok(if std::ptr::eq(send, recv) {
-            GatherBuffers::InPlace { recv: &mut [] }
-        } else {
-            GatherBuffers::OutOfPlace {
-                send: &[],
-                recv: &mut [],
-            }
+        return Ok(CheckedBuffers {
+            block,
+            total,
+            in_place: s == r,
         });
     }
     if recv.is_null() {
@@ -142,7 +198,6 @@ pub unsafe fn gather_buffers<'a>(
             "sendbuff is NULL (sendcount {count})"
         )));
     }
-    let (r, s) = (recv as usize, send as usize);
     if r.checked_add(total).is_none() {
         return Err(Failure::invalid_argument(format!(
             "recvbuff {recv:p} + {total} bytes wraps the address space"
@@ -153,40 +208,31 @@ pub unsafe fn gather_buffers<'a>(
             "sendbuff {send:p} + {block} bytes wraps the address space"
         )));
     }
-    for (name, p) in [("sendbuff", send), ("recvbuff", recv as *const c_void)] {
-        if driver::classify(p) != Location::Host {
-            return Err(Failure::invalid_argument(format!(
-                "{name} {p:p} is CUDA device or managed memory; this build gathers host memory only"
-            )));
-        }
-    }
-    if s == r + rank * block {
-        // SAFETY: non-null, `total` bytes writable for 'a and unaliased (caller's contract).
-        let recv = unsafe { std::slice::from_raw_parts_mut(recv as *mut u8, total) };
-        return Ok(GatherBuffers::InPlace { recv });
-    }
-    if s < r + total && r < s + block {
+    let in_place = s == r + rank * block;
+    if !in_place && s < r + total && r < s + block {
         return Err(Failure::invalid_argument(format!(
             "sendbuff {send:p} ({block} bytes) overlaps recvbuff {recv:p} ({total} bytes) but is not the in-place \
              position recvbuff + rank*sendcount*size = {:#x}",
             r + rank * block
         )));
     }
-    // SAFETY: both non-null, sized as the caller's contract says, and disjoint (checked above),
-    // so the shared and the mutable slice do not alias.
-    let (send, recv) = unsafe {
-        (
-            std::slice::from_raw_parts(send as *const u8, block),
-            std::slice::from_raw_parts_mut(recv as *mut u8, total),
-        )
-    };
-    Ok(GatherBuffers::OutOfPlace { send, recv })
+    Ok(CheckedBuffers {
+        block,
+        total,
+        in_place,
+    })
 }
 
-/// A communicator as the C ABI and the interposers hold it: the `Communicator` behind a lock
-/// (one collective at a time), with what other threads may ask while a collective runs (abort,
-/// async error, statistics) outside that lock.
+/// A communicator as the C ABI and the interposers hold it: the shared [`Core`] (the
+/// `Communicator` behind a lock, with what other threads may ask while a collective runs), and
+/// the queue of its device-memory calls ([`super::device`]), started by the first one.
 pub struct LiveComm {
+    core: Arc<Core>,
+    device: Mutex<Option<DeviceQueue>>,
+}
+
+/// What a communicator's calls share, from the caller's thread or the device queue's proxy.
+pub(super) struct Core {
     comm: Mutex<Communicator>,
     abort: AbortHandle,
     rank: usize,
@@ -206,13 +252,16 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl LiveComm {
     pub fn new(comm: Communicator) -> Arc<LiveComm> {
         Arc::new(LiveComm {
-            abort: comm.abort_handle(),
-            rank: comm.rank(),
-            nranks: comm.size(),
-            compress_config: comm.config().compress.clone(),
-            comm: Mutex::new(comm),
-            stats: Mutex::new(CallStats::default()),
-            async_error: Mutex::new(None),
+            core: Arc::new(Core {
+                abort: comm.abort_handle(),
+                rank: comm.rank(),
+                nranks: comm.size(),
+                compress_config: comm.config().compress.clone(),
+                comm: Mutex::new(comm),
+                stats: Mutex::new(CallStats::default()),
+                async_error: Mutex::new(None),
+            }),
+            device: Mutex::new(None),
         })
     }
 
@@ -227,32 +276,34 @@ impl LiveComm {
     }
 
     pub fn rank(&self) -> usize {
-        self.rank
+        self.core.rank
     }
 
     pub fn size(&self) -> usize {
-        self.nranks
+        self.core.nranks
     }
 
     pub fn compress_config(&self) -> &CompressConfig {
-        &self.compress_config
+        &self.core.compress_config
     }
 
     pub fn stats(&self) -> CallStats {
-        lock(&self.stats).clone()
+        lock(&self.core.stats).clone()
     }
 
     pub fn async_error(&self) -> Option<(ResultCode, String)> {
-        lock(&self.async_error).clone()
+        self.core.async_error()
     }
 
     pub fn abort(&self) {
-        self.abort.abort();
+        self.core.abort.abort();
     }
 
-    /// One allgather through the communicator's compressed Allgather (compressed where it
-    /// pays, raw otherwise). `key` names the tensor for the cache-slot choice (None: inferred
-    /// from the buffer addresses); results never depend on it.
+    /// One allgather of host memory through the communicator's compressed Allgather
+    /// (compressed where it pays, raw otherwise), after every device-memory call queued
+    /// before it (calls run in the order they were made, as NCCL's do). `key` names the
+    /// tensor for the cache-slot choice (None: inferred from the buffer addresses); results
+    /// never depend on it.
     pub fn all_gather(
         &self,
         bufs: GatherBuffers<'_>,
@@ -260,15 +311,97 @@ impl LiveComm {
         dtype: DType,
         key: Option<u64>,
     ) -> Result<(), Failure> {
+        if let Some(q) = lock(&self.device).as_ref() {
+            q.wait_idle();
+        }
         let in_place = matches!(bufs, GatherBuffers::InPlace { .. });
+        self.core
+            .gather(bufs, count, dtype, &GatherOptions::keyed(key), in_place)
+    }
+
+    /// One allgather of device memory, NCCL's way: queued on `stream` (the caller's
+    /// `CUstream`) and returned at once; later work on the stream sees the result. Errors
+    /// found here (arguments, a broken communicator) are returned; those of the exchange
+    /// itself become the communicator's async error (`cieraCommGetAsyncError`).
+    ///
+    /// # Safety
+    /// `send`/`recv` are device memory of the current CUDA context, sized as NCCL's
+    /// ncclAllGather requires, untouched by other work until the call's work on `stream` is
+    /// done; `stream` is a live stream of that context (or NULL, the default stream).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_gather_device(
+        &self,
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dtype: DType,
+        key: Option<u64>,
+        stream: *mut c_void,
+    ) -> Result<(), Failure> {
+        let checked = check_buffers(send, recv, count, dtype, self.rank(), self.size())?;
+        if let Some((code, message)) = self.async_error() {
+            return Err(Failure {
+                code,
+                message: format!("the communicator failed earlier: {message}"),
+            });
+        }
+        let mut q = lock(&self.device);
+        if q.is_none() {
+            *q = Some(DeviceQueue::start(self.core.clone())?);
+        }
+        let job = DeviceCall {
+            send: send as u64,
+            recv: recv as u64,
+            count,
+            dtype,
+            key,
+            checked,
+        };
+        q.as_mut()
+            .expect("started above")
+            .enqueue(job, StreamRef(stream as usize))
+    }
+}
+
+impl Core {
+    pub(super) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub(super) fn size(&self) -> usize {
+        self.nranks
+    }
+
+    pub(super) fn async_error(&self) -> Option<(ResultCode, String)> {
+        lock(&self.async_error).clone()
+    }
+
+    pub(super) fn aborted(&self) -> bool {
+        self.abort.is_aborted()
+    }
+
+    /// Records a failure that leaves the communicator unusable (the first one stays).
+    pub(super) fn fail(&self, failure: &Failure) {
+        lock(&self.async_error).get_or_insert((failure.code, failure.message.clone()));
+    }
+
+    /// One counted allgather of host buffers through the compressed Allgather.
+    pub(super) fn gather(
+        &self,
+        bufs: GatherBuffers<'_>,
+        count: usize,
+        dtype: DType,
+        opts: &GatherOptions,
+        in_place: bool,
+    ) -> Result<(), Failure> {
         let (result, compress) = {
             let mut comm = lock(&self.comm);
             let r = match bufs {
                 GatherBuffers::InPlace { recv } => {
-                    comm.all_gather_keyed(None, recv, count, dtype, key)
+                    comm.all_gather_with(None, recv, count, dtype, opts)
                 }
                 GatherBuffers::OutOfPlace { send, recv } => {
-                    comm.all_gather_keyed(Some(send), recv, count, dtype, key)
+                    comm.all_gather_with(Some(send), recv, count, dtype, opts)
                 }
             };
             (r, (comm.compress_stats(), comm.shared_read_bytes()))
@@ -287,10 +420,34 @@ impl LiveComm {
                 // Argument errors leave the communicator usable; anything from the exchange
                 // itself (a peer, the transport, an abort, a timeout) breaks it.
                 if failure.code != ResultCode::InvalidArgument {
-                    lock(&self.async_error).get_or_insert((failure.code, failure.message.clone()));
+                    self.fail(&failure);
                 }
                 Err(failure)
             }
         }
+    }
+
+    /// Counts a call that did not go through [`Core::gather`] (the device path's IPC calls).
+    pub(super) fn count_call(&self, in_place: bool) {
+        let mut stats = lock(&self.stats);
+        stats.calls += 1;
+        stats.in_place_calls += in_place as u64;
+    }
+
+    /// An uncounted raw allgather of small host records (the device path's handshakes).
+    pub(super) fn exchange(&self, mine: &[u8]) -> Result<Vec<u8>, Failure> {
+        let mut all = vec![0u8; mine.len() * self.nranks];
+        let r = lock(&self.comm).all_gather(mine, &mut all, mine.len(), DType::U8);
+        r.map_err(|e| {
+            let f = Failure::from(e);
+            self.fail(&f);
+            f
+        })?;
+        Ok(all)
+    }
+
+    /// Whether every rank is on this host (CUDA IPC can reach them all).
+    pub(super) fn single_host(&self) -> bool {
+        lock(&self.comm).topology().hosts() == 1
     }
 }

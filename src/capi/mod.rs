@@ -30,6 +30,7 @@
 //! [`crate::gpu::driver`]; they do not go through the `extern "C"` functions.
 
 pub mod abi;
+mod device;
 mod entry;
 pub mod interpose;
 pub mod live;
@@ -42,6 +43,7 @@ pub use abi::{
     STATS_VERSION, TRANSPORT_AUTO, TRANSPORT_SHM, TRANSPORT_TCP, UNIQUE_ID_BYTES, VERSION_CODE,
     VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH,
 };
+pub use device::on_device;
 pub use entry::*;
 pub use live::{gather_buffers, CallStats, GatherBuffers, LiveComm};
 pub use mem::shared_mem;

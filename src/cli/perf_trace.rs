@@ -286,6 +286,7 @@ fn mode_options(mode: &str, key: u64) -> GatherOptions {
         key: Some(key),
         compress: Some(compress),
         cache_mode,
+        ..GatherOptions::default()
     }
 }
 

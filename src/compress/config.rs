@@ -152,6 +152,11 @@ pub struct GatherOptions {
     /// The cache mode of the slots this call creates, instead of the communicator's
     /// (a tensor keeps the mode it was first cached with).
     pub cache_mode: Option<CacheMode>,
+    /// Where the caller's tensor really lives, when `send`/`recv` are staging copies of it
+    /// (device memory staged through host buffers): an inferred key is taken from this
+    /// address instead of the staging buffer's, so two tensors staged through the same host
+    /// buffer keep their own caches.
+    pub infer_addr: Option<u64>,
 }
 
 impl GatherOptions {

@@ -230,7 +230,15 @@ impl Compressor {
         if !eligible {
             return self.raw(engine, send, recv, count, dtype);
         }
-        let key = Self::key_for(send, recv, count, dtype, opts.key);
+        let key = match (opts.key, opts.infer_addr) {
+            (None, Some(addr)) => SlotKey {
+                id: addr,
+                inferred: true,
+                count,
+                dtype,
+            },
+            (key, _) => Self::key_for(send, recv, count, dtype, key),
+        };
         let pkey = Self::policy_key(key);
         if !self.policies.contains_key(&pkey) {
             let new_mode = self.mode_for(

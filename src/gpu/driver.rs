@@ -28,6 +28,8 @@ type MemAllocHost = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
 type MemFreeHost = unsafe extern "C" fn(*mut c_void) -> c_int;
 
 struct Driver {
+    /// The dlopen handle of the loaded driver, kept for the process's life.
+    handle: usize,
     pointer_get_attribute: PointerGetAttribute,
     stream_synchronize: StreamSynchronize,
     mem_alloc_host: Option<MemAllocHost>,
@@ -107,6 +109,7 @@ fn driver() -> Option<&'static Driver> {
     // CUresult cuMemFreeHost(void*)).
     let d = unsafe {
         Driver {
+            handle: handle as usize,
             pointer_get_attribute: std::mem::transmute::<*mut c_void, PointerGetAttribute>(pga),
             stream_synchronize: std::mem::transmute::<*mut c_void, StreamSynchronize>(sync),
             mem_alloc_host: (!alloc.is_null())
@@ -116,6 +119,14 @@ fn driver() -> Option<&'static Driver> {
         }
     };
     Some(DRIVER.get_or_init(|| d))
+}
+
+/// The address of driver entry point `name`, if this process has loaded the driver and it
+/// has that symbol.
+pub(super) fn lookup(name: &CStr) -> Option<*mut c_void> {
+    let d = driver()?;
+    let p = symbol(d.handle as *mut c_void, name);
+    (!p.is_null()).then_some(p)
 }
 
 /// Where `p` lives: host memory unless the CUDA driver is loaded and says otherwise.

@@ -15,3 +15,4 @@ pub mod codec;
 pub mod cubin;
 pub mod driver;
 pub mod nvrtc;
+pub mod stream;

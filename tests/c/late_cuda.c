@@ -1,7 +1,8 @@
-/* libciera refuses device memory even when the CUDA driver is loaded after the first
+/* libciera sees device memory even when the CUDA driver is loaded after the first
  * collectives (PyTorch loads it lazily): one rank, host gathers with no driver in the
- * process, then the fake driver (argv[1]) is dlopen'ed and a buffer it calls device memory
- * must be refused. Prints "late_cuda: OK" or what went wrong (exit 1). */
+ * process, then the fake driver (argv[1]) is dlopen'ed and a buffer it calls device memory,
+ * gathered into host memory, must be refused as mixed (both buffers must be on the device,
+ * or neither). Prints "late_cuda: OK" or what went wrong (exit 1). */
 #include <ciera.h>
 #include <dlfcn.h>
 #include <stdio.h>

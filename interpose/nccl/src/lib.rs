@@ -12,11 +12,13 @@
 //! carries it to the others, then a one-byte real ncclAllGather makes every rank agree that all
 //! joined (else all of them stay with NCCL). No rendezvous configuration is needed.
 //!
-//! Served: host memory (the CUDA driver, if loaded, must not call either buffer device or
-//! managed memory), a valid `ncclDataType_t`, a communicator whose CIERA twin came up. The
-//! stream's earlier work is waited for first (`cuStreamSynchronize`, if the driver is loaded),
-//! and the gather has completed when the call returns. Everything else goes to the real
-//! ncclAllGather, and the reason is printed once to stderr.
+//! Served: a valid `ncclDataType_t`, a communicator whose CIERA twin came up, and buffers both
+//! in host memory or both in CUDA device memory (the driver, if loaded, says which). Host
+//! memory: the stream's earlier work is waited for first (`cuStreamSynchronize`) and the
+//! gather has completed when the call returns. Device memory: stream-ordered, as NCCL
+//! (`ciera::capi::LiveComm::all_gather_device`: queued behind the stream's work, the stream's
+//! later work waits for it; CUDA IPC between the ranks of one host, else host-staged).
+//! Everything else goes to the real ncclAllGather, and the reason is printed once to stderr.
 //!
 //! Environment: `CIERA_DISABLE=1` passes every call through untouched; `CIERA_STATS=1` prints
 //! per-communicator counts to stderr at exit; `CIERA_TIMEOUT`, `CIERA_TRANSPORT`, ... configure
@@ -41,7 +43,6 @@ use ciera::capi::ResultCode;
 use ciera::capi::{gather_buffers, Failure};
 use ciera::comm::UniqueId;
 use ciera::gpu::driver::{self as cuda, PinnedHost};
-use ciera::mem::Location;
 use ciera::DType;
 
 /// One line to stderr in a single write, so lines from ranks sharing a terminal or a pipe do
@@ -353,25 +354,10 @@ fn all_gather_entry(
     if comm.is_null() {
         return early_pass("nullcomm", "comm is NULL".into());
     }
-    for p in [send, recv as *const c_void] {
-        match cuda::classify(p) {
-            Location::Host => {}
-            Location::Device => {
-                return early_pass(
-                    "device",
-                    format!(
-                    "buffer {p:p} is CUDA device or managed memory (this build serves host memory)"
-                ),
-                )
-            }
-            Location::Unknown => {
-                return early_pass(
-                    "unknown",
-                    format!("the CUDA driver could not classify buffer {p:p}"),
-                )
-            }
-        }
-    }
+    let device = match ciera::capi::on_device(send, recv) {
+        Ok(d) => d,
+        Err(f) => return early_pass("kind", f.message),
+    };
     let (rank, size) = match (
         comm_int(real().user_rank, comm, "ncclCommUserRank"),
         comm_int(real().comm_count, comm, "ncclCommCount"),
@@ -418,14 +404,20 @@ fn all_gather_entry(
         }
     };
     drop(s);
-    // SAFETY: the application's stream, as it handed it to NCCL.
-    if let Err(rc) = unsafe { cuda::synchronize(stream) } {
-        say!("ciera-nccl: cuStreamSynchronize before an allgather returned {rc}");
-        return ResultCode::UnhandledCudaError as c_int;
-    }
-    // SAFETY: NCCL's contract for ncclAllGather's buffers, on host memory (checked above).
-    let served = unsafe { gather_buffers(send, recv, count, dtype, live.rank(), live.size()) }
-        .and_then(|bufs| live.all_gather(bufs, count, dtype, None));
+    let served = if device {
+        // SAFETY: NCCL's contract for ncclAllGather's buffers (device memory, checked) and
+        // stream, which the application handed us.
+        unsafe { live.all_gather_device(send, recv, count, dtype, None, stream) }
+    } else {
+        // SAFETY: the application's stream, as it handed it to NCCL.
+        if let Err(rc) = unsafe { cuda::synchronize(stream) } {
+            say!("ciera-nccl: cuStreamSynchronize before an allgather returned {rc}");
+            return ResultCode::UnhandledCudaError as c_int;
+        }
+        // SAFETY: NCCL's contract for ncclAllGather's buffers, on host memory (checked above).
+        unsafe { gather_buffers(send, recv, count, dtype, live.rank(), live.size()) }
+            .and_then(|bufs| live.all_gather(bufs, count, dtype, None))
+    };
     match served {
         Ok(()) => NCCL_SUCCESS,
         Err(Failure { code, message }) => {
