@@ -15,6 +15,7 @@ JSON. The same seed gives the same bits with either --comm: CIERA's all-gather i
 """
 
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -137,8 +138,9 @@ def params_digest(model):
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
+        raw = local.detach().contiguous().view(torch.uint8)
         h.update(name.encode())
-        h.update(local.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(ctypes.string_at(raw.data_ptr(), raw.numel()))  # no numpy needed
     return h.hexdigest()
 
 

@@ -19,12 +19,15 @@
 //! - [`bruck`]: ceil(log2 n) rounds for any n; each round ships min(2^k, n-2^k) blocks.
 //! - [`direct`]: every rank sends its block straight to every other; nothing is forwarded
 //!   (for one host with single-copy shm, where receivers copy out of the sender's memory).
+//! - [`hier`]: for several hosts with equal rank counts, a ring per rail across hosts, then a
+//!   ring within each host; every network hop carries only its rail's blocks.
 
 #![forbid(unsafe_code)]
 
 pub mod bruck;
 pub mod direct;
 pub mod doubling;
+pub mod hier;
 pub mod ring;
 pub mod topology;
 
@@ -44,6 +47,7 @@ coded_enum! {
         RecursiveDoubling = 2,
         Bruck = 3,
         Direct = 4,
+        Hierarchical = 5,
     }
 }
 
@@ -54,6 +58,7 @@ impl Algo {
             Algo::RecursiveDoubling => "rd",
             Algo::Bruck => "bruck",
             Algo::Direct => "direct",
+            Algo::Hierarchical => "hier",
         }
     }
 }
@@ -92,18 +97,21 @@ impl AlgoChoice {
             }
             "bruck" => AlgoChoice::Fixed(Algo::Bruck),
             "direct" => AlgoChoice::Fixed(Algo::Direct),
+            "hier" | "hierarchical" => AlgoChoice::Fixed(Algo::Hierarchical),
             _ => return None,
         })
     }
 
     /// How the choices are spelled, for messages.
-    pub const SPELLINGS: &'static str = "auto, ring, rd, bruck or direct";
+    pub const SPELLINGS: &'static str = "auto, ring, rd, bruck, direct or hier";
 
     /// The algorithm for a call gathering `total_bytes` (all ranks together) over the ranks of
     /// `topology`. Recursive doubling needs a power of two; asked for with another rank count
     /// it falls back to Bruck (which does the same number of rounds rounded up). `Auto` takes
     /// a logarithmic algorithm below [`SMALL_CALL_BYTES`] ([`SMALL_CALL_BYTES_SHM`] when every
-    /// link is shared memory), the ring from there. Every rank computes the same answer from
+    /// link is shared memory), from there the hierarchical schedule where it applies (several
+    /// hosts with equal rank counts: [`hier::applies`]), else the ring; `hier` asked for where
+    /// it does not apply is the ring too. Every rank computes the same answer from
     /// the same arguments; the message header carries it so a rank configured differently is
     /// caught.
     pub fn resolve(self, topology: &Topology, total_bytes: usize) -> Algo {
@@ -118,11 +126,18 @@ impl AlgoChoice {
         } else {
             Algo::Bruck
         };
+        // Hierarchical where it applies (several hosts, equal rank counts), else the ring.
+        let large = if hier::applies(topology) {
+            Algo::Hierarchical
+        } else {
+            Algo::Ring
+        };
         match self {
             AlgoChoice::Fixed(Algo::RecursiveDoubling) => log_algo,
+            AlgoChoice::Fixed(Algo::Hierarchical) => large,
             AlgoChoice::Fixed(a) => a,
             AlgoChoice::Auto if total_bytes < small_call_bytes => log_algo,
-            AlgoChoice::Auto => Algo::Ring,
+            AlgoChoice::Auto => large,
         }
     }
 }
@@ -175,8 +190,8 @@ impl Schedule {
     /// The steps of `algo` for `rank` of the ranks of `topology`, each block split in
     /// `nchunks` chunks. Panics if `rank` is not in the topology, `nchunks == 0`, or recursive
     /// doubling is asked for a rank count that is not a power of two (callers resolve that
-    /// with [`AlgoChoice::resolve`]). The flat algorithms here order ranks by number; the
-    /// topology is where hierarchical schedules will read the hosts.
+    /// with [`AlgoChoice::resolve`]). The flat algorithms order ranks by number; the
+    /// hierarchical one reads the hosts from the topology.
     pub fn new(algo: Algo, rank: usize, topology: &Topology, nchunks: usize) -> Schedule {
         let nranks = topology.nranks();
         assert!(rank < nranks, "rank {rank} out of range for {nranks} ranks");
@@ -186,6 +201,12 @@ impl Schedule {
             Algo::RecursiveDoubling => doubling::steps(rank, nranks, nchunks),
             Algo::Bruck => bruck::steps(rank, nranks, nchunks),
             Algo::Direct => direct::steps(rank, nranks, nchunks),
+            Algo::Hierarchical if hier::layout(topology).is_some() => {
+                hier::steps(rank, topology, nchunks)
+            }
+            // Callers resolve first ([`AlgoChoice::resolve`]); asked for on hosts of unequal
+            // sizes anyway, the ring (what resolve would have chosen).
+            Algo::Hierarchical => ring::steps(rank, nranks, nchunks),
         };
         Schedule {
             algo,

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Algo, Progress, Schedule, Step, Topology, Unit, UnitState};
+use super::{Algo, AlgoChoice, Progress, Schedule, Step, Topology, Unit, UnitState};
 
 fn algos_for(nranks: usize) -> Vec<Algo> {
     let mut v = vec![Algo::Ring, Algo::Bruck, Algo::Direct];
@@ -287,6 +287,69 @@ fn sends_per_rank_are_n_minus_one_blocks() {
                 );
             }
         }
+    }
+}
+
+/// Host layouts for the hierarchical schedule: every N x L = nranks with N, L > 1, ranks
+/// placed host by host and interleaved (rank r on host r % N).
+fn hier_topologies(nranks: usize) -> Vec<Topology> {
+    let mut v = Vec::new();
+    for n in 2..nranks {
+        if !nranks.is_multiple_of(n) || nranks / n < 2 {
+            continue;
+        }
+        let l = nranks / n;
+        let blocked: Vec<usize> = (0..nranks).map(|r| r / l).collect();
+        let interleaved: Vec<usize> = (0..nranks).map(|r| r % n).collect();
+        v.push(Topology::new(&blocked, false));
+        v.push(Topology::new(&interleaved, true));
+    }
+    v
+}
+
+#[test]
+fn hierarchical_schedules_pair_deliver_and_finish() {
+    for nranks in 4..=12 {
+        for t in hier_topologies(nranks) {
+            assert_eq!(AlgoChoice::Auto.resolve(&t, 1 << 20), Algo::Hierarchical);
+            for nchunks in [1, 2, 3] {
+                let ctx = format!("hier {t:?} nchunks={nchunks}");
+                let scheds: Vec<Schedule> = (0..nranks)
+                    .map(|r| Schedule::new(Algo::Hierarchical, r, &t, nchunks))
+                    .collect();
+                check_pairing(&scheds).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                let have = run_program_order(&scheds).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+                for (r, h) in have.iter().enumerate() {
+                    assert!(h.iter().all(|&x| x), "{ctx}: rank {r} misses blocks: {h:?}");
+                }
+                for s in &scheds {
+                    let (sent, recvd) = s.wire_bytes(|_| 1);
+                    assert_eq!(
+                        (sent, recvd),
+                        (nchunks * (nranks - 1), nchunks * (nranks - 1))
+                    );
+                }
+                for cap in [1, 2, 8] {
+                    for seed in 0..10u64 {
+                        run_progress(&scheds, cap, seed * 7919 + 3, seed % 2 == 0)
+                            .unwrap_or_else(|e| panic!("{ctx} cap={cap} seed={seed}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    // Where it does not apply (one host, unequal hosts, one rank per host), the ring.
+    for t in [
+        Topology::single_host(4),
+        Topology::new(&[0, 0, 1], false),
+        Topology::new(&[0, 1, 2], false),
+    ] {
+        assert_eq!(AlgoChoice::Auto.resolve(&t, 1 << 20), Algo::Ring, "{t:?}");
+        assert_eq!(
+            AlgoChoice::Fixed(Algo::Hierarchical).resolve(&t, 1 << 20),
+            Algo::Ring,
+            "{t:?}"
+        );
     }
 }
 

@@ -90,9 +90,59 @@ impl Topology {
     }
 }
 
+/// "2 hosts x 2 ranks (host 0: ranks 0 1; host 1: ranks 2 3), shared memory within hosts".
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hosts = self.hosts();
+        let mut per: Vec<Vec<usize>> = vec![Vec::new(); hosts];
+        for (r, &h) in self.host_of.iter().enumerate() {
+            per[h].push(r);
+        }
+        let sizes: Vec<usize> = per.iter().map(Vec::len).collect();
+        if sizes.iter().all(|&s| s == sizes[0]) {
+            write!(
+                f,
+                "{hosts} host(s) x {} rank(s) (",
+                sizes.first().unwrap_or(&0)
+            )?;
+        } else {
+            write!(f, "{hosts} hosts of {sizes:?} ranks (")?;
+        }
+        for (h, ranks) in per.iter().enumerate() {
+            let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+            write!(
+                f,
+                "{}host {h}: ranks {}",
+                if h > 0 { "; " } else { "" },
+                list.join(" ")
+            )?;
+        }
+        let within = if self.shm_within_host {
+            "shared memory"
+        } else {
+            "TCP"
+        };
+        write!(f, "), {within} within hosts")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shown_by_host() {
+        let t = Topology::new(&["a", "a", "b", "b"], true);
+        assert_eq!(
+            t.to_string(),
+            "2 host(s) x 2 rank(s) (host 0: ranks 0 1; host 1: ranks 2 3), shared memory within hosts"
+        );
+        let t = Topology::new(&[1, 0, 1], false);
+        assert_eq!(
+            t.to_string(),
+            "2 hosts of [2, 1] ranks (host 0: ranks 0 2; host 1: ranks 1), TCP within hosts"
+        );
+    }
 
     #[test]
     fn hosts_are_numbered_by_first_rank_and_links_classified() {

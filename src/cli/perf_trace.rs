@@ -317,6 +317,12 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 comm.config().transport
             );
             println!(
+                "# topology: {}; {} B per rank: {}",
+                comm.topology(),
+                o.max_bytes / n,
+                comm.algo_for(o.max_bytes / n / es, dtype)
+            );
+            println!(
                 "#   iters {}, warmup {} (the first fills the caches), every bit checked",
                 o.iters, o.warmup
             );

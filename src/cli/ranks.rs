@@ -72,12 +72,23 @@ pub fn run(
 }
 
 /// The exit code of a rank that failed with `e`, after printing it, unless another rank is to
-/// blame: a rank whose peer failed says nothing (the culprit, or the launcher when the culprit
-/// died, says what happened), so a job that fails prints one line, not one per rank.
+/// blame and `ciera launch` started the job: then a rank whose peer failed says nothing (the
+/// culprit, or the launcher when the culprit died, says what happened), so a job that fails
+/// prints one line, not one per rank. Under another launcher (mpirun, srun, torchrun), which
+/// knows only that a process died, every rank says which rank stopped it and why, with its
+/// host, so the log of every node names the culprit.
 pub fn rank_failed(cmd: &str, rank: usize, e: &Error) -> i32 {
     let someone_else = matches!(e, Error::PeerFailed { peer, .. } if *peer != rank);
-    if !someone_else {
-        eprintln!("{cmd}: rank {rank}: {e}");
-    }
+    let our_launcher = std::env::var_os("CIERA_ROOT_SERVED").is_some();
+    let line = if !someone_else {
+        format!("{cmd}: rank {rank}: {e}\n")
+    } else if !our_launcher {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{cmd}: rank {rank} (on {}): stopped: {e}\n", host.trim())
+    } else {
+        return 1;
+    };
+    // One write, so the lines of ranks sharing a terminal or a pipe do not interleave.
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     1
 }

@@ -44,6 +44,11 @@ pub struct Config {
     pub single_copy: SingleCopy,
     /// The compression policy (`CIERA_COMPRESS`, `CIERA_CACHE_MB`, ...).
     pub compress: CompressConfig,
+    /// `CIERA_RANKS_PER_HOST=L`: count every L consecutive ranks as one host, within what the
+    /// machines say (ranks on different real hosts stay apart). For trying hierarchical
+    /// schedules on one machine: ranks of different such hosts talk TCP. None: the hosts as
+    /// they are.
+    pub ranks_per_host: Option<usize>,
 }
 
 impl Default for Config {
@@ -57,6 +62,7 @@ impl Default for Config {
             stream_min_bytes: None,
             single_copy: SingleCopy::Auto,
             compress: CompressConfig::default(),
+            ranks_per_host: None,
         }
     }
 }
@@ -129,6 +135,19 @@ impl Config {
             });
         }
         c.compress = CompressConfig::from_env()?;
+        if let Some(v) = env::real_env("CIERA_RANKS_PER_HOST") {
+            c.ranks_per_host = Some(
+                v.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&l| l > 0)
+                    .ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "CIERA_RANKS_PER_HOST={v:?} is not a positive number of ranks"
+                        ))
+                    })?,
+            );
+        }
         Ok(c)
     }
 

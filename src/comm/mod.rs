@@ -135,7 +135,11 @@ impl Communicator {
                 "rank {rank}: binding the transport endpoint on {ip}: {e}"
             ))
         })?;
-        let me = ep.local_info();
+        let mut me = ep.local_info();
+        if let Some(l) = config.ranks_per_host {
+            // Simulated hosts: every rank says which one it is on; the table decides links.
+            me.host_id = format!("{}/sim-host-{}", me.host_id, rank / l);
+        }
         let (table, secret) = bootstrap::join(source, nranks, rank, &me, deadline)?;
         if nranks == 1 {
             return Ok(Communicator::single(config));
