@@ -16,7 +16,7 @@
 //!
 //! Decisions (`CIERA_COMPRESS=auto`, the default):
 //! - raw: types the codec does not compress, shards below `min_shard_bytes`, latency-bound
-//!   algorithms (not the ring), and tensors whose caches alone exceed the budget;
+//!   algorithms (not the ring or the hierarchical rings), and tensors whose caches alone exceed the budget;
 //! - the first call of a policy is a raw *fill*: an uncompressed allgather, after which every
 //!   rank fills its caches of every source from the result (a raw call plus a copy);
 //! - the second is a timed raw call (the baseline; one call in 64 is again, to keep it
@@ -226,7 +226,10 @@ impl Compressor {
             && count > 0
             && (mode == CompressMode::On
                 || (shard >= self.config.min_shard_bytes
-                    && engine.algo_for(count, dtype) == crate::algo::Algo::Ring));
+                    && matches!(
+                        engine.algo_for(count, dtype),
+                        crate::algo::Algo::Ring | crate::algo::Algo::Hierarchical
+                    )));
         if !eligible {
             return self.raw(engine, send, recv, count, dtype);
         }
