@@ -231,7 +231,7 @@ fn bad_input_is_one_clear_line() {
             ][..],
             &[][..],
             2,
-            "--modes: unknown mode \"zstd\" (one of raw, exp, full, delta, exp-on, full-on, delta-on)",
+            "--modes: unknown mode \"zstd\" (one of auto, raw, exp, full, delta, exp-on, full-on, delta-on)",
         ),
         (
             &["perf", "-n", "2", "--trace", "tests/data/olmoe-slice"][..],
@@ -243,7 +243,7 @@ fn bad_input_is_one_clear_line() {
             &["perf", "-n", "2"][..],
             &[("CIERA_ALGO", "bogus")][..],
             2,
-            "CIERA_ALGO=\"bogus\": expected auto, ring, rd, bruck or direct",
+            "CIERA_ALGO=\"bogus\": expected auto, ring, rd, bruck, direct or hier",
         ),
         (
             &["perf", "-n", "2", "--trace", "tests/data/olmoe-slice"][..],

@@ -27,7 +27,9 @@ Replays a real training trace through the compressed Allgather and checks every 
                        tiled to the size
   -i, --iters N        timed calls per window, size and mode (default 10)
   -w, --warmup N       untimed calls first, the cache-filling one included (default 3)
-  --modes LIST         comma list of: raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
+  --modes LIST         comma list of: auto (the configuration users get: CIERA_COMPRESS and
+                       CIERA_CACHE_MODE as set, auto by default; the row says what it chose),
+                       raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
                        full (auto, full-value cache), delta (auto, delta cache: Delta frames
                        besides Exp and Hybrid), exp-on, full-on, delta-on (compression forced)
                        (default raw,exp,full)
@@ -266,8 +268,8 @@ fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
 }
 
 /// The `--modes` entries.
-const MODES: [&str; 7] = [
-    "raw", "exp", "full", "delta", "exp-on", "full-on", "delta-on",
+const MODES: [&str; 8] = [
+    "auto", "raw", "exp", "full", "delta", "exp-on", "full-on", "delta-on",
 ];
 
 /// The per-call options of a `--modes` entry; `key` keeps each mode's caches apart.
@@ -280,6 +282,13 @@ fn mode_options(mode: &str, key: u64) -> GatherOptions {
         "exp-on" => (CompressMode::On, Some(CacheMode::Exponent)),
         "full-on" => (CompressMode::On, Some(CacheMode::FullValue)),
         "delta-on" => (CompressMode::On, Some(CacheMode::Delta)),
+        // What users get: the communicator's configuration (CIERA_COMPRESS, CIERA_CACHE_MODE).
+        "auto" => {
+            return GatherOptions {
+                key: Some(key),
+                ..GatherOptions::default()
+            }
+        }
         other => unreachable!("--modes {other:?} passed the check in parse"),
     };
     GatherOptions {
@@ -428,6 +437,8 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 let algbw = size as f64 / slowest / 1e9;
                 let busbw = algbw * (n - 1) as f64 / n as f64;
                 let wname = format!("{}-{}", steps[0].0, steps[k - 1].0);
+                let chose =
+                    (mode == "auto").then(|| auto_choice(&comm, run.opts.key, compressed, o.iters));
                 if print {
                     if o.json {
                         println!(
@@ -437,6 +448,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
                                 "algbw": algbw, "busbw": busbw, "wrong": wrongs, "mode": mode, "step": last_step,
                                 "window": wname, "wire_ratio": wire_ratio, "speedup": speedup,
                                 "compressed_calls": compressed, "nranks": n, "tensor": name,
+                                "chose": chose,
                             })
                         );
                     } else {
@@ -454,6 +466,9 @@ fn run_rank(o: &Opts) -> Result<u64> {
                             format!("{compressed}/{}", o.iters),
                             wrongs
                         );
+                        if let Some(c) = &chose {
+                            println!("  {:>9} auto chose: {c}", "");
+                        }
                     }
                 }
             }
@@ -471,6 +486,30 @@ fn run_rank(o: &Opts) -> Result<u64> {
         );
     }
     Ok(wrong_total)
+}
+
+/// What the `auto` mode's policy chose for its tensor: the cache mode, whether it kept the
+/// cache's heavy frames (Hybrid, Delta), and how many timed calls went raw.
+fn auto_choice(comm: &Communicator, key: Option<u64>, compressed: u64, iters: usize) -> String {
+    let Some((_, mode, st)) = comm
+        .slot_stats()
+        .into_iter()
+        .find(|(k, _, _)| Some(k.id) == key && !k.inferred)
+    else {
+        return "raw (no cache: type, size or budget)".into();
+    };
+    let heavy = match (mode, st.heavy_frames) {
+        (CacheMode::FullValue, Some(true)) => ", Exp and Hybrid frames",
+        (CacheMode::FullValue, Some(false)) => ", Exp frames only (Hybrid did not pay)",
+        (CacheMode::Delta, Some(true)) => ", Delta frames",
+        (CacheMode::Delta, Some(false)) => ", no Delta frames (they did not pay)",
+        _ => "",
+    };
+    format!(
+        "{} cache{heavy}; {} of {iters} timed calls raw",
+        mode.name(),
+        iters as u64 - compressed
+    )
 }
 
 /// `out` = bytes `[start, start + out.len())` of `vals` tiled end to end (whole runs copied at

@@ -157,13 +157,15 @@ impl Compressor {
         let clock = self.clock;
         // Which frames this call sends on a delta cache (every rank alike: agreed values).
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
-        p.call_delta = new_mode != CacheMode::Delta
+        let families = matches!(new_mode, CacheMode::Delta | CacheMode::FullValue);
+        p.call_delta = !families
             || mode != CompressMode::Auto
             || super::family_for_call(p.delta_frames, p.family_time, p.stats.calls);
-        let choice = if p.call_delta {
-            FrameChoice::Auto
-        } else {
-            FrameChoice::NoDelta
+        p.stats.heavy_frames = (families && mode == CompressMode::Auto).then_some(p.call_delta);
+        let choice = match (p.call_delta, new_mode) {
+            (true, _) => FrameChoice::Auto,
+            (false, CacheMode::FullValue) => FrameChoice::Exp,
+            (false, _) => FrameChoice::NoDelta,
         };
         // This rank's cache of its shard, found by its own key; none (a miss) codes FILL
         // frames against a new cache, which every receiver starts from them.
@@ -365,7 +367,8 @@ impl Compressor {
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
         // Decide what the next call of this policy does, from agreed values only.
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
-        if mode == CompressMode::Auto && new_mode == CacheMode::Delta && !all_fill {
+        let families = matches!(new_mode, CacheMode::Delta | CacheMode::FullValue);
+        if mode == CompressMode::Auto && families && !all_fill {
             p.family_time[p.call_delta as usize] = Some(slowest);
             let next = super::prefer_delta(p.family_time, p.delta_frames);
             if next != p.delta_frames {
@@ -373,8 +376,13 @@ impl Compressor {
                     slot = key.id,
                     without_ms = p.family_time[0].map_or(0.0, |d| d.as_secs_f64() * 1e3),
                     with_ms = p.family_time[1].map_or(0.0, |d| d.as_secs_f64() * 1e3),
-                    "{} Delta frames for this tensor",
-                    if next { "back to" } else { "no" }
+                    "{} {} frames for this tensor",
+                    if next { "back to" } else { "no" },
+                    if new_mode == CacheMode::Delta {
+                        "Delta"
+                    } else {
+                        "Hybrid"
+                    }
                 );
                 p.delta_frames = next;
             }

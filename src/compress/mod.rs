@@ -25,11 +25,12 @@
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
 //!   for a back-off period (256 calls, doubling each time) and is re-probed after it. `on`
 //!   always compresses, `off` never.
-//! - a policy on delta caches also times its calls with and without Delta frames (one call
-//!   of the other family after the first timed one, then one in 64) and keeps Delta frames
-//!   unless the calls without them were more than 5% faster: Delta's codec costs several
-//!   times Exp's, which a fast link does not pay back. Frames name their kind, so this is the
-//!   sender's choice alone.
+//! - a policy on delta or full-value caches also times its calls with and without its heavy
+//!   frames (Delta for delta caches, Hybrid for full-value caches: one call of the other
+//!   family after the first timed one, then one in 64) and keeps them unless the calls
+//!   without them (Exp/Hybrid, resp. Exp only) were more than 5% faster: their codecs cost
+//!   several times Exp's, which a fast link does not pay back. Frames name their kind, so
+//!   this is the sender's choice alone.
 //! - A source with no cache of its shard (a buffer that moved, an evicted or reset cache)
 //!   sends FILL frames within a delta call: a *miss*, counted apart from repairs.
 //!
@@ -81,9 +82,10 @@ struct Policy {
     pending_raw: Option<Duration>,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
-    /// Delta-cache policies under `auto`: whether calls send Delta frames (else Exp/Hybrid
-    /// only, `FrameChoice::NoDelta`), the agreed (slowest rank) time of the last call of each
-    /// family ([without, with] Delta), and the family of the call in flight.
+    /// Delta- and full-value-cache policies under `auto`: whether calls send the cache's heavy
+    /// frames (Delta, resp. Hybrid; else `FrameChoice::NoDelta`, resp. `Exp`), the agreed
+    /// (slowest rank) time of the last call of each family ([without, with]), and the family
+    /// of the call in flight. (Named for Delta, the first heavy family.)
     delta_frames: bool,
     family_time: [Option<Duration>; 2],
     call_delta: bool,
@@ -395,8 +397,8 @@ fn ring_crosses_network(t: &crate::algo::Topology) -> bool {
     n > 1 && (0..n).any(|r| t.link(r, (r + 1) % n) == crate::algo::LinkClass::Network)
 }
 
-/// A delta-cache policy under `auto` times the other frame family once right after the first
-/// timed call of the one in use, then once in this many calls.
+/// A delta- or full-value-cache policy under `auto` times the other frame family once right
+/// after the first timed call of the one in use, then once in this many calls.
 const FAMILY_PROBE_EVERY: u64 = 64;
 
 /// Whether this call of a delta-cache policy sends Delta frames: the family in use, except for
