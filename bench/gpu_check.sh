@@ -110,6 +110,17 @@ step() {
     return 0
 }
 
+# summary: every step's result; sets fail=1 if one (other than the machine listing) failed.
+summary() {
+    echo
+    echo "=== summary (logs in $LOG/)"
+    fail=0
+    for i in "${!names[@]}"; do
+        printf '  %-11s %s\n' "${names[$i]}" "${results[$i]}"
+        case "${results[$i]}" in ok*) ;; *) [ "${names[$i]}" = machine ] || fail=1 ;; esac
+    done
+}
+
 # NVRTC 13: the loader's own search first (CIERA_NVRTC_LIB, LD_LIBRARY_PATH, .venv), else the
 # places CUDA images keep it.
 if [ -z "${CIERA_NVRTC_LIB:-}" ] && [ ! -d .venv ]; then
@@ -159,13 +170,7 @@ if [ "${1:-}" = allgather ]; then
             CIERA_COMPRESS=$mode DEVICE_APP_BENCH_MIB=64 DEVICE_APP_BENCH_ITERS=8 \
             "$B/ciera" launch -n 2 -- "$B/device_app" - "$PEAK"
     done
-    echo
-    echo "=== summary (logs in $LOG/)"
-    fail=0
-    for i in "${!names[@]}"; do
-        printf '  %-11s %s\n' "${names[$i]}" "${results[$i]}"
-        case "${results[$i]}" in ok*) ;; *) [ "${names[$i]}" = machine ] || fail=1 ;; esac
-    done
+    summary
     grep -h -E 'device_app (bench )?rank 0: (OK|[0-9]+ MiB)' "$LOG"/*.log | sed 's/^/  /'
     for mode in off on; do
         t=$(grep -h -o 'rank 0: 64 MiB gathered by 2 ranks: [0-9.]* ms' "$LOG/staged_$mode.log" 2>/dev/null |
@@ -209,13 +214,7 @@ else
     step bench 240 bash -c "cd '$built' && '$ROOT/$CARRY/bin/gpu_codec' --bench"
 fi
 
-echo
-echo "=== summary (logs in $LOG/)"
-fail=0
-for i in "${!names[@]}"; do
-    printf '  %-11s %s\n' "${names[$i]}" "${results[$i]}"
-    case "${results[$i]}" in ok*) ;; *) [ "${names[$i]}" = machine ] || fail=1 ;; esac
-done
+summary
 for f in "$LOG"/tests.log "$LOG"/gpu_*.log; do
     [ -f "$f" ] || continue
     echo "  $(basename "$f" .log):"
