@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::args::Args;
 use super::ranks;
-use crate::codec::CacheMode;
+use crate::codec::{CacheMode, FrameChoice};
 use crate::comm::{Communicator, Config};
 use crate::compress::{CompressMode, GatherOptions};
 use crate::error::{Error, Result};
@@ -498,11 +498,11 @@ fn auto_choice(comm: &Communicator, key: Option<u64>, compressed: u64, iters: us
     else {
         return "raw (no cache: type, size or budget)".into();
     };
-    let heavy = match (mode, st.heavy_frames) {
-        (CacheMode::FullValue, Some(true)) => ", Exp and Hybrid frames",
-        (CacheMode::FullValue, Some(false)) => ", Exp frames only (Hybrid did not pay)",
-        (CacheMode::Delta, Some(true)) => ", Delta frames",
-        (CacheMode::Delta, Some(false)) => ", no Delta frames (they did not pay)",
+    let heavy = match (mode, st.frame_choice) {
+        (_, Some(FrameChoice::Exp)) => ", Exp frames only",
+        (CacheMode::Delta, Some(FrameChoice::NoDelta)) => ", Exp and Hybrid frames (no Delta)",
+        (CacheMode::Delta, Some(FrameChoice::Auto)) => ", Exp, Hybrid and Delta frames",
+        (CacheMode::FullValue, Some(_)) => ", Exp and Hybrid frames",
         _ => "",
     };
     format!(

@@ -9,7 +9,7 @@ use super::group_codec::{GroupCodec, Incoming, OwnEncoder};
 use super::stats::{CallKind, CallReport, SlotKey};
 use super::store::Lineage;
 use super::{caches_bytes, verify, CompressMode, Compressor, STATUS_FIXED_WORDS};
-use crate::codec::{CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
+use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::DType;
@@ -157,16 +157,14 @@ impl Compressor {
         let clock = self.clock;
         // Which frames this call sends on a delta cache (every rank alike: agreed values).
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
-        let families = matches!(new_mode, CacheMode::Delta | CacheMode::FullValue);
-        p.call_delta = !families
-            || mode != CompressMode::Auto
-            || super::family_for_call(p.delta_frames, p.family_time, p.stats.calls);
-        p.stats.heavy_frames = (families && mode == CompressMode::Auto).then_some(p.call_delta);
-        let choice = match (p.call_delta, new_mode) {
-            (true, _) => FrameChoice::Auto,
-            (false, CacheMode::FullValue) => FrameChoice::Exp,
-            (false, _) => FrameChoice::NoDelta,
+        let levels = super::levels_of(new_mode);
+        p.call_level = if mode == CompressMode::Auto {
+            super::level_for_call(p.level, p.level_time, p.stats.calls, levels)
+        } else {
+            2
         };
+        let choice = super::LEVEL_CHOICES[p.call_level];
+        p.stats.frame_choice = (levels.len() > 1 && mode == CompressMode::Auto).then_some(choice);
         // This rank's cache of its shard, found by its own key; none (a miss) codes FILL
         // frames against a new cache, which every receiver starts from them.
         let own = self.store.take_own(&key);
@@ -367,24 +365,22 @@ impl Compressor {
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
         // Decide what the next call of this policy does, from agreed values only.
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
-        let families = matches!(new_mode, CacheMode::Delta | CacheMode::FullValue);
-        if mode == CompressMode::Auto && families && !all_fill {
-            p.family_time[p.call_delta as usize] = Some(slowest);
-            let next = super::prefer_delta(p.family_time, p.delta_frames);
-            if next != p.delta_frames {
+        let levels = super::levels_of(new_mode);
+        if mode == CompressMode::Auto && levels.len() > 1 && !all_fill {
+            p.level_time[p.call_level] =
+                Some(super::smoothed(p.level_time[p.call_level], slowest));
+            let next = super::prefer_level(p.level_time, p.level, levels);
+            if next != p.level {
+                let ms = |l: usize| p.level_time[l].map_or(0.0, |d| d.as_secs_f64() * 1e3);
                 tracing::info!(
                     slot = key.id,
-                    without_ms = p.family_time[0].map_or(0.0, |d| d.as_secs_f64() * 1e3),
-                    with_ms = p.family_time[1].map_or(0.0, |d| d.as_secs_f64() * 1e3),
-                    "{} {} frames for this tensor",
-                    if next { "back to" } else { "no" },
-                    if new_mode == CacheMode::Delta {
-                        "Delta"
-                    } else {
-                        "Hybrid"
-                    }
+                    from_ms = ms(p.level),
+                    to_ms = ms(next),
+                    "frames for this tensor: {:?} instead of {:?}",
+                    super::LEVEL_CHOICES[next],
+                    super::LEVEL_CHOICES[p.level]
                 );
-                p.delta_frames = next;
+                p.level = next;
             }
         }
         if mode == CompressMode::Auto {

@@ -55,7 +55,7 @@ mod verify;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::codec::CacheMode;
+use crate::codec::{CacheMode, FrameChoice};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::DType;
@@ -82,13 +82,12 @@ struct Policy {
     pending_raw: Option<Duration>,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
-    /// Delta- and full-value-cache policies under `auto`: whether calls send the cache's heavy
-    /// frames (Delta, resp. Hybrid; else `FrameChoice::NoDelta`, resp. `Exp`), the agreed
-    /// (slowest rank) time of the last call of each family ([without, with]), and the family
-    /// of the call in flight. (Named for Delta, the first heavy family.)
-    delta_frames: bool,
-    family_time: [Option<Duration>; 2],
-    call_delta: bool,
+    /// Delta- and full-value-cache policies under `auto`: the frame level in use (an index of
+    /// `LEVEL_CHOICES`), the agreed (slowest rank) time of the last call at each level, and the
+    /// level of the call in flight.
+    level: usize,
+    level_time: [Option<Duration>; 3],
+    call_level: usize,
     stats: SlotStats,
 }
 
@@ -261,9 +260,9 @@ impl Compressor {
                     raw_time: None,
                     pending_raw: None,
                     slow_streak: 0,
-                    delta_frames: true,
-                    family_time: [None, None],
-                    call_delta: true,
+                    level: 2,
+                    level_time: [None, None, None],
+                    call_level: 2,
                     stats: SlotStats::default(),
                 },
             );
@@ -397,25 +396,75 @@ fn ring_crosses_network(t: &crate::algo::Topology) -> bool {
     n > 1 && (0..n).any(|r| t.link(r, (r + 1) % n) == crate::algo::LinkClass::Network)
 }
 
-/// A delta- or full-value-cache policy under `auto` times the other frame family once right
-/// after the first timed call of the one in use, then once in this many calls.
+/// A delta- or full-value-cache policy under `auto` times each frame level it has not timed
+/// right after the first timed call of the one in use, then one other level in this many calls
+/// (`FAMILY_PROBE_EARLY` in a policy's first `FAMILY_EARLY_CALLS` calls, while one call per
+/// level says little on a noisy host).
 const FAMILY_PROBE_EVERY: u64 = 64;
+const FAMILY_PROBE_EARLY: u64 = 8;
+const FAMILY_EARLY_CALLS: u64 = 256;
 
-/// Whether this call of a delta-cache policy sends Delta frames: the family in use, except for
-/// a probe of the other one (see `FAMILY_PROBE_EVERY`). `times` = [without, with] Delta.
-fn family_for_call(delta_frames: bool, times: [Option<Duration>; 2], calls: u64) -> bool {
-    let (current, other) = (times[delta_frames as usize], times[!delta_frames as usize]);
-    let probe = current.is_some()
-        && (other.is_none() || calls % FAMILY_PROBE_EVERY == FAMILY_PROBE_EVERY / 2);
-    delta_frames ^ probe
+fn probe_period(calls: u64) -> u64 {
+    if calls < FAMILY_EARLY_CALLS {
+        FAMILY_PROBE_EARLY
+    } else {
+        FAMILY_PROBE_EVERY
+    }
 }
 
-/// Which family a delta-cache policy uses next: Delta frames (the smaller wire) unless a call
-/// without them was more than 5% faster. Delta costs several times the codec time of Exp, so
-/// on a link fast enough that the codec, not the wire, sets the call time, it loses.
-fn prefer_delta(times: [Option<Duration>; 2], current: bool) -> bool {
-    match times {
-        [Some(without), Some(with)] => with.as_secs_f64() <= 1.05 * without.as_secs_f64(),
+/// A level's time after another call at it: the mean of the two, so one slow call (a busy
+/// host) does not decide alone.
+fn smoothed(old: Option<Duration>, new: Duration) -> Duration {
+    old.map_or(new, |o| (o + new) / 2)
+}
+
+/// Frame levels, lightest first: Exp frames only; Exp or Hybrid per chunk (`NoDelta`); every
+/// kind the cache allows (`Auto`: Delta too on a delta cache). A policy keeps the heaviest
+/// (smallest wire) unless a lighter one measured more than 5% faster.
+pub(crate) const LEVEL_CHOICES: [FrameChoice; 3] =
+    [FrameChoice::Exp, FrameChoice::NoDelta, FrameChoice::Auto];
+
+/// The levels a cache mode chooses among: a delta cache all three, a full-value cache Exp
+/// only or Exp/Hybrid (its `Auto`), others just their `Auto`.
+pub(crate) fn levels_of(mode: CacheMode) -> &'static [usize] {
+    match mode {
+        CacheMode::Delta => &[0, 1, 2],
+        CacheMode::FullValue => &[0, 2],
+        _ => &[2],
+    }
+}
+
+/// The frame level of this call of a policy: the one in use; once it is timed, each level
+/// not yet timed (heaviest first); then every `FAMILY_PROBE_EVERY` calls (at the half) one
+/// other level, taking turns. `times` per level (the slowest rank's time of its last call).
+fn level_for_call(current: usize, times: [Option<Duration>; 3], calls: u64, levels: &[usize]) -> usize {
+    if times[current].is_none() {
+        return current;
+    }
+    if let Some(&l) = levels.iter().rev().find(|&&l| times[l].is_none()) {
+        return l;
+    }
+    let others: Vec<usize> = levels.iter().copied().filter(|&l| l != current).collect();
+    let every = probe_period(calls);
+    if !others.is_empty() && calls % every == every / 2 {
+        return others[(calls / every) as usize % others.len()];
+    }
+    current
+}
+
+/// Which level a policy uses next: the fastest timed one if it beat the one in use by more
+/// than 5%, else the one in use. Heavier frames cost several times the codec time of Exp, so
+/// on a link fast enough that the codec, not the wire, sets the call time, they lose.
+fn prefer_level(times: [Option<Duration>; 3], current: usize, levels: &[usize]) -> usize {
+    let Some(now) = times[current] else {
+        return current;
+    };
+    let best = levels
+        .iter()
+        .filter_map(|&l| times[l].map(|t| (t, l)))
+        .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    match best {
+        Some((t, l)) if t.as_secs_f64() < now.as_secs_f64() / 1.05 => l,
         _ => current,
     }
 }
@@ -431,37 +480,43 @@ mod tests {
     use super::*;
     use crate::algo::Topology;
 
-    /// A delta-cache policy times the other frame family right after the first timed call of
-    /// the one in use and then once in FAMILY_PROBE_EVERY calls, and keeps Delta frames unless
-    /// a call without them was more than 5% faster (synthetic times: no clock involved).
+    /// A policy times each untimed level right after the first timed call of the one in use
+    /// and then one other level in FAMILY_PROBE_EVERY calls, and moves to a lighter or heavier
+    /// level only when it was more than 5% faster (synthetic times: no clock involved).
     #[test]
-    fn frame_families_are_probed_and_the_faster_kept() {
+    fn frame_levels_are_probed_and_chosen_by_time() {
         let ms = |x: u64| Some(Duration::from_millis(x));
-        // Nothing timed yet: the family in use.
-        assert!(family_for_call(true, [None, None], 2));
-        assert!(!family_for_call(false, [None, None], 2));
-        // The one in use timed, the other not: probe the other.
-        assert!(!family_for_call(true, [None, ms(100)], 3));
-        assert!(family_for_call(false, [ms(100), None], 3));
-        // Both timed: the one in use, except every FAMILY_PROBE_EVERY calls (at the half).
-        assert!(family_for_call(true, [ms(90), ms(100)], 4));
-        let half = FAMILY_PROBE_EVERY / 2;
-        assert!(!family_for_call(
-            true,
-            [ms(90), ms(100)],
-            FAMILY_PROBE_EVERY + half
-        ));
-        assert!(family_for_call(
-            false,
-            [ms(90), ms(100)],
-            3 * FAMILY_PROBE_EVERY + half
-        ));
-        // Delta kept within 5% of the other family, dropped beyond, taken back when it wins.
-        assert!(prefer_delta([ms(100), ms(104)], true));
-        assert!(!prefer_delta([ms(100), ms(106)], true));
-        assert!(prefer_delta([ms(100), ms(60)], false));
-        assert!(prefer_delta([None, ms(500)], true));
-        assert!(!prefer_delta([ms(500), None], false));
+        let all: &[usize] = &[0, 1, 2];
+        // Nothing timed yet: the level in use.
+        assert_eq!(level_for_call(2, [None, None, None], 2, all), 2);
+        // The one in use timed: the untimed ones, heaviest first.
+        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, all), 1);
+        assert_eq!(level_for_call(2, [None, ms(90), ms(100)], 4, all), 0);
+        // A full-value cache has no level 1.
+        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, &[0, 2]), 0);
+        // All timed: the one in use, except every FAMILY_PROBE_EVERY calls (at the half; early
+        // on every FAMILY_PROBE_EARLY), when the others take turns.
+        let t = [ms(80), ms(90), ms(100)];
+        assert_eq!(level_for_call(2, t, 5, all), 2);
+        let (late, half) = (FAMILY_EARLY_CALLS + 10 * FAMILY_PROBE_EVERY, FAMILY_PROBE_EVERY / 2);
+        assert_eq!(level_for_call(2, t, late + half, all), 0);
+        assert_eq!(level_for_call(2, t, late + FAMILY_PROBE_EVERY + half, all), 1);
+        assert_eq!(level_for_call(0, t, late + FAMILY_PROBE_EVERY + half, all), 2);
+        assert_eq!(level_for_call(2, t, late + 5, all), 2);
+        // Early on, every FAMILY_PROBE_EARLY calls.
+        let e = FAMILY_PROBE_EARLY;
+        assert_eq!(level_for_call(2, t, e + e / 2, all), 1);
+        assert_eq!(level_for_call(2, t, e + e / 2 + 1, all), 2);
+        // Times are smoothed: one slow call moves a level's time halfway.
+        assert_eq!(smoothed(ms(100), Duration::from_millis(200)), Duration::from_millis(150));
+        assert_eq!(smoothed(None, Duration::from_millis(200)), Duration::from_millis(200));
+        // Kept within 5%, left for one more than 5% faster, the fastest of those.
+        assert_eq!(prefer_level([ms(100), ms(100), ms(104)], 2, all), 2);
+        assert_eq!(prefer_level([ms(90), ms(100), ms(104)], 2, all), 0);
+        assert_eq!(prefer_level([ms(98), ms(90), ms(104)], 2, all), 1);
+        assert_eq!(prefer_level([ms(100), None, ms(60)], 0, all), 2);
+        assert_eq!(prefer_level([None, None, ms(500)], 2, all), 2);
+        assert_eq!(prefer_level([ms(500), None, None], 2, all), 2);
     }
 
     fn key(count: usize, dtype: DType) -> SlotKey {

@@ -78,9 +78,10 @@ pub struct SlotStats {
     pub repairs: u64,
     /// Sources that sent FILL frames in delta calls (see [`CallReport::misses`]).
     pub misses: u64,
-    /// Delta- and full-value-cache policies under `auto`: whether the last compressed call
-    /// allowed the cache's heavy frames (Delta, resp. Hybrid); None for other policies.
-    pub heavy_frames: Option<bool>,
+    /// Delta- and full-value-cache policies under `auto`: the frames the last compressed call
+    /// allowed (`Exp` only, `NoDelta`: Exp or Hybrid, `Auto`: all the cache takes); None for
+    /// other policies.
+    pub frame_choice: Option<crate::codec::FrameChoice>,
 }
 
 /// Communicator-wide statistics.
