@@ -25,12 +25,12 @@
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
 //!   for a back-off period (256 calls, doubling each time) and is re-probed after it. `on`
 //!   always compresses, `off` never.
-//! - a policy on delta or full-value caches also times its calls with and without its heavy
-//!   frames (Delta for delta caches, Hybrid for full-value caches: one call of the other
-//!   family after the first timed one, then one in 64) and keeps them unless the calls
-//!   without them (Exp/Hybrid, resp. Exp only) were more than 5% faster: their codecs cost
-//!   several times Exp's, which a fast link does not pay back. Frames name their kind, so
-//!   this is the sender's choice alone.
+//! - a policy on delta or full-value caches also chooses its frame level by time (Exp only,
+//!   Exp or Hybrid, everything the cache takes): each level timed after the first timed call
+//!   of the one in use, then one other every few calls, the fastest kept unless within 5% of
+//!   the one in use (`level_for_call`, `prefer_level`): heavier codecs cost several times
+//!   Exp's, which a fast link does not pay back. Frames name their kind, so this is the
+//!   sender's choice alone.
 //! - A source with no cache of its shard (a buffer that moved, an evicted or reset cache)
 //!   sends FILL frames within a delta call: a *miss*, counted apart from repairs.
 //!
