@@ -43,24 +43,10 @@ pub fn steps(rank: usize, topology: &Topology, nchunks: usize) -> Vec<Step> {
         .iter()
         .position(|&r| r == rank)
         .expect("rank on its host");
-    let mut steps = Vec::with_capacity(2 * (n * l).saturating_sub(1) * nchunks);
-    // Phase 1: the rail ring across hosts. In step s, send the block of the rail member on
-    // host h-s (this rank's own first), receive the one on host h-s-1.
-    let rail = |host: usize| hosts[host][j];
-    let (next, prev) = (rail((h + 1) % n), rail(sub_mod(h, 1, n)));
-    for s in 0..n - 1 {
-        let (send, recv) = (rail(sub_mod(h, s, n)), rail(sub_mod(h, s + 1, n)));
-        for c in 0..nchunks {
-            steps.push(Step::Send {
-                peer: next,
-                unit: Unit::new(send, c),
-            });
-            steps.push(Step::Recv {
-                peer: prev,
-                unit: Unit::new(recv, c),
-            });
-        }
-    }
+    // Phase 1: the rail ring across hosts, ordered by host: in step s this rank sends the
+    // block of the rail member on host h-s (its own first) and receives the one on h-s-1.
+    let rail: Vec<usize> = hosts.iter().map(|host| host[j]).collect();
+    let mut steps = super::ring::steps_over(&rail, h, nchunks);
     // Phase 2: the host ring. In step s, pass on the bundle of local index j-s (this rank's
     // own rail first), receive that of j-s-1. A bundle's blocks go in the order its rail
     // member received them: hosts h, h-1, h-2, ...

@@ -11,12 +11,21 @@
 use super::{sub_mod, Step, Unit};
 
 pub fn steps(rank: usize, nranks: usize, nchunks: usize) -> Vec<Step> {
-    let right = (rank + 1) % nranks;
-    let left = sub_mod(rank, 1, nranks);
-    let mut steps = Vec::with_capacity(2 * nranks.saturating_sub(1) * nchunks);
-    for s in 0..nranks.saturating_sub(1) {
-        let send_block = sub_mod(rank, s, nranks);
-        let recv_block = sub_mod(rank, s + 1, nranks);
+    let all: Vec<usize> = (0..nranks).collect();
+    steps_over(&all, rank, nchunks)
+}
+
+/// The ring over `members` (ranks, in ring order) of the member at `pos`, gathering the
+/// members' own blocks: the flat ring is the ring over every rank; the hierarchical schedule
+/// runs one over each rail.
+pub fn steps_over(members: &[usize], pos: usize, nchunks: usize) -> Vec<Step> {
+    let n = members.len();
+    let right = members[(pos + 1) % n];
+    let left = members[sub_mod(pos, 1, n)];
+    let mut steps = Vec::with_capacity(2 * n.saturating_sub(1) * nchunks);
+    for s in 0..n.saturating_sub(1) {
+        let send_block = members[sub_mod(pos, s, n)];
+        let recv_block = members[sub_mod(pos, s + 1, n)];
         for c in 0..nchunks {
             steps.push(Step::Send {
                 peer: right,

@@ -367,8 +367,7 @@ impl Compressor {
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let levels = super::levels_of(new_mode);
         if mode == CompressMode::Auto && levels.len() > 1 && !all_fill {
-            p.level_time[p.call_level] =
-                Some(super::smoothed(p.level_time[p.call_level], slowest));
+            p.level_time[p.call_level] = Some(super::smoothed(p.level_time[p.call_level], slowest));
             let next = super::prefer_level(p.level_time, p.level, levels);
             if next != p.level {
                 let ms = |l: usize| p.level_time[l].map_or(0.0, |d| d.as_secs_f64() * 1e3);

@@ -437,7 +437,12 @@ pub(crate) fn levels_of(mode: CacheMode) -> &'static [usize] {
 /// The frame level of this call of a policy: the one in use; once it is timed, each level
 /// not yet timed (heaviest first); then every `FAMILY_PROBE_EVERY` calls (at the half) one
 /// other level, taking turns. `times` per level (the slowest rank's time of its last call).
-fn level_for_call(current: usize, times: [Option<Duration>; 3], calls: u64, levels: &[usize]) -> usize {
+fn level_for_call(
+    current: usize,
+    times: [Option<Duration>; 3],
+    calls: u64,
+    levels: &[usize],
+) -> usize {
     if times[current].is_none() {
         return current;
     }
@@ -498,18 +503,33 @@ mod tests {
         // on every FAMILY_PROBE_EARLY), when the others take turns.
         let t = [ms(80), ms(90), ms(100)];
         assert_eq!(level_for_call(2, t, 5, all), 2);
-        let (late, half) = (FAMILY_EARLY_CALLS + 10 * FAMILY_PROBE_EVERY, FAMILY_PROBE_EVERY / 2);
+        let (late, half) = (
+            FAMILY_EARLY_CALLS + 10 * FAMILY_PROBE_EVERY,
+            FAMILY_PROBE_EVERY / 2,
+        );
         assert_eq!(level_for_call(2, t, late + half, all), 0);
-        assert_eq!(level_for_call(2, t, late + FAMILY_PROBE_EVERY + half, all), 1);
-        assert_eq!(level_for_call(0, t, late + FAMILY_PROBE_EVERY + half, all), 2);
+        assert_eq!(
+            level_for_call(2, t, late + FAMILY_PROBE_EVERY + half, all),
+            1
+        );
+        assert_eq!(
+            level_for_call(0, t, late + FAMILY_PROBE_EVERY + half, all),
+            2
+        );
         assert_eq!(level_for_call(2, t, late + 5, all), 2);
         // Early on, every FAMILY_PROBE_EARLY calls.
         let e = FAMILY_PROBE_EARLY;
         assert_eq!(level_for_call(2, t, e + e / 2, all), 1);
         assert_eq!(level_for_call(2, t, e + e / 2 + 1, all), 2);
         // Times are smoothed: one slow call moves a level's time halfway.
-        assert_eq!(smoothed(ms(100), Duration::from_millis(200)), Duration::from_millis(150));
-        assert_eq!(smoothed(None, Duration::from_millis(200)), Duration::from_millis(200));
+        assert_eq!(
+            smoothed(ms(100), Duration::from_millis(200)),
+            Duration::from_millis(150)
+        );
+        assert_eq!(
+            smoothed(None, Duration::from_millis(200)),
+            Duration::from_millis(200)
+        );
         // Kept within 5%, left for one more than 5% faster, the fastest of those.
         assert_eq!(prefer_level([ms(100), ms(100), ms(104)], 2, all), 2);
         assert_eq!(prefer_level([ms(90), ms(100), ms(104)], 2, all), 0);
