@@ -3,8 +3,9 @@
 //! all-gathers and once with CIERA's (FSDP2's `set_custom_all_gather`, through
 //! `ciera.torch.attach`), from the same seed: every step's loss and every rank's final
 //! parameters must be bit-identical, CIERA must have sent compressed calls after the first
-//! iteration and found its caches (hit rate >= 99%). Then python/tests/check_errors.py: bad
-//! input gives exceptions naming the problem.
+//! iteration and found its caches (hit rate >= 99%); at 2 ranks also with CIERA registered as
+//! the torch.distributed backend (`--comm ciera-backend`, no hook). Then
+//! python/tests/check_errors.py: bad input gives exceptions naming the problem.
 //!
 //! The package is assembled here from python/ciera/*.py and the native module this test
 //! builds (`cargo build -p ciera-python`), so it tests this checkout, not an installed wheel.
@@ -152,6 +153,22 @@ fn fsdp2_trains_bit_identically_through_ciera() {
             assert!(num("hit_rate") >= 0.99, "{n} ranks, rank {r}: {stats}");
             assert_eq!(num("failed_calls") + num("repairs"), 0.0, "{stats}");
             assert!(num("ratio") > 1.0, "{stats}");
+        }
+        if n == 2 {
+            // CIERA as the torch.distributed backend (no hook): FSDP2's own all-gathers reach
+            // it through dist.all_gather_into_tensor; the rest goes to its inner gloo group.
+            let backend = train(&py, &pkg, n, "ciera-backend");
+            assert_eq!(
+                a,
+                outcome(&backend),
+                "{n} ranks: gloo and the ciera backend differ:\n{backend}"
+            );
+            let stats = backend
+                .lines()
+                .find_map(|l| l.strip_prefix("rank 0 ciera "))
+                .unwrap_or_else(|| panic!("no stats from the backend run:\n{backend}"));
+            assert!(stats.contains("\"calls\": 100,"), "{stats}");
+            assert!(stats.contains("\"failed_calls\": 0,"), "{stats}");
         }
         skip::show(&format!(
             "fsdp2 {n} ranks: 20 steps bit-identical with gloo; rank 0 {}\n",

@@ -25,7 +25,14 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _FSDPAllG
 
 from . import Communicator
 
-__all__ = ["AllGather", "all_gather_into_tensor", "attach", "dtype_code"]
+__all__ = [
+    "AllGather",
+    "ProcessGroupCiera",
+    "all_gather_into_tensor",
+    "attach",
+    "dtype_code",
+    "register_backend",
+]
 
 # torch dtypes CIERA gathers, by NCCL's numbering (what libciera takes).
 _CODES = {
@@ -122,3 +129,120 @@ def attach(model, comm: Communicator, first_key: int = KEY_BASE):
     if n == 0:
         raise ValueError("the model has no FSDP modules (apply fully_shard first)")
     return n
+
+
+# ---- a torch.distributed backend ---------------------------------------------------------------
+
+from torch._C._distributed_c10d import _create_work_from_future  # noqa: E402
+from torch.futures import Future  # noqa: E402
+
+
+def _done(result):
+    fut = Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+class ProcessGroupCiera(dist.ProcessGroup):
+    """A ``torch.distributed`` process group whose all-gathers run through CIERA and whose
+    other collectives run through an inner gloo group on the same store: what
+    ``init_process_group("ciera")`` makes after :func:`register_backend`. For code that calls
+    ``dist.all_gather_into_tensor`` / ``dist.all_gather`` itself (DeepSpeed ZeRO-3, FSDP2
+    without the hook). Tensors are keyed by address (each parameter buffer its own cache);
+    results never depend on it. CPU tensors; CUDA ones through CIERA's device path."""
+
+    def __init__(self, store, rank, size, timeout, group_name=None):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        # The inner gloo group is this group's CPU backend as C++ sees it (what carries the
+        # group's name, which device meshes look groups up by); calls made from Python (every
+        # dist.* function) reach the methods below first.
+        cpu = torch.device("cpu")
+        self._register_backend(cpu, dist.ProcessGroup.BackendType.GLOO, self._gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        if group_name:
+            self._set_group_name(group_name)
+        key = "ciera/uid"
+        if rank == 0:
+            from . import unique_id
+
+            store.set(key, unique_id())
+        # Every rank reads it back (rank 0 too: one code path).
+        self.comm = Communicator(bytes(store.get(key)), size, rank)
+
+    def getBackendName(self):
+        return "ciera"
+
+    # All-gathers: CIERA.
+    def _allgather_base(self, output, input, opts=None):
+        all_gather_into_tensor(self.comm, output, input)
+        return _done(output)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs):
+            all_gather_into_tensor(self.comm, o, i)
+        return _done(outputs)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        # One input per rank of ours, gathered into a list of world-size tensors.
+        for outs, inp in zip(output_tensors, input_tensors):
+            if len(outs) != self.comm.size:
+                raise ValueError(f"all_gather wants {self.comm.size} output tensors, got {len(outs)}")
+            flat = torch.empty((self.comm.size,) + tuple(inp.shape), dtype=inp.dtype, device=inp.device)
+            all_gather_into_tensor(self.comm, flat.view(-1), inp.contiguous().view(-1))
+            for r, o in enumerate(outs):
+                o.copy_(flat[r])
+        return _done(output_tensors)
+
+    # Everything else: the inner gloo group.
+    def allreduce(self, tensors, opts=dist.AllreduceOptions()):
+        return self._gloo.allreduce(tensors, opts)
+
+    def allreduce_coalesced(self, tensors, opts=dist.AllreduceCoalescedOptions()):
+        return self._gloo.allreduce_coalesced(tensors, opts)
+
+    def broadcast(self, tensors, opts=dist.BroadcastOptions()):
+        return self._gloo.broadcast(tensors, opts)
+
+    def reduce(self, tensors, opts=dist.ReduceOptions()):
+        return self._gloo.reduce(tensors, opts)
+
+    def reduce_scatter(self, outputs, inputs, opts=dist.ReduceScatterOptions()):
+        return self._gloo.reduce_scatter(outputs, inputs, opts)
+
+    def _reduce_scatter_base(self, output, input, opts=dist.ReduceScatterOptions()):
+        return self._gloo._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=dist.ReduceScatterOptions()):
+        return self._gloo.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def barrier(self, opts=dist.BarrierOptions()):
+        return self._gloo.barrier(opts)
+
+    def gather(self, outputs, inputs, opts=dist.GatherOptions()):
+        return self._gloo.gather(outputs, inputs, opts)
+
+    def scatter(self, outputs, inputs, opts=dist.ScatterOptions()):
+        return self._gloo.scatter(outputs, inputs, opts)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=dist.AllToAllOptions()):
+        return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def send(self, tensors, dst, tag):
+        return self._gloo.send(tensors, dst, tag)
+
+    def recv(self, tensors, src, tag):
+        return self._gloo.recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag):
+        return self._gloo.recv_anysource(tensors, tag)
+
+
+def register_backend(name="ciera"):
+    """Makes ``dist.init_process_group("ciera")`` (or ``name``) give a
+    :class:`ProcessGroupCiera` on CPU: all-gathers through CIERA, the rest through gloo."""
+
+    def create(opts, _pg_options):
+        return ProcessGroupCiera(opts.store, opts.group_rank, opts.group_size, opts.timeout, opts.group_id)
+
+    dist.Backend.register_backend(name, create, extended_api=True, devices=["cpu"])

@@ -3,6 +3,9 @@
 
     torchrun --nproc-per-node 2 python/examples/fsdp2_moe.py --comm ciera --steps 20
 
+``--comm ciera-backend`` instead registers CIERA as a torch.distributed backend and uses it
+as the default process group: FSDP2's own all-gathers then reach CIERA without the hook.
+
 Byte-level language model on a bundled text (the repository's ARCHITECTURE.md): token
 embedding, causal self-attention, and a top-2-of-4-experts MoE feed-forward per layer. FSDP2
 shards every block and the root; MixedPrecisionPolicy gathers bf16 parameters (fp32 master
@@ -146,7 +149,13 @@ def params_digest(model):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--comm", choices=("ciera", "gloo"), default="ciera")
+    ap.add_argument(
+        "--comm",
+        choices=("ciera", "gloo", "ciera-backend"),
+        default="ciera",
+        help="ciera: FSDP2's all-gather hook; ciera-backend: init_process_group('ciera'), "
+        "whose all-gathers are CIERA's and the rest gloo's",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--layers", type=int, default=2)
@@ -160,7 +169,13 @@ def main():
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo")
+    if args.comm == "ciera-backend":
+        import ciera.torch
+
+        ciera.torch.register_backend()
+        dist.init_process_group("ciera")
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(args.seed)
@@ -213,6 +228,8 @@ def main():
     say(f"rank {rank} params {params_digest(model)}")
     gathers = f", all-gathers {1e3 * gather_clock[0] / args.steps:.1f} ms" if args.time_gathers else ""
     say(f"rank {rank} time per step {1e3 * t_steps / args.steps:.1f} ms{gathers}")
+    if args.comm == "ciera-backend":
+        comm = dist.distributed_c10d._get_default_group().comm
     if comm is not None:
         say(f"rank {rank} ciera {json.dumps(comm.stats(), sort_keys=True)}")
     dist.destroy_process_group()

@@ -126,7 +126,8 @@ impl Communicator {
     }
 
     /// The statistics as a dict: calls by kind, bytes gathered and on the wire, their ratio,
-    /// cache misses and the hit rate (shards of compressed calls whose cache was warm).
+    /// cache misses, frames received and the hit rate (those that decoded against a warm
+    /// cache).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.live.stats();
         let c = &s.compress;
@@ -142,13 +143,13 @@ impl Communicator {
         d.set_item("ratio", c.ratio())?;
         d.set_item("repairs", c.repairs)?;
         d.set_item("misses", c.misses)?;
-        let shards = c.delta_calls * self.live.size() as u64;
-        let hit_rate = if shards == 0 {
-            None
-        } else {
-            Some(1.0 - c.misses as f64 / shards as f64)
-        };
-        d.set_item("hit_rate", hit_rate)?;
+        // Frames received that decoded against a warm cache / all frames received.
+        let (hits, frames) = self.live.frame_hits();
+        d.set_item("frames", frames)?;
+        d.set_item(
+            "hit_rate",
+            (frames > 0).then(|| hits as f64 / frames as f64),
+        )?;
         d.set_item("cache_bytes", c.cache_bytes)?;
         d.set_item("encode_ns", c.encode_ns)?;
         d.set_item("decode_ns", c.decode_ns)?;

@@ -295,6 +295,15 @@ impl LiveComm {
         self.core.async_error()
     }
 
+    /// Frames received that decoded against a warm cache, and all frames received, over
+    /// every tensor this communicator compressed (the cache hit rate is their ratio).
+    pub fn frame_hits(&self) -> (u64, u64) {
+        lock(&self.core.comm)
+            .slot_stats()
+            .iter()
+            .fold((0, 0), |(h, f), (_, _, s)| (h + s.hits, f + s.frames))
+    }
+
     pub fn abort(&self) {
         self.core.abort.abort();
     }
