@@ -9,6 +9,7 @@
 //!   [`gpu`]: the CUDA driver probe (device support lands here);
 //! - [`engine`]: runs one call of a schedule over the transport's links (`ciera-transport`);
 //! - [`compress`]: the compression policy (raw, fill or delta per call), over the engine;
+//! - [`sim`]: the cost model behind `ciera sim` (pure arithmetic, no I/O);
 //! - [`comm`]: the communicator: bootstrap, configuration, the engine and the policy;
 //! - [`capi`] (the C ABI, shared with the interposers) and [`cli`] (the `ciera` command):
 //!   thin callers of the communicator.
@@ -28,6 +29,7 @@ pub mod logging;
 pub mod mem;
 pub mod parse;
 pub mod safetensors;
+pub mod sim;
 
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -21,7 +21,7 @@ const ROOT_REEXPORTS: [(&str, &str); 4] = [
 ];
 
 /// Modules that must say `#![forbid(unsafe_code)]`.
-const NO_UNSAFE: [&str; 12] = [
+const NO_UNSAFE: [&str; 13] = [
     "algo",
     "cli",
     "coded_enum",
@@ -34,6 +34,7 @@ const NO_UNSAFE: [&str; 12] = [
     "mem",
     "parse",
     "safetensors",
+    "sim",
 ];
 
 /// What the codec and the schedules may never use.

@@ -13,6 +13,8 @@ commands:
         the compressed Allgather replaying a real training trace, every bit checked
   launch -n N [--] PROGRAM [ARGS...]
         run N ranks of PROGRAM on this machine
+  sim [--model M] [--cluster C] [--gpus LIST] ... | sim --validate DIR
+        project training with CIERA to 8..1024 GPUs; check the model against runs measured here
 ";
 
 fn main() -> ExitCode {
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
         "analyze" => ciera::cli::analyze::main(rest),
         "perf" => ciera::cli::perf::main(rest),
         "launch" => ciera::cli::launch::main(rest),
+        "sim" => ciera::cli::sim::main(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             0

@@ -1,4 +1,4 @@
-//! The `ciera` command: `analyze`, `perf`, `launch`. Each subcommand takes its arguments
+//! The `ciera` command: `analyze`, `perf`, `launch`, `sim`. Each subcommand takes its arguments
 //! (without the program and subcommand names) and returns the process exit code.
 #![forbid(unsafe_code)]
 
@@ -8,3 +8,4 @@ pub mod launch;
 pub mod perf;
 pub mod perf_trace;
 pub mod ranks;
+pub mod sim;

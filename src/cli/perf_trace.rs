@@ -187,7 +187,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
 }
 
 /// The tensor to replay in `st`: the one named, else the first bf16 one, else the first.
-fn pick_tensor<'a>(
+pub(crate) fn pick_tensor<'a>(
     st: &'a SafeTensors,
     want: Option<&str>,
 ) -> Result<&'a crate::safetensors::TensorInfo> {
@@ -222,7 +222,7 @@ fn tensor_of(path: &Path, want: Option<&str>) -> Result<()> {
 }
 
 /// The windows of consecutive steps in a trace folder, each a list of (step, path).
-fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
+pub(crate) fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     let shown = dir.display().to_string();
     let rd = std::fs::read_dir(dir).map_err(|e| Error::Io {
         what: format!("trace folder {shown}"),
