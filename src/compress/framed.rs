@@ -383,20 +383,44 @@ impl Compressor {
             }
         }
         if mode == CompressMode::Auto {
-            if let Some(base) = p.raw_time {
-                if slowest.as_secs_f64() > 0.95 * base.as_secs_f64() {
+            let compared = if levels.len() > 1 {
+                super::compared_time(p.level_time, levels, all_fill, slowest)
+            } else {
+                Some(slowest)
+            };
+            if let (Some(base), Some(t)) = (p.raw_time, compared) {
+                if t.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     p.slow_streak += 1;
                 } else {
                     p.slow_streak = 0;
                 }
                 // Two slow calls in a row: one slow call on a shared machine is noise (a call
                 // of FILL frames counts too: buffers that move every call never pay).
-                if p.slow_streak >= 2 {
+                let demote_to = super::demotion(new_mode, p.may_demote);
+                if let (true, Some(lighter)) = (p.slow_streak >= 2, demote_to) {
+                    // Every level of a delta / full-value cache lost: an exponent cache's
+                    // Exp frames are cheaper (no full values to keep). Its caches are filled
+                    // by the next call; the old ones are no longer used and leave by the
+                    // budget's least-recently-used eviction, alike on every rank.
+                    p.slow_streak = 0;
+                    p.may_demote = false;
+                    p.mode = Some(lighter);
+                    p.refill = true;
+                    p.level = 2;
+                    p.level_time = [None, None, None];
+                    p.stats.frame_choice = None;
+                    tracing::info!(
+                        slot = key.id,
+                        delta_ms = t.as_secs_f64() * 1e3,
+                        raw_ms = base.as_secs_f64() * 1e3,
+                        "a {new_mode:?} cache does not pay on this link for this tensor: an exponent cache instead"
+                    );
+                } else if p.slow_streak >= 2 {
                     p.slow_streak = 0;
                     p.raw_until = p.stats.calls + p.backoff;
                     tracing::info!(
                         slot = key.id,
-                        delta_ms = slowest.as_secs_f64() * 1e3,
+                        delta_ms = t.as_secs_f64() * 1e3,
                         raw_ms = base.as_secs_f64() * 1e3,
                         "compression does not pay on this link for this tensor: raw for {} calls",
                         p.backoff

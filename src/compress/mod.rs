@@ -23,7 +23,11 @@
 //!   current);
 //! - then delta calls; each one's time (slowest rank) is compared with the raw baseline
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
-//!   for a back-off period (256 calls, doubling each time) and is re-probed after it. `on`
+//!   for a back-off period (256 calls, doubling each time) and is re-probed after it. A policy
+//!   with several frame levels (below) is judged by its fastest level, once each is timed;
+//!   when even that loses and the cache mode was the default's choice (a delta or full-value
+//!   cache), it moves to an exponent cache first (its next call refills), whose Exp frames
+//!   cost less than Exp frames that must also keep full values; raw comes after that. `on`
 //!   always compresses, `off` never.
 //! - a policy on delta or full-value caches also chooses its frame level by time (Exp only,
 //!   Exp or Hybrid, everything the cache takes): each level timed after the first timed call
@@ -88,6 +92,11 @@ struct Policy {
     level: usize,
     level_time: [Option<Duration>; 3],
     call_level: usize,
+    /// The cache mode was the default's choice (not asked for), so a policy whose every frame
+    /// level loses to raw may move to an exponent cache before it goes raw.
+    may_demote: bool,
+    /// The next call fills new caches (after a move to another cache mode).
+    refill: bool,
     stats: SlotStats,
 }
 
@@ -245,12 +254,8 @@ impl Compressor {
         };
         let pkey = Self::policy_key(key);
         if !self.policies.contains_key(&pkey) {
-            let new_mode = self.mode_for(
-                key,
-                n,
-                opts.cache_mode.or(self.config.cache_mode),
-                ring_crosses_network(engine.topology()),
-            );
+            let asked = opts.cache_mode.or(self.config.cache_mode);
+            let new_mode = self.mode_for(key, n, asked, ring_crosses_network(engine.topology()));
             self.policies.insert(
                 pkey,
                 Policy {
@@ -263,6 +268,8 @@ impl Compressor {
                     level: 2,
                     level_time: [None, None, None],
                     call_level: 2,
+                    may_demote: asked.is_none(),
+                    refill: false,
                     stats: SlotStats::default(),
                 },
             );
@@ -273,10 +280,12 @@ impl Compressor {
         };
         p.stats.calls += 1;
         let calls = p.stats.calls;
-        if calls == 1 {
+        if calls == 1 || p.refill {
             // The first call of a policy travels raw and every rank fills its caches of every
             // source from the result: costs a raw call plus a copy, where FILL frames would
-            // copy each shard through the codec on both sides.
+            // copy each shard through the codec on both sides. So does the first call after a
+            // move to another cache mode.
+            p.refill = false;
             p.stats.fill_calls += 1;
             return self.raw_fill(engine, key, new_mode, send, recv, count, dtype);
         }
@@ -474,6 +483,34 @@ fn prefer_level(times: [Option<Duration>; 3], current: usize, levels: &[usize]) 
     }
 }
 
+/// What a policy with several frame levels compares with its raw baseline after a call: None
+/// while a level of its cache is still untimed (the lighter levels are tried before raw is
+/// judged faster: a delta cache's Delta frames can lose to raw on a link where Exp frames
+/// win); then the fastest level's (smoothed) time. A call of FILL frames only times no level
+/// and is compared as it is (buffers that move every call never pay).
+fn compared_time(
+    times: [Option<Duration>; 3],
+    levels: &[usize],
+    all_fill: bool,
+    call: Duration,
+) -> Option<Duration> {
+    if all_fill {
+        return Some(call);
+    }
+    if levels.iter().any(|&l| times[l].is_none()) {
+        return None;
+    }
+    levels.iter().filter_map(|&l| times[l]).min()
+}
+
+/// The cache mode a policy moves to when every frame level of its cache lost to raw: an
+/// exponent cache, for a delta or full-value cache the default chose; None (go raw) for an
+/// exponent cache or a cache mode the caller asked for.
+fn demotion(mode: CacheMode, may_demote: bool) -> Option<CacheMode> {
+    (may_demote && matches!(mode, CacheMode::Delta | CacheMode::FullValue))
+        .then_some(CacheMode::Exponent)
+}
+
 /// Bytes of the caches of one tensor on every rank: each of `n` sources' `count` elements.
 fn caches_bytes(n: usize, count: usize, dtype: DType, mode: CacheMode) -> usize {
     n.saturating_mul(count)
@@ -537,6 +574,44 @@ mod tests {
         assert_eq!(prefer_level([ms(100), None, ms(60)], 0, all), 2);
         assert_eq!(prefer_level([None, None, ms(500)], 2, all), 2);
         assert_eq!(prefer_level([ms(500), None, None], 2, all), 2);
+    }
+
+    /// Raw is judged against the fastest frame level, and only once every level of the cache
+    /// has been timed; a call of FILL frames is judged as it is.
+    #[test]
+    fn raw_is_judged_against_the_fastest_level_once_all_are_timed() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        let call = Duration::from_millis(70);
+        let all = &[0, 1, 2];
+        assert_eq!(compared_time([None, None, ms(74)], all, false, call), None);
+        assert_eq!(
+            compared_time([None, ms(72), ms(74)], all, false, call),
+            None
+        );
+        assert_eq!(
+            compared_time([ms(41), ms(72), ms(74)], all, false, call),
+            ms(41)
+        );
+        assert_eq!(
+            compared_time([ms(41), None, ms(74)], &[0, 2], false, call),
+            ms(41)
+        );
+        assert_eq!(
+            compared_time([None, None, None], all, true, call),
+            Some(call)
+        );
+    }
+
+    #[test]
+    fn only_a_default_delta_or_full_value_cache_moves_to_an_exponent_cache() {
+        assert_eq!(demotion(CacheMode::Delta, true), Some(CacheMode::Exponent));
+        assert_eq!(
+            demotion(CacheMode::FullValue, true),
+            Some(CacheMode::Exponent)
+        );
+        assert_eq!(demotion(CacheMode::Exponent, true), None);
+        assert_eq!(demotion(CacheMode::Delta, false), None);
+        assert_eq!(demotion(CacheMode::FullValue, false), None);
     }
 
     fn key(count: usize, dtype: DType) -> SlotKey {
