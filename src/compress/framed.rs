@@ -382,6 +382,12 @@ impl Compressor {
                 p.level = next;
             }
         }
+        if mode == CompressMode::Auto && !all_fill {
+            if let Some(r) = self.exponent_trial(pkey, key, new_mode, slowest) {
+                return Ok(report(r));
+            }
+        }
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
         if mode == CompressMode::Auto {
             let compared = if levels.len() > 1 {
                 super::compared_time(p.level_time, levels, all_fill, slowest)
@@ -430,5 +436,88 @@ impl Compressor {
             }
         }
         Ok(report(false))
+    }
+
+    /// A default delta / full-value cache's one trial of an exponent cache (see `Trial`):
+    /// starts it once every level is timed and compression beats raw, times it, and keeps it
+    /// or goes back. Some(false) when it decided this call's next step (the caller returns).
+    fn exponent_trial(
+        &mut self,
+        pkey: SlotKey,
+        key: SlotKey,
+        new_mode: CacheMode,
+        slowest: Duration,
+    ) -> Option<bool> {
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        let levels = super::levels_of(new_mode);
+        match p.trial {
+            super::Trial::Running {
+                from,
+                best,
+                calls,
+                time,
+            } if new_mode == CacheMode::Exponent => {
+                let time = super::smoothed(time, slowest);
+                let calls = calls + 1;
+                p.slow_streak = 0;
+                match super::trial_verdict(time, calls, best) {
+                    None => {
+                        p.trial = super::Trial::Running {
+                            from,
+                            best,
+                            calls,
+                            time: Some(time),
+                        };
+                    }
+                    Some(keep) => {
+                        p.trial = super::Trial::Done;
+                        tracing::info!(
+                            slot = key.id,
+                            exp_ms = time.as_secs_f64() * 1e3,
+                            before_ms = best.as_secs_f64() * 1e3,
+                            "{}",
+                            if keep {
+                                "an exponent cache is faster for this tensor: kept".to_string()
+                            } else {
+                                format!("an exponent cache is slower for this tensor: back to a {from:?} cache")
+                            }
+                        );
+                        if !keep {
+                            p.mode = Some(from);
+                            p.refill = true;
+                            p.level = 2;
+                            p.level_time = [None, None, None];
+                        }
+                    }
+                }
+                Some(false)
+            }
+            super::Trial::NotYet if p.may_demote && levels.len() > 1 => {
+                let best = super::compared_time(p.level_time, levels, false, slowest)?;
+                let base = p.raw_time?;
+                if best.as_secs_f64() > 0.95 * base.as_secs_f64() {
+                    return None; // the raw verdict decides (and may demote)
+                }
+                p.trial = super::Trial::Running {
+                    from: new_mode,
+                    best,
+                    calls: 0,
+                    time: None,
+                };
+                p.may_demote = false;
+                p.mode = Some(CacheMode::Exponent);
+                p.refill = true;
+                p.level = 2;
+                p.level_time = [None, None, None];
+                p.stats.frame_choice = None;
+                tracing::info!(
+                    slot = key.id,
+                    best_ms = best.as_secs_f64() * 1e3,
+                    "trying an exponent cache for this tensor (its {new_mode:?} cache's best level is timed)"
+                );
+                Some(false)
+            }
+            _ => None,
+        }
     }
 }

@@ -24,10 +24,11 @@
 //! - then delta calls; each one's time (slowest rank) is compared with the raw baseline
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
 //!   for a back-off period (256 calls, doubling each time) and is re-probed after it. A policy
-//!   with several frame levels (below) is judged by its fastest level, once each is timed;
-//!   when even that loses and the cache mode was the default's choice (a delta or full-value
-//!   cache), it moves to an exponent cache first (its next call refills), whose Exp frames
-//!   cost less than Exp frames that must also keep full values; raw comes after that. `on`
+//!   with several frame levels (below) is judged by its fastest level, once each is timed.
+//!   A delta or full-value cache the default chose then tries an exponent cache once (two
+//!   calls after a refill; kept if as fast as its own best level, see `Trial`), and when even
+//!   its best level loses to raw it moves to an exponent cache before it goes raw: Exp frames
+//!   that must also keep full values cost more than on an exponent cache. `on`
 //!   always compresses, `off` never.
 //! - a policy on delta or full-value caches also chooses its frame level by time (Exp only,
 //!   Exp or Hybrid, everything the cache takes): each level timed after the first timed call
@@ -97,7 +98,35 @@ struct Policy {
     may_demote: bool,
     /// The next call fills new caches (after a move to another cache mode).
     refill: bool,
+    /// The one trial of an exponent cache a default delta / full-value cache makes.
+    trial: Trial,
     stats: SlotStats,
+}
+
+/// A default delta or full-value cache, once each of its frame levels is timed (and it beats
+/// raw), tries an exponent cache for `TRIAL_CALLS` calls and keeps it if those were at least as
+/// fast as its own best level; else it goes back (refilled). Exp frames on an exponent cache
+/// cost less than on a cache that also keeps full values, which a fast link can prefer to the
+/// heavier frames' smaller wire.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Trial {
+    NotYet,
+    Running {
+        from: CacheMode,
+        best: Duration,
+        calls: u32,
+        time: Option<Duration>,
+    },
+    Done,
+}
+
+const TRIAL_CALLS: u32 = 2;
+
+/// After a call of an exponent-cache trial (its smoothed time over `calls` calls): None while
+/// it runs, then whether to keep the exponent cache against `best`, the time of the cache it
+/// left.
+fn trial_verdict(time: Duration, calls: u32, best: Duration) -> Option<bool> {
+    (calls >= TRIAL_CALLS).then_some(time <= best)
 }
 
 /// Per-communicator compression state.
@@ -270,6 +299,7 @@ impl Compressor {
                     call_level: 2,
                     may_demote: asked.is_none(),
                     refill: false,
+                    trial: Trial::NotYet,
                     stats: SlotStats::default(),
                 },
             );
@@ -612,6 +642,15 @@ mod tests {
         assert_eq!(demotion(CacheMode::Exponent, true), None);
         assert_eq!(demotion(CacheMode::Delta, false), None);
         assert_eq!(demotion(CacheMode::FullValue, false), None);
+    }
+
+    #[test]
+    fn an_exponent_cache_trial_is_kept_only_if_as_fast() {
+        let ms = Duration::from_millis;
+        assert_eq!(trial_verdict(ms(40), 1, ms(60)), None);
+        assert_eq!(trial_verdict(ms(40), 2, ms(60)), Some(true));
+        assert_eq!(trial_verdict(ms(60), 2, ms(60)), Some(true));
+        assert_eq!(trial_verdict(ms(61), 2, ms(60)), Some(false));
     }
 
     fn key(count: usize, dtype: DType) -> SlotKey {
