@@ -515,7 +515,7 @@ fn auto_choice(comm: &Communicator, key: Option<u64>, compressed: u64, iters: us
 /// `out` = bytes `[start, start + out.len())` of `vals` tiled end to end (whole runs copied at
 /// once: the ranks check and refill between timed calls, and a per-element loop there is slow
 /// enough on a busy host to skew when the ranks enter the next call).
-fn fill_tiled(out: &mut [u8], vals: &[u8], start: usize) {
+pub(crate) fn fill_tiled(out: &mut [u8], vals: &[u8], start: usize) {
     let m = vals.len();
     let mut done = 0;
     while done < out.len() {

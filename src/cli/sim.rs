@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::args::Args;
-use super::perf_trace::{pick_tensor, windows};
+use super::perf_trace::{fill_tiled, pick_tensor, windows};
 use crate::codec::{CacheMode, CacheSlot};
 use crate::error::{Error, Result};
 use crate::safetensors::SafeTensors;
@@ -206,8 +206,9 @@ fn window_at(dir: &Path, step: u64) -> Result<Vec<(u64, PathBuf)>> {
 
 /// `v` repeated to `len` bytes (whole elements of `es` bytes).
 fn tiled(v: &[u8], len: usize, es: usize) -> Vec<u8> {
-    let len = len / es * es;
-    v.iter().copied().cycle().take(len).collect()
+    let mut out = vec![0u8; len / es * es];
+    fill_tiled(&mut out, v, 0);
+    out
 }
 
 /// One codec's result on a sequence of steps: the ratio of the last step's frame and the
@@ -519,6 +520,11 @@ fn project(o: &Opts) -> Result<()> {
             }
             c.nodes = gpus / c.gpus_per_node;
         }
+        // Gradient reduce-scatters go raw for every method: one time per unit.
+        let rs: Vec<f64> = units
+            .iter()
+            .map(|u| gather_time(&c, &inputs, Method::Raw, u.gather_bytes).0)
+            .collect();
         let mut raw_it = None;
         let mut raw_ag = 0.0;
         let mut cells = Vec::new();
@@ -527,7 +533,7 @@ fn project(o: &Opts) -> Result<()> {
                 &units,
                 o.prefetch,
                 |u| gather_time(&c, &inputs, m, units[u].gather_bytes).0,
-                |u| gather_time(&c, &inputs, Method::Raw, units[u].gather_bytes).0,
+                |u| rs[u],
             );
             let (rit, rag): (train::Iteration, f64) = match raw_it {
                 None => {

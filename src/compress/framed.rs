@@ -389,11 +389,7 @@ impl Compressor {
         }
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         if mode == CompressMode::Auto {
-            let compared = if levels.len() > 1 {
-                super::compared_time(p.level_time, levels, all_fill, slowest)
-            } else {
-                Some(slowest)
-            };
+            let compared = super::compared_time(p.level_time, levels, all_fill, slowest);
             if let (Some(base), Some(t)) = (p.raw_time, compared) {
                 if t.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     p.slow_streak += 1;
@@ -405,16 +401,10 @@ impl Compressor {
                 let demote_to = super::demotion(new_mode, p.may_demote);
                 if let (true, Some(lighter)) = (p.slow_streak >= 2, demote_to) {
                     // Every level of a delta / full-value cache lost: an exponent cache's
-                    // Exp frames are cheaper (no full values to keep). Its caches are filled
-                    // by the next call; the old ones are no longer used and leave by the
-                    // budget's least-recently-used eviction, alike on every rank.
+                    // Exp frames are cheaper (no full values to keep).
                     p.slow_streak = 0;
                     p.may_demote = false;
-                    p.mode = Some(lighter);
-                    p.refill = true;
-                    p.level = 2;
-                    p.level_time = [None, None, None];
-                    p.stats.frame_choice = None;
+                    p.switch_cache(lighter);
                     tracing::info!(
                         slot = key.id,
                         delta_ms = t.as_secs_f64() * 1e3,
@@ -483,10 +473,7 @@ impl Compressor {
                             }
                         );
                         if !keep {
-                            p.mode = Some(from);
-                            p.refill = true;
-                            p.level = 2;
-                            p.level_time = [None, None, None];
+                            p.switch_cache(from);
                         }
                     }
                 }
@@ -505,11 +492,7 @@ impl Compressor {
                     time: None,
                 };
                 p.may_demote = false;
-                p.mode = Some(CacheMode::Exponent);
-                p.refill = true;
-                p.level = 2;
-                p.level_time = [None, None, None];
-                p.stats.frame_choice = None;
+                p.switch_cache(CacheMode::Exponent);
                 tracing::info!(
                     slot = key.id,
                     best_ms = best.as_secs_f64() * 1e3,

@@ -103,6 +103,19 @@ struct Policy {
     stats: SlotStats,
 }
 
+impl Policy {
+    /// Moves to caches of `mode`: the next call refills them (the old ones are no longer used
+    /// and leave by the budget's least-recently-used eviction, alike on every rank), and its
+    /// frame levels are timed afresh.
+    fn switch_cache(&mut self, mode: CacheMode) {
+        self.mode = Some(mode);
+        self.refill = true;
+        self.level = 2;
+        self.level_time = [None, None, None];
+        self.stats.frame_choice = None;
+    }
+}
+
 /// A default delta or full-value cache, once each of its frame levels is timed (and it beats
 /// raw), tries an exponent cache for `TRIAL_CALLS` calls and keeps it if those were at least as
 /// fast as its own best level; else it goes back (refilled). Exp frames on an exponent cache
@@ -513,18 +526,18 @@ fn prefer_level(times: [Option<Duration>; 3], current: usize, levels: &[usize]) 
     }
 }
 
-/// What a policy with several frame levels compares with its raw baseline after a call: None
-/// while a level of its cache is still untimed (the lighter levels are tried before raw is
-/// judged faster: a delta cache's Delta frames can lose to raw on a link where Exp frames
-/// win); then the fastest level's (smoothed) time. A call of FILL frames only times no level
-/// and is compared as it is (buffers that move every call never pay).
+/// What a policy compares with its raw baseline after a call. A cache of one frame level: the
+/// call's time. One of several levels: None while a level is still untimed (the lighter levels
+/// are tried before raw is judged faster: a delta cache's Delta frames can lose to raw on a
+/// link where Exp frames win), then the fastest level's (smoothed) time. A call of FILL frames
+/// only times no level and is compared as it is (buffers that move every call never pay).
 fn compared_time(
     times: [Option<Duration>; 3],
     levels: &[usize],
     all_fill: bool,
     call: Duration,
 ) -> Option<Duration> {
-    if all_fill {
+    if all_fill || levels.len() < 2 {
         return Some(call);
     }
     if levels.iter().any(|&l| times[l].is_none()) {

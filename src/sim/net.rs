@@ -286,18 +286,6 @@ pub fn allgather(c: &Cluster, sched: Schedule, bytes: f64, comp: Option<&Compres
     out
 }
 
-/// The faster of raw and compressed, as a net-benefit policy would pick it, and whether it
-/// compressed.
-pub fn best_of(c: &Cluster, sched: Schedule, bytes: f64, comp: &Compression) -> (CallTime, bool) {
-    let raw = allgather(c, sched, bytes, None);
-    let z = allgather(c, sched, bytes, Some(comp));
-    if z.total_s < raw.total_s {
-        (z, true)
-    } else {
-        (raw, false)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,7 +317,7 @@ mod tests {
     }
 
     /// Compression divides the wire time by the ratio while the codec keeps up, and the codec
-    /// bounds the call when it does not.
+    /// bounds the call when it does not (then raw is faster).
     #[test]
     fn compressed_call_is_wire_or_codec_bound() {
         let c = shaped_loopback(4, 1.0);
@@ -360,9 +348,8 @@ mod tests {
         let b = s / 4.0;
         assert!((z.codec_s - 2.0 * 4.0 * b / 1e7).abs() < 1e-9);
         assert_eq!(z.total_s, z.codec_s + z.fill_s + z.latency_s);
-        let (best, compressed) = best_of(&c, Schedule::Ring { channels: 1 }, s, &slow);
-        assert!(!compressed);
-        assert_eq!(best, raw);
+        // Raw is faster: the net-benefit choice (`sim::gather_time`) keeps raw.
+        assert!(z.total_s > raw.total_s, "{z:?} vs {raw:?}");
     }
 
     /// On a host, moving bytes costs the node's cores too: a call whose CPU work exceeds its
