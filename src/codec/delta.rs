@@ -158,6 +158,9 @@ pub(super) struct DeltaScratch {
     pad: Vec<u8>,
     /// The words of the group being encoded.
     words: Vec<u16>,
+    /// The context every element's move leaves (pass one), for the slot once the frame is
+    /// written.
+    next_ctx: Vec<u8>,
 }
 
 /// What pass one of the encoder learned about a chunk.
@@ -198,30 +201,40 @@ pub(super) fn scan<L: Layout>(
         changed: 0,
         exp_changed: 0,
     });
-    let counts =
-        match super::delta_simd::scan16::<L>(input, old, ctx, &mut s.z, &mut s.tok, &mut s.idx) {
-            Some(c) => c,
-            None => {
-                s.z.clear();
-                s.tok.clear();
-                s.idx.clear();
-                s.z.reserve(n);
-                s.tok.reserve(n);
-                s.idx.reserve(n);
-                let mut c = super::delta_simd::ScanCounts::default();
-                for (i, &cx) in ctx.iter().enumerate() {
-                    let (a, b) = (L::load(old, i), L::load(input, i));
-                    let (z, t, e) = token_of(a, b, w);
-                    c.extra_bits += e as u64;
-                    c.changed += (a != b) as usize;
-                    c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
-                    s.z.push(z);
-                    s.tok.push(t);
-                    s.idx.push(sym_index(cx, t, w));
-                }
-                c
+    let counts = match super::delta_simd::scan16::<L>(
+        input,
+        old,
+        ctx,
+        &mut s.z,
+        &mut s.tok,
+        &mut s.idx,
+        &mut s.next_ctx,
+    ) {
+        Some(c) => c,
+        None => {
+            s.z.clear();
+            s.tok.clear();
+            s.idx.clear();
+            s.next_ctx.clear();
+            s.z.reserve(n);
+            s.tok.reserve(n);
+            s.idx.reserve(n);
+            s.next_ctx.reserve(n);
+            let mut c = super::delta_simd::ScanCounts::default();
+            for (i, &cx) in ctx.iter().enumerate() {
+                let (a, b) = (L::load(old, i), L::load(input, i));
+                let (z, t, e) = token_of(a, b, w);
+                c.extra_bits += e as u64;
+                c.changed += (a != b) as usize;
+                c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
+                s.z.push(z);
+                s.tok.push(t);
+                s.idx.push(sym_index(cx, t, w));
+                s.next_ctx.push(context_of(unzigzag(z, w), w));
             }
-        };
+            c
+        }
+    };
     // Four histograms in turn, so that runs of one (context, token) do not wait on each other;
     // indexed by the symbol index (below HIST, masked so that no index needs a bounds check).
     s.hist.clear();
@@ -394,7 +407,7 @@ pub(super) fn write<L: Layout>(
             cum += freq[t];
         }
     }
-    let vector = lanes == 32 && w == 16 && super::simd::enabled();
+    let vector = lanes == 32 && w == 16 && super::delta_simd::on();
     if vector {
         let e = &mut s.enc;
         e.packed.clear();
@@ -467,9 +480,7 @@ pub(super) fn write<L: Layout>(
     }
     let s0 = out.len() - s0_start;
     out.extend_from_slice(&model);
-    for (c, &z) in ctx.iter_mut().zip(s.z.iter()) {
-        *c = context_of(unzigzag(z, w), w);
-    }
+    ctx.copy_from_slice(&s.next_ctx);
     (s0, model.len())
 }
 
@@ -572,7 +583,7 @@ pub(super) fn decode<L: Layout>(
         ));
     }
     let lens = &s1[pos..];
-    let vector = lanes == 32 && L::BYTES == 2 && super::simd::enabled();
+    let vector = lanes == 32 && L::BYTES == 2 && super::delta_simd::on();
     if vector {
         s.pad.clear();
         s.pad.extend_from_slice(s0);

@@ -40,7 +40,7 @@ pub(super) fn decode_rows<L: Layout>(
     rows: usize,
     counts: &mut RowCounts,
 ) -> bool {
-    if L::BYTES != 2 || x.len() != 32 || !super::simd::enabled() {
+    if L::BYTES != 2 || x.len() != 32 || !on() {
         return false;
     }
     let end = base + rows * 32;
@@ -65,6 +65,21 @@ pub(super) fn decode_rows<L: Layout>(
             );
         }
         true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The vector coders apply: AVX2 (and POPCNT, which every AVX2 processor has, for the word
+/// counts) present and SIMD not turned off (`simd::enabled`).
+pub(super) fn on() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| super::simd::enabled() && std::is_x86_feature_detected!("popcnt"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -122,7 +137,7 @@ mod avx2 {
     /// The total-order key of eight 16-bit values (`delta::key`): `u ^ 0xffff` when the sign
     /// bit is set, else `u ^ 0x8000`; `unkey16` is its inverse.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     fn key16(u: __m256i) -> __m256i {
         let sign = _mm256_srai_epi32(_mm256_slli_epi32(u, 16), 31);
         _mm256_xor_si256(
@@ -135,7 +150,7 @@ mod avx2 {
     }
 
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     fn unkey16(k: __m256i) -> __m256i {
         let sign = _mm256_srai_epi32(_mm256_slli_epi32(k, 16), 31);
         _mm256_xor_si256(
@@ -150,7 +165,7 @@ mod avx2 {
     /// A token's extra bit count less one where it has extra bits (`b - 1` of `detokenize`,
     /// garbage below 32), and the mask of the lanes that have them.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     fn token_bits(t: __m256i) -> (__m256i, __m256i) {
         let big = _mm256_cmpgt_epi32(t, _mm256_set1_epi32(31));
         let bm1 = _mm256_add_epi32(
@@ -162,7 +177,7 @@ mod avx2 {
 
     /// Eight lanes' values below 2^16 as eight u16 (the low 128 bits).
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     fn pack16(v: __m256i) -> __m128i {
         _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(
             v, v,
@@ -171,7 +186,7 @@ mod avx2 {
 
     /// Eight lanes' values below 2^8 as eight bytes (the low 64 bits).
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     fn pack8(v: __m256i) -> __m128i {
         let p16 = _mm256_packus_epi32(v, v);
         let p8 = _mm256_packus_epi16(p16, p16);
@@ -184,7 +199,7 @@ mod avx2 {
     /// Refill the lanes of `x` that are below RANS_L with the next words of the stream, in
     /// lane order.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     unsafe fn refill(x: &mut __m256i, rd: &mut Reader, base: *const u8, limit: usize) {
         let need = _mm256_cmpgt_epi32(_mm256_set1_epi32(RANS_L as i32), *x);
         // No branch on the mask (it is as good as random): with no lane in need the shuffle
@@ -199,7 +214,7 @@ mod avx2 {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn rows<L: Layout>(
         padded: &[u8],
         limit: usize,
@@ -324,7 +339,7 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn scan<L: Layout>(
         input: &[u8],
         old: &[u8],
@@ -332,9 +347,11 @@ mod avx2 {
         z: &mut [u32],
         tok: &mut [u8],
         idx: &mut [u16],
+        next: &mut [u8],
     ) -> super::ScanCounts {
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
+        let (clo, chi) = (_mm256_set1_epi32(-CLIP), _mm256_set1_epi32(CLIP));
         let n = input.len() / 2;
         let zero = _mm256_setzero_si256();
         let one = _mm256_set1_epi32(1);
@@ -377,6 +394,9 @@ mod avx2 {
             );
             let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
             _mm_storeu_si128(idx.as_mut_ptr().add(i) as *mut __m128i, pack16(k));
+            // The context this move leaves (`delta::context_of`).
+            let cl = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(sd, clo), chi), chi);
+            _mm_storel_epi64(next.as_mut_ptr().add(i) as *mut __m128i, pack8(cl));
             same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
                 .count_ones() as usize;
             let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
@@ -397,7 +417,7 @@ mod avx2 {
     /// Append the low words of the lanes where `over` is set (highest lane first: the encoder
     /// runs backwards) to the group's words, then shift those states right by 16.
     #[inline]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     unsafe fn emit(x: &mut __m256i, over: __m256i, words: &mut Words<'_>) {
         // No branch on the mask (as good as random): with no lane over, the store writes past
         // the end of the words (overwritten later) and the position does not move.
@@ -412,7 +432,7 @@ mod avx2 {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn encode_rows(
         table: &super::EncTable,
         z: &[u32],
@@ -480,7 +500,8 @@ mod avx2 {
     }
 }
 
-/// Pass one for the 16-bit types: zigzag moves into `z`, tokens into `tok`, and the counts.
+/// Pass one for the 16-bit types: zigzag moves into `z`, tokens into `tok`, symbol indices
+/// into `idx`, the contexts the moves leave into `next`, and the counts.
 /// Returns false (and does nothing) when this path does not apply; else `z` and `tok` hold
 /// `input.len() / 2` entries.
 pub(super) fn scan16<L: Layout>(
@@ -490,8 +511,9 @@ pub(super) fn scan16<L: Layout>(
     z: &mut Vec<u32>,
     tok: &mut Vec<u8>,
     idx: &mut Vec<u16>,
+    next: &mut Vec<u8>,
 ) -> Option<ScanCounts> {
-    if L::BYTES != 2 || !super::simd::enabled() {
+    if L::BYTES != 2 || !on() {
         return None;
     }
     let n = input.len() / 2;
@@ -507,12 +529,13 @@ pub(super) fn scan16<L: Layout>(
     z.resize(n, 0);
     tok.resize(n, 0);
     idx.resize(n, 0);
+    next.resize(n, 0);
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: AVX2 is present; the loop reads 8 elements at a time below n / 8 * 8 of
         // input/old (2n bytes each) and writes the same elements of z and tok (n entries).
-        // ctx (n bytes) is read and idx (n entries) written like z and tok.
-        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, z, tok, idx) };
+        // ctx (n bytes) is read and idx and next (n entries each) written like z and tok.
+        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, z, tok, idx, next) };
         let full = n / 8 * 8;
         for i in full..n {
             let (a, b) = (L::load(old, i), L::load(input, i));
@@ -520,6 +543,7 @@ pub(super) fn scan16<L: Layout>(
             z[i] = zi;
             tok[i] = t;
             idx[i] = super::delta::sym_index(ctx[i], t, 16);
+            next[i] = super::delta::context_of(super::delta::ulp_move(a, b, 16), 16);
             c.extra_bits += e as u64;
             c.changed += (a != b) as usize;
             c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
@@ -564,7 +588,7 @@ pub(super) fn encode_rows(
     base: usize,
     rows: usize,
 ) -> bool {
-    if width != 16 || x.len() != 32 || !super::simd::enabled() {
+    if width != 16 || x.len() != 32 || !on() {
         return false;
     }
     let end = base + rows * 32;
