@@ -8,7 +8,7 @@ use super::float::{Bf16, Layout, F16, F32};
 use super::frame::{self, Frame, Mode};
 use super::kernels::{self, CacheRef};
 use super::scratch::{with_scratch, Scratch};
-use super::slot::{CacheMode, FrameChoice, FrameInfo};
+use super::slot::{CacheMode, FrameChoice, FrameInfo, LevelBytes};
 use super::{bitmask, simd};
 use crate::DType;
 
@@ -39,6 +39,16 @@ impl SlotChunk<'_> {
 
     /// Encode this chunk's `input` (exactly `len` elements) as one frame appended to `out`.
     pub fn encode(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<FrameInfo> {
+        self.encode_estimated(input, out).map(|(info, _)| info)
+    }
+
+    /// [`encode`](Self::encode), and the encoder's estimate of the frame's bytes at each frame
+    /// level ([`LevelBytes`]).
+    pub fn encode_estimated(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(FrameInfo, LevelBytes)> {
         let expect = self.len * self.dtype.size();
         if input.len() != expect {
             return Err(CodecError::LengthMismatch {
@@ -48,6 +58,7 @@ impl SlotChunk<'_> {
             });
         }
         let start = out.len();
+        let mut level_bytes = [None; 3];
         let (mode, fill, sections, exp_changes, value_changes, s0_hash) =
             if !self.dtype.is_compressible() {
                 raw_sections(input, out);
@@ -73,6 +84,7 @@ impl SlotChunk<'_> {
                     self.fill(input);
                     (Mode::Raw, true, [input.len(), 0, 0, 0], 0, None, None)
                 } else {
+                    level_bytes = d.levels;
                     (
                         d.mode,
                         false,
@@ -92,7 +104,7 @@ impl SlotChunk<'_> {
             version: self.version,
         };
         frame::finish(out, start, &h, sections, s0_hash);
-        Ok(FrameInfo {
+        let info = FrameInfo {
             mode,
             fill,
             dtype: self.dtype,
@@ -103,7 +115,8 @@ impl SlotChunk<'_> {
             frame_bytes: out.len() - start,
             exp_changes,
             value_changes,
-        })
+        };
+        Ok((info, level_bytes))
     }
 
     /// Decode a parsed frame for this chunk into `out` (exactly `len` elements).
@@ -229,6 +242,21 @@ struct Delta {
     sections: [usize; 4],
     exp_changes: usize,
     value_changes: Option<usize>,
+    /// Estimated frame bytes at each frame level, where this choice computed them.
+    levels: [Option<usize>; 3],
+}
+
+/// Estimated frame bytes (header included) at the three frame levels from the estimated
+/// payloads of an Exp, a Hybrid and (on a delta cache) a Delta frame: Exp only; the smaller
+/// of Exp and Hybrid; the smallest of all (None without a Delta estimate).
+fn level_estimates(exp: f64, hybrid: f64, delta: Option<f64>) -> [Option<usize>; 3] {
+    let h = frame::HEADER_LEN as f64;
+    let l1 = exp.min(hybrid);
+    [
+        Some((exp + h) as usize),
+        Some((l1 + h) as usize),
+        delta.map(|d| (l1.min(d) + h) as usize),
+    ]
 }
 
 /// rANS is worth its codec time in an `Exp` frame only when it saves this share of the frame.
@@ -262,16 +290,19 @@ fn encode_delta_with<L: Layout>(
         delta: ds,
     } = s;
     exps.clear();
+    let mut levels = [None; 3];
     if c.mode == CacheMode::Delta {
         if matches!(choice, FrameChoice::Delta | FrameChoice::Auto) {
             let sc = delta::scan::<L>(input, c.state, c.ctx, ds);
+            // The three frames, each estimated from pass one's counts (the masks near their
+            // entropy).
+            let d_est = delta::estimate(&sc, n, delta::width::<L>());
+            let (k, ke) = (sc.changed, sc.exp_changed);
+            let exp_est = L::sm_len(n) as f64 + mask_entropy_bytes(ke, n) + ke as f64;
+            let hyb_est = hybrid_estimate::<L>(n, k, ke) as f64;
+            levels = level_estimates(exp_est, hyb_est, Some(d_est as f64));
             if choice == FrameChoice::Auto {
-                // The smallest of the three frames, each estimated from pass one's counts
-                // (the masks near their entropy).
-                let d_est = delta::estimate(&sc, n, delta::width::<L>());
-                let (k, ke) = (sc.changed, sc.exp_changed);
-                let exp_est = L::sm_len(n) as f64 + mask_entropy_bytes(ke, n) + ke as f64;
-                let hyb_est = hybrid_estimate::<L>(n, k, ke) as f64;
+                // The smallest of the three.
                 choice = if (d_est as f64) <= exp_est.min(hyb_est) {
                     FrameChoice::Delta
                 } else if hyb_est < exp_est {
@@ -289,6 +320,7 @@ fn encode_delta_with<L: Layout>(
                     sections: [s0, s1, 0, 0],
                     exp_changes: sc.exp_changed,
                     value_changes: Some(sc.changed),
+                    levels,
                 };
             }
         }
@@ -301,7 +333,10 @@ fn encode_delta_with<L: Layout>(
         choice = FrameChoice::Auto;
     }
     if choice == FrameChoice::Exp {
-        return write_exp::<L>(c, input, out, masks, exps);
+        return Delta {
+            levels,
+            ..write_exp::<L>(c, input, out, masks, exps)
+        };
     }
     // Full-value cache: which values and which exponents changed.
     if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
@@ -315,8 +350,17 @@ fn encode_delta_with<L: Layout>(
         let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
         let pe = bitmask::plan(exp_changed, n, None);
         let exp_bytes = L::sm_len(n) + pe.bytes + ke;
-        if hybrid_estimate::<L>(n, k, ke) as u64 * 5 >= exp_bytes as u64 * 4 {
-            return write_exp::<L>(c, input, out, masks, exps);
+        let hyb_bytes = hybrid_estimate::<L>(n, k, ke);
+        // The levels this choice weighs (a full-value cache's heaviest is this one).
+        levels = level_estimates(exp_bytes as f64, hyb_bytes as f64, None);
+        if c.mode == CacheMode::FullValue {
+            levels[2] = levels[1];
+        }
+        if hyb_bytes as u64 * 5 >= exp_bytes as u64 * 4 {
+            return Delta {
+                levels,
+                ..write_exp::<L>(c, input, out, masks, exps)
+            };
         }
     }
     sm.clear();
@@ -337,6 +381,7 @@ fn encode_delta_with<L: Layout>(
         sections: [sm.len(), s2 - s1, s3 - s2, exps.len()],
         exp_changes: exps.len(),
         value_changes: Some(k),
+        levels,
     }
 }
 
@@ -391,6 +436,7 @@ fn write_exp<L: Layout>(
         sections: [dense_len, s2 - s1, exps.len(), 0],
         exp_changes: exps.len(),
         value_changes: None,
+        levels: [None; 3],
     }
 }
 

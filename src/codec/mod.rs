@@ -42,7 +42,7 @@ pub mod slot;
 pub use chunk::{decode_raw, SlotChunk};
 pub use error::{CodecError, Result};
 pub use frame::{Frame, Mode, HEADER_LEN};
-pub use slot::{CacheMode, CacheSlot, FrameChoice, FrameInfo};
+pub use slot::{CacheMode, CacheSlot, FrameChoice, FrameInfo, LevelBytes};
 
 #[cfg(test)]
 mod tests {

@@ -79,6 +79,13 @@ pub struct FrameInfo {
     pub value_changes: Option<usize>,
 }
 
+/// The encoder's estimate of a chunk's frame bytes at each frame level (Exp only; Exp or
+/// Hybrid; every kind the cache takes, as `compress::LEVEL_CHOICES`), where the choice it made
+/// computed it (None elsewhere): what the policy predicts other levels' wire from without
+/// trying them. Not a property of the frame (a receiver cannot know it), so not in
+/// [`FrameInfo`].
+pub type LevelBytes = [Option<usize>; 3];
+
 impl FrameInfo {
     /// What a parsed frame says of itself (change counts filled in by the decoder).
     pub(super) fn of(f: &Frame<'_>, raw_bytes: usize) -> FrameInfo {

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use super::group_codec::{GroupCodec, Incoming, OwnEncoder};
 use super::stats::{CallKind, CallReport, SlotKey};
 use super::store::Lineage;
-use super::{caches_bytes, verify, CompressMode, Compressor, STATUS_FIXED_WORDS};
+use super::{
+    caches_bytes, verify, CompressMode, Compressor, STATUS_FIXED_WORDS, STATUS_LEVEL_BYTES,
+};
 use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
 use crate::engine::Engine;
 use crate::error::Result;
@@ -158,8 +160,10 @@ impl Compressor {
         // Which frames this call sends on a delta cache (every rank alike: agreed values).
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let levels = super::levels_of(new_mode);
+        let raw = (n * shard_bytes) as u64;
         p.call_level = if mode == CompressMode::Auto {
-            super::level_for_call(p.level, p.level_time, p.stats.calls, levels)
+            let hopeless = p.hopeless_levels(levels, raw);
+            super::level_for_call(p.level, p.level_time, p.stats.calls, levels, hopeless)
         } else {
             2
         };
@@ -182,6 +186,7 @@ impl Compressor {
         let mut encoder = OwnEncoder {
             lineage: own,
             infos: Vec::new(),
+            levels: Vec::new(),
             encode_ns: 0,
         };
         let mut codec = GroupCodec::new(&mut self.store, me, n, count, dtype, new_mode, clock);
@@ -196,11 +201,20 @@ impl Compressor {
         let OwnEncoder {
             lineage: own,
             infos: own_infos,
+            levels: own_estimates,
             encode_ns,
         } = encoder;
         // The transfer failed (a peer died, an abort): the caches this call used are dropped
         // (half-updated), and the error goes to the caller.
         r?;
+        // This rank's estimate of its frames' bytes at each level (all chunks, or unknown).
+        let own_levels: [u64; 3] = std::array::from_fn(|l| {
+            own_estimates
+                .iter()
+                .try_fold(0u64, |a, e| e[l].map(|b| a + b as u64))
+                .filter(|_| !own_estimates.is_empty())
+                .unwrap_or(u64::MAX)
+        });
         incoming[me] = Some(Incoming {
             lineage: own,
             version: own_version,
@@ -225,8 +239,8 @@ impl Compressor {
                 None => failed[src] = Some("no frame of it arrived".into()),
             }
         }
-        // Status exchange: [call ns, encode ns, decode ns, shard hash, raw probe ns, failure
-        // bitmap words].
+        // Status exchange: [call ns, encode ns, decode ns, shard hash, raw probe ns, estimated
+        // frame bytes at levels 0..3, failure bitmap words].
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let words = STATUS_FIXED_WORDS + n.div_ceil(64);
         let mut mine = vec![0u64; words];
@@ -235,6 +249,7 @@ impl Compressor {
         mine[2] = decode_ns;
         mine[3] = own_hash;
         mine[4] = p.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
+        mine[STATUS_LEVEL_BYTES..STATUS_LEVEL_BYTES + 3].copy_from_slice(&own_levels);
         if verify {
             // Hashes must be known before this rank can report a mismatch, so verification
             // takes a first exchange of the hashes alone when it is on.
@@ -278,7 +293,6 @@ impl Compressor {
             .flat_map(|v| v.iter())
             .map(|i| i.frame_bytes as u64)
             .sum();
-        let raw = (n * shard_bytes) as u64;
         let misses = (0..n)
             .filter(|&src| !is_bad[src] && incoming[src].as_ref().is_some_and(|i| i.missed))
             .count() as u64;
@@ -366,6 +380,21 @@ impl Compressor {
         // Decide what the next call of this policy does, from agreed values only.
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let levels = super::levels_of(new_mode);
+        if !all_fill {
+            // Every level's wire: this call's, scaled by the ranks' estimates (all of them,
+            // where every rank knew its own).
+            let est: [Option<f64>; 3] = std::array::from_fn(|l| {
+                status.iter().try_fold(0.0, |a, s| {
+                    let b = s[STATUS_LEVEL_BYTES + l];
+                    (b != u64::MAX).then_some(a + b as f64)
+                })
+            });
+            if let Some(e) = est[p.call_level].filter(|&e| e > 0.0) {
+                let scale = wire as f64 / e;
+                p.level_wire = std::array::from_fn(|l| est[l].map(|x| x * scale));
+                p.level_wire[p.call_level] = Some(wire as f64);
+            }
+        }
         if mode == CompressMode::Auto && levels.len() > 1 && !all_fill {
             p.level_time[p.call_level] = Some(super::smoothed(p.level_time[p.call_level], slowest));
             let next = super::prefer_level(p.level_time, p.level, levels);
@@ -383,13 +412,28 @@ impl Compressor {
             }
         }
         if mode == CompressMode::Auto && !all_fill {
-            if let Some(r) = self.exponent_trial(pkey, key, new_mode, slowest) {
+            if let Some(r) = self.exponent_trial(pkey, key, new_mode, slowest, raw) {
                 return Ok(report(r));
             }
         }
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         if mode == CompressMode::Auto {
-            let compared = super::compared_time(p.level_time, levels, all_fill, slowest);
+            let hopeless = p.hopeless_levels(levels, raw);
+            if hopeless != p.stats.hopeless_levels && levels.len() > 1 {
+                tracing::info!(
+                    slot = key.id,
+                    wire_bound_ms = ?p.wire_bound(raw).map(|b| b.map(|d| d.as_secs_f64() * 1e3)),
+                    level_ms = ?p.level_time.map(|t| t.map(|d| d.as_secs_f64() * 1e3)),
+                    "frame levels that cannot win on this link (not tried): {:?}",
+                    levels
+                        .iter()
+                        .filter(|&&l| hopeless[l])
+                        .map(|&l| super::LEVEL_CHOICES[l])
+                        .collect::<Vec<_>>()
+                );
+                p.stats.hopeless_levels = hopeless;
+            }
+            let compared = super::compared_time(p.level_time, levels, hopeless, all_fill, slowest);
             if let (Some(base), Some(t)) = (p.raw_time, compared) {
                 if t.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     p.slow_streak += 1;
@@ -437,6 +481,7 @@ impl Compressor {
         key: SlotKey,
         new_mode: CacheMode,
         slowest: Duration,
+        raw: u64,
     ) -> Option<bool> {
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let levels = super::levels_of(new_mode);
@@ -480,10 +525,26 @@ impl Compressor {
                 Some(false)
             }
             super::Trial::NotYet if p.may_demote && levels.len() > 1 => {
-                let best = super::compared_time(p.level_time, levels, false, slowest)?;
+                let hopeless = p.hopeless_levels(levels, raw);
+                let best = super::compared_time(p.level_time, levels, hopeless, false, slowest)?;
                 let base = p.raw_time?;
                 if best.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     return None; // the raw verdict decides (and may demote)
+                }
+                // An exponent cache sends the Exp level's frames: if their wire alone takes
+                // longer than the best level, the trial (a refill, two calls and maybe a
+                // refill back) cannot pay.
+                let bound = p.wire_bound(raw)[0];
+                if super::cannot_win(bound, Some(best)) {
+                    p.trial = super::Trial::Done;
+                    p.stats.trials_skipped += 1;
+                    tracing::info!(
+                        slot = key.id,
+                        best_ms = best.as_secs_f64() * 1e3,
+                        exp_bound_ms = bound.map_or(0.0, |b| b.as_secs_f64() * 1e3),
+                        "an exponent cache cannot beat this tensor's {new_mode:?} cache on this link (its frames' wire alone is longer): not tried"
+                    );
+                    return None;
                 }
                 p.trial = super::Trial::Running {
                     from: new_mode,

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::store::{Lineage, Store};
-use crate::codec::{frame, CacheMode, CacheSlot, CodecError, FrameInfo};
+use crate::codec::{frame, CacheMode, CacheSlot, CodecError, FrameInfo, LevelBytes};
 use crate::engine::{ChunkRef, FrameCodec, FrameEncoder};
 use crate::error::{Error, Result};
 use crate::DType;
@@ -22,17 +22,19 @@ pub struct OwnEncoder {
     pub lineage: Lineage,
     /// One per chunk, in order: committed to the slot once the call went well everywhere.
     pub infos: Vec<FrameInfo>,
+    /// The encoder's estimates of each chunk's frame bytes at every frame level.
+    pub levels: Vec<LevelBytes>,
     pub encode_ns: u64,
 }
 
 impl FrameEncoder for OwnEncoder {
     fn encode(&mut self, chunk: &ChunkRef, raw: &[u8], out: &mut Vec<u8>) -> Result<()> {
         let t = Instant::now();
-        let info = self
+        let (info, levels) = self
             .lineage
             .slot
             .chunk(chunk.elems.clone())
-            .encode(raw, out)?;
+            .encode_estimated(raw, out)?;
         self.encode_ns += t.elapsed().as_nanos() as u64;
         if info.count != chunk.elems.len() {
             return Err(Error::LengthMismatch {
@@ -42,6 +44,7 @@ impl FrameEncoder for OwnEncoder {
             });
         }
         self.infos.push(info);
+        self.levels.push(levels);
         Ok(())
     }
 }

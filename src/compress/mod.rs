@@ -36,6 +36,14 @@
 //!   the one in use (`level_for_call`, `prefer_level`): heavier codecs cost several times
 //!   Exp's, which a fast link does not pay back. Frames name their kind, so this is the
 //!   sender's choice alone.
+//! - Predicted before tried: every encoder estimates, per chunk, its frames' bytes at each
+//!   frame level (`FrameInfo::level_bytes`, from the counts its choice computes anyway), and
+//!   the status record carries each rank's sums, so every rank knows the wire every level
+//!   would send. A level (or the exponent-cache trial) whose wire alone, the raw baseline
+//!   scaled by its bytes, takes longer than the best level's measured call cannot win and is
+//!   neither timed nor probed (`Policy::hopeless_levels`, `cannot_win`): on a 1 Gbit/s link a
+//!   delta cache never tries Exp frames (1.9x) against Delta's 5x, while on a fast link,
+//!   where the codec sets the time, every level is still measured.
 //! - A source with no cache of its shard (a buffer that moved, an evicted or reset cache)
 //!   sends FILL frames within a delta call: a *miss*, counted apart from repairs.
 //!
@@ -93,6 +101,10 @@ struct Policy {
     level: usize,
     level_time: [Option<Duration>; 3],
     call_level: usize,
+    /// Agreed wire bytes a call of this policy would send at each frame level: measured at the
+    /// level of the last call, predicted for the others from the encoders' estimates (the
+    /// `FrameInfo::level_bytes` every rank reports in its status record).
+    level_wire: [Option<f64>; 3],
     /// The cache mode was the default's choice (not asked for), so a policy whose every frame
     /// level loses to raw may move to an exponent cache before it goes raw.
     may_demote: bool,
@@ -112,8 +124,37 @@ impl Policy {
         self.refill = true;
         self.level = 2;
         self.level_time = [None, None, None];
+        self.level_wire = [None, None, None];
         self.stats.frame_choice = None;
     }
+
+    /// The least time a call at each frame level can take, predicted before it is tried: the
+    /// raw baseline scaled by the level's wire bytes over the raw bytes (`raw_bytes`, all
+    /// ranks' shards). Moving bytes costs time in proportion to them, on the wire or in the
+    /// transport's CPU, while the codec costs extra: a call at that level takes at least this
+    /// long, about. None where the level's wire or the raw baseline is not known yet.
+    fn wire_bound(&self, raw_bytes: u64) -> [Option<Duration>; 3] {
+        let base = self.raw_time.filter(|_| raw_bytes > 0);
+        std::array::from_fn(|l| {
+            let (b, w) = (base?, self.level_wire[l]?);
+            Some(b.mul_f64(w / raw_bytes as f64))
+        })
+    }
+
+    /// The frame levels that cannot win, predicted (see `cannot_win`): not timed, not probed.
+    fn hopeless_levels(&self, levels: &[usize], raw_bytes: u64) -> [bool; 3] {
+        let bound = self.wire_bound(raw_bytes);
+        let best = levels.iter().filter_map(|&l| self.level_time[l]).min();
+        std::array::from_fn(|l| {
+            l != self.level && self.level_time[l].is_none() && cannot_win(bound[l], best)
+        })
+    }
+}
+
+/// Whether a choice whose least possible time is `bound` (`Policy::wire_bound`) cannot beat
+/// `best`, a time measured: its wire alone would take longer. Neither known: it may win.
+fn cannot_win(bound: Option<Duration>, best: Option<Duration>) -> bool {
+    matches!((bound, best), (Some(b), Some(t)) if b > t)
 }
 
 /// A default delta or full-value cache, once each of its frame levels is timed (and it beats
@@ -151,7 +192,10 @@ pub struct Compressor {
     stats: Stats,
 }
 
-const STATUS_FIXED_WORDS: usize = 5; // call ns, encode ns, decode ns, shard hash, raw probe ns
+/// Status record: call ns, encode ns, decode ns, shard hash, raw probe ns, and this rank's
+/// estimated frame bytes of its shard at each of the three frame levels (u64::MAX: unknown).
+const STATUS_FIXED_WORDS: usize = 8;
+const STATUS_LEVEL_BYTES: usize = 5;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 
@@ -310,6 +354,7 @@ impl Compressor {
                     level: 2,
                     level_time: [None, None, None],
                     call_level: 2,
+                    level_wire: [None, None, None],
                     may_demote: asked.is_none(),
                     refill: false,
                     trial: Trial::NotYet,
@@ -489,19 +534,29 @@ pub(crate) fn levels_of(mode: CacheMode) -> &'static [usize] {
 /// The frame level of this call of a policy: the one in use; once it is timed, each level
 /// not yet timed (heaviest first); then every `FAMILY_PROBE_EVERY` calls (at the half) one
 /// other level, taking turns. `times` per level (the slowest rank's time of its last call).
+/// Levels predicted hopeless (`Policy::hopeless_levels`) are neither timed nor probed.
 fn level_for_call(
     current: usize,
     times: [Option<Duration>; 3],
     calls: u64,
     levels: &[usize],
+    hopeless: [bool; 3],
 ) -> usize {
     if times[current].is_none() {
         return current;
     }
-    if let Some(&l) = levels.iter().rev().find(|&&l| times[l].is_none()) {
+    if let Some(&l) = levels
+        .iter()
+        .rev()
+        .find(|&&l| times[l].is_none() && !hopeless[l])
+    {
         return l;
     }
-    let others: Vec<usize> = levels.iter().copied().filter(|&l| l != current).collect();
+    let others: Vec<usize> = levels
+        .iter()
+        .copied()
+        .filter(|&l| l != current && !hopeless[l])
+        .collect();
     let every = probe_period(calls);
     if !others.is_empty() && calls % every == every / 2 {
         return others[(calls / every) as usize % others.len()];
@@ -527,20 +582,22 @@ fn prefer_level(times: [Option<Duration>; 3], current: usize, levels: &[usize]) 
 }
 
 /// What a policy compares with its raw baseline after a call. A cache of one frame level: the
-/// call's time. One of several levels: None while a level is still untimed (the lighter levels
-/// are tried before raw is judged faster: a delta cache's Delta frames can lose to raw on a
-/// link where Exp frames win), then the fastest level's (smoothed) time. A call of FILL frames
-/// only times no level and is compared as it is (buffers that move every call never pay).
+/// call's time. One of several levels: None while a level that may win is still untimed (the
+/// lighter levels are tried before raw is judged faster: a delta cache's Delta frames can lose
+/// to raw on a link where Exp frames win; a level predicted `hopeless` is not waited for),
+/// then the fastest level's (smoothed) time. A call of FILL frames only times no level and is
+/// compared as it is (buffers that move every call never pay).
 fn compared_time(
     times: [Option<Duration>; 3],
     levels: &[usize],
+    hopeless: [bool; 3],
     all_fill: bool,
     call: Duration,
 ) -> Option<Duration> {
     if all_fill || levels.len() < 2 {
         return Some(call);
     }
-    if levels.iter().any(|&l| times[l].is_none()) {
+    if levels.iter().any(|&l| times[l].is_none() && !hopeless[l]) {
         return None;
     }
     levels.iter().filter_map(|&l| times[l]).min()
@@ -565,6 +622,8 @@ mod tests {
     use super::*;
     use crate::algo::Topology;
 
+    const NONE: [bool; 3] = [false; 3];
+
     /// A policy times each untimed level right after the first timed call of the one in use
     /// and then one other level in FAMILY_PROBE_EVERY calls, and moves to a lighter or heavier
     /// level only when it was more than 5% faster (synthetic times: no clock involved).
@@ -573,34 +632,34 @@ mod tests {
         let ms = |x: u64| Some(Duration::from_millis(x));
         let all: &[usize] = &[0, 1, 2];
         // Nothing timed yet: the level in use.
-        assert_eq!(level_for_call(2, [None, None, None], 2, all), 2);
+        assert_eq!(level_for_call(2, [None, None, None], 2, all, NONE), 2);
         // The one in use timed: the untimed ones, heaviest first.
-        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, all), 1);
-        assert_eq!(level_for_call(2, [None, ms(90), ms(100)], 4, all), 0);
+        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, all, NONE), 1);
+        assert_eq!(level_for_call(2, [None, ms(90), ms(100)], 4, all, NONE), 0);
         // A full-value cache has no level 1.
-        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, &[0, 2]), 0);
+        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, &[0, 2], NONE), 0);
         // All timed: the one in use, except every FAMILY_PROBE_EVERY calls (at the half; early
         // on every FAMILY_PROBE_EARLY), when the others take turns.
         let t = [ms(80), ms(90), ms(100)];
-        assert_eq!(level_for_call(2, t, 5, all), 2);
+        assert_eq!(level_for_call(2, t, 5, all, NONE), 2);
         let (late, half) = (
             FAMILY_EARLY_CALLS + 10 * FAMILY_PROBE_EVERY,
             FAMILY_PROBE_EVERY / 2,
         );
-        assert_eq!(level_for_call(2, t, late + half, all), 0);
+        assert_eq!(level_for_call(2, t, late + half, all, NONE), 0);
         assert_eq!(
-            level_for_call(2, t, late + FAMILY_PROBE_EVERY + half, all),
+            level_for_call(2, t, late + FAMILY_PROBE_EVERY + half, all, NONE),
             1
         );
         assert_eq!(
-            level_for_call(0, t, late + FAMILY_PROBE_EVERY + half, all),
+            level_for_call(0, t, late + FAMILY_PROBE_EVERY + half, all, NONE),
             2
         );
-        assert_eq!(level_for_call(2, t, late + 5, all), 2);
+        assert_eq!(level_for_call(2, t, late + 5, all, NONE), 2);
         // Early on, every FAMILY_PROBE_EARLY calls.
         let e = FAMILY_PROBE_EARLY;
-        assert_eq!(level_for_call(2, t, e + e / 2, all), 1);
-        assert_eq!(level_for_call(2, t, e + e / 2 + 1, all), 2);
+        assert_eq!(level_for_call(2, t, e + e / 2, all, NONE), 1);
+        assert_eq!(level_for_call(2, t, e + e / 2 + 1, all, NONE), 2);
         // Times are smoothed: one slow call moves a level's time halfway.
         assert_eq!(
             smoothed(ms(100), Duration::from_millis(200)),
@@ -626,23 +685,92 @@ mod tests {
         let ms = |v: u64| Some(Duration::from_millis(v));
         let call = Duration::from_millis(70);
         let all = &[0, 1, 2];
-        assert_eq!(compared_time([None, None, ms(74)], all, false, call), None);
+        assert_eq!(compared_time([None, None, ms(74)], all, NONE, false, call), None);
         assert_eq!(
-            compared_time([None, ms(72), ms(74)], all, false, call),
+            compared_time([None, ms(72), ms(74)], all, NONE, false, call),
             None
         );
         assert_eq!(
-            compared_time([ms(41), ms(72), ms(74)], all, false, call),
+            compared_time([ms(41), ms(72), ms(74)], all, NONE, false, call),
             ms(41)
         );
         assert_eq!(
-            compared_time([ms(41), None, ms(74)], &[0, 2], false, call),
+            compared_time([ms(41), None, ms(74)], &[0, 2], NONE, false, call),
             ms(41)
         );
         assert_eq!(
-            compared_time([None, None, None], all, true, call),
+            compared_time([None, None, None], all, NONE, true, call),
             Some(call)
         );
+    }
+
+    /// Levels whose wire alone (the raw baseline scaled by their estimated bytes) is longer
+    /// than the best level's measured call are predicted hopeless: never timed or probed, and
+    /// not waited for before raw is judged (synthetic values: no clock involved).
+    #[test]
+    fn levels_that_cannot_win_are_not_tried() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        let mut p = Policy {
+            mode: Some(CacheMode::Delta),
+            raw_until: 0,
+            backoff: 256,
+            raw_time: ms(400),
+            pending_raw: None,
+            slow_streak: 0,
+            level: 2,
+            level_time: [None, None, ms(85)],
+            call_level: 2,
+            level_wire: [None; 3],
+            may_demote: true,
+            refill: false,
+            trial: Trial::NotYet,
+            stats: SlotStats::default(),
+        };
+        let raw = 64 << 20;
+        // Nothing known of the other levels' wire: nothing is hopeless.
+        assert_eq!(p.hopeless_levels(&[0, 1, 2], raw), NONE);
+        // A 1 Gbit/s link: raw 400 ms; Exp frames at 1.9x (210 ms of wire), Exp/Hybrid at
+        // 2.2x (182 ms), Delta measured 85 ms: both lighter levels are hopeless.
+        p.level_wire = [
+            Some(raw as f64 / 1.9),
+            Some(raw as f64 / 2.2),
+            Some(raw as f64 / 5.5),
+        ];
+        let b = p.wire_bound(raw);
+        assert_eq!(b[0].unwrap().as_millis(), 210);
+        assert_eq!(b[2].unwrap().as_millis(), 72);
+        let h = p.hopeless_levels(&[0, 1, 2], raw);
+        assert_eq!(h, [true, true, false]);
+        assert_eq!(level_for_call(2, p.level_time, 3, &[0, 1, 2], h), 2);
+        for calls in 3..300 {
+            assert_eq!(level_for_call(2, p.level_time, calls, &[0, 1, 2], h), 2);
+        }
+        assert_eq!(
+            compared_time(p.level_time, &[0, 1, 2], h, false, Duration::ZERO),
+            ms(85)
+        );
+        // A fast link (raw 60 ms): Exp frames' wire (32 ms) may beat Delta's 85 ms call.
+        p.raw_time = ms(60);
+        let h = p.hopeless_levels(&[0, 1, 2], raw);
+        assert_eq!(h, NONE);
+        assert_eq!(level_for_call(2, p.level_time, 3, &[0, 1, 2], h), 1);
+        assert_eq!(
+            compared_time(p.level_time, &[0, 1, 2], h, false, Duration::ZERO),
+            None
+        );
+        // A level already timed, or the one in use, is never hopeless.
+        p.raw_time = ms(400);
+        p.level_time[0] = ms(300);
+        assert_eq!(p.hopeless_levels(&[0, 1, 2], raw), [false, true, false]);
+        p.level = 1;
+        assert_eq!(p.hopeless_levels(&[0, 1, 2], raw), NONE);
+        // No raw baseline (forced modes): nothing predicted.
+        p.raw_time = None;
+        assert_eq!(p.wire_bound(raw), [None; 3]);
+        assert!(!cannot_win(None, ms(1)));
+        assert!(!cannot_win(ms(1), None));
+        assert!(cannot_win(ms(2), ms(1)));
+        assert!(!cannot_win(ms(1), ms(1)));
     }
 
     #[test]

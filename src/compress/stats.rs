@@ -82,6 +82,12 @@ pub struct SlotStats {
     /// allowed (`Exp` only, `NoDelta`: Exp or Hybrid, `Auto`: all the cache takes); None for
     /// other policies.
     pub frame_choice: Option<crate::codec::FrameChoice>,
+    /// Frame levels (as `frame_choice`'s: Exp, NoDelta, Auto) the policy predicts cannot win
+    /// on this link, so neither times nor probes: their wire alone, the raw baseline scaled by
+    /// their estimated bytes, is longer than the best level's measured call.
+    pub hopeless_levels: [bool; 3],
+    /// Trials of an exponent cache not made for the same reason.
+    pub trials_skipped: u64,
 }
 
 /// Communicator-wide statistics.
