@@ -175,6 +175,13 @@ impl CacheSlot {
     pub fn is_warm(&self) -> bool {
         self.warm
     }
+    /// The cached values of a warm full-value or delta slot (`len` elements); None for
+    /// exponent slots and cold slots.
+    pub fn values(&self) -> Option<&[u8]> {
+        let bytes = self.len * self.dtype.size();
+        (self.warm && self.mode.holds_values() && self.state.len() == bytes).then_some(&self.state)
+    }
+
     /// Bytes of cache memory this slot holds (or will once filled).
     pub fn memory_bytes(&self) -> usize {
         self.len * self.mode.bytes_per_element(self.dtype)

@@ -531,10 +531,10 @@ impl Compressor {
                 if best.as_secs_f64() > 0.95 * base.as_secs_f64() {
                     return None; // the raw verdict decides (and may demote)
                 }
-                // An exponent cache sends the Exp level's frames: if their wire alone takes
-                // longer than the best level, the trial (a refill, two calls and maybe a
-                // refill back) cannot pay.
-                let bound = p.wire_bound(raw)[0];
+                // An exponent cache sends the Exp level's frames: if their wire (or its
+                // predicted codec time) alone takes longer than the best level, the trial (a
+                // refill, two calls and maybe a refill back) cannot pay.
+                let bound = p.exp_cache_least(raw);
                 if super::cannot_win(bound, Some(best)) {
                     p.trial = super::Trial::Done;
                     p.stats.trials_skipped += 1;
@@ -542,7 +542,7 @@ impl Compressor {
                         slot = key.id,
                         best_ms = best.as_secs_f64() * 1e3,
                         exp_bound_ms = bound.map_or(0.0, |b| b.as_secs_f64() * 1e3),
-                        "an exponent cache cannot beat this tensor's {new_mode:?} cache on this link (its frames' wire alone is longer): not tried"
+                        "an exponent cache cannot beat this tensor's {new_mode:?} cache on this link (its frames' least time is longer): not tried"
                     );
                     return None;
                 }

@@ -61,6 +61,7 @@
 mod config;
 mod framed;
 mod group_codec;
+mod predict;
 mod stats;
 mod store;
 mod verify;
@@ -105,6 +106,10 @@ struct Policy {
     /// level of the last call, predicted for the others from the encoders' estimates (the
     /// `FrameInfo::level_bytes` every rank reports in its status record).
     level_wire: [Option<f64>; 3],
+    /// The prediction made at the first raw probe (and after each back-off), see `predict`.
+    prediction: Option<predict::Prediction>,
+    /// The next raw probe calibrates a new prediction (after a back-off it decided).
+    recalibrate: bool,
     /// The cache mode was the default's choice (not asked for), so a policy whose every frame
     /// level loses to raw may move to an exponent cache before it goes raw.
     may_demote: bool,
@@ -141,9 +146,32 @@ impl Policy {
         })
     }
 
+    /// The least time of a call at each level: the larger of its wire bound and its codec
+    /// time as predicted (`predict`), where known.
+    fn least_time(&self, raw_bytes: u64) -> [Option<Duration>; 3] {
+        let wire = self.wire_bound(raw_bytes);
+        std::array::from_fn(|l| {
+            let codec = self.prediction.and_then(|p| p.codec[l]);
+            match (wire[l], codec) {
+                (Some(w), Some(c)) => Some(w.max(c)),
+                (w, c) => w.or(c),
+            }
+        })
+    }
+
+    /// The least time of an exponent cache's calls: the Exp level's wire, its own codec.
+    fn exp_cache_least(&self, raw_bytes: u64) -> Option<Duration> {
+        let wire = self.wire_bound(raw_bytes)[0];
+        let codec = self.prediction.and_then(|p| p.codec[predict::EXP_CACHE]);
+        match (wire, codec) {
+            (Some(w), Some(c)) => Some(w.max(c)),
+            (w, c) => w.or(c),
+        }
+    }
+
     /// The frame levels that cannot win, predicted (see `cannot_win`): not timed, not probed.
     fn hopeless_levels(&self, levels: &[usize], raw_bytes: u64) -> [bool; 3] {
-        let bound = self.wire_bound(raw_bytes);
+        let bound = self.least_time(raw_bytes);
         let best = levels.iter().filter_map(|&l| self.level_time[l]).min();
         std::array::from_fn(|l| {
             l != self.level && self.level_time[l].is_none() && cannot_win(bound[l], best)
@@ -355,6 +383,8 @@ impl Compressor {
                     level_time: [None, None, None],
                     call_level: 2,
                     level_wire: [None, None, None],
+                    prediction: None,
+                    recalibrate: false,
                     may_demote: asked.is_none(),
                     refill: false,
                     trial: Trial::NotYet,
@@ -388,14 +418,20 @@ impl Compressor {
         // cache changes on any side.
         let probe = mode == CompressMode::Auto
             && p.pending_raw.is_none()
-            && (p.raw_time.is_none() || calls.is_multiple_of(RAW_PROBE_EVERY));
+            && (p.raw_time.is_none() || p.recalibrate || calls.is_multiple_of(RAW_PROBE_EVERY));
         if probe {
             p.stats.raw_calls += 1;
+            let calibrate = p.raw_time.is_none() || p.recalibrate;
             let t = Instant::now();
-            let r = self.raw(engine, send, recv, count, dtype);
-            let p = self.policies.get_mut(&pkey).expect("exists");
-            p.pending_raw = Some(t.elapsed());
-            return r;
+            let r = self.raw(engine, send, recv, count, dtype)?;
+            let took = t.elapsed();
+            if calibrate {
+                self.predict(engine, key, pkey, new_mode, recv, count, dtype, took)?;
+            } else {
+                let p = self.policies.get_mut(&pkey).expect("exists");
+                p.pending_raw = Some(took);
+            }
+            return Ok(r);
         }
         self.framed(engine, key, pkey, new_mode, mode, send, recv, count, dtype)
     }
@@ -637,7 +673,10 @@ mod tests {
         assert_eq!(level_for_call(2, [None, None, ms(100)], 3, all, NONE), 1);
         assert_eq!(level_for_call(2, [None, ms(90), ms(100)], 4, all, NONE), 0);
         // A full-value cache has no level 1.
-        assert_eq!(level_for_call(2, [None, None, ms(100)], 3, &[0, 2], NONE), 0);
+        assert_eq!(
+            level_for_call(2, [None, None, ms(100)], 3, &[0, 2], NONE),
+            0
+        );
         // All timed: the one in use, except every FAMILY_PROBE_EVERY calls (at the half; early
         // on every FAMILY_PROBE_EARLY), when the others take turns.
         let t = [ms(80), ms(90), ms(100)];
@@ -685,7 +724,10 @@ mod tests {
         let ms = |v: u64| Some(Duration::from_millis(v));
         let call = Duration::from_millis(70);
         let all = &[0, 1, 2];
-        assert_eq!(compared_time([None, None, ms(74)], all, NONE, false, call), None);
+        assert_eq!(
+            compared_time([None, None, ms(74)], all, NONE, false, call),
+            None
+        );
         assert_eq!(
             compared_time([None, ms(72), ms(74)], all, NONE, false, call),
             None
@@ -721,6 +763,8 @@ mod tests {
             level_time: [None, None, ms(85)],
             call_level: 2,
             level_wire: [None; 3],
+            prediction: None,
+            recalibrate: false,
             may_demote: true,
             refill: false,
             trial: Trial::NotYet,

@@ -88,6 +88,11 @@ pub struct SlotStats {
     pub hopeless_levels: [bool; 3],
     /// Trials of an exponent cache not made for the same reason.
     pub trials_skipped: u64,
+    /// The least call time predicted before trying (see the `predict` module of `compress`)
+    /// at each frame level, then on an exponent cache.
+    pub predicted: [Option<std::time::Duration>; 4],
+    /// Back-offs to raw decided by that prediction alone (nothing tried).
+    pub predicted_raw: u64,
 }
 
 /// Communicator-wide statistics.

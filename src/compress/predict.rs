@@ -1,0 +1,361 @@
+//! What a compressed call would cost, predicted before it is tried (`CIERA_COMPRESS=auto`).
+//!
+//! At a policy's first raw probe (its second call: every cache holds the previous iteration,
+//! the probe carries this one) each rank codes a sample of its own shard, the new values
+//! against its cache's, at every frame level its cache takes and as an exponent cache would:
+//! the frame bytes and the codec time of real data, scaled to the shard. The ranks exchange
+//! these with the probe's time (one small allgather, once per policy), so every rank holds the
+//! same prediction: per level, the least time a call can take, the larger of
+//! - its wire: the raw baseline scaled by the level's frame bytes over the raw bytes (moving
+//!   bytes costs time in proportion to them, on the wire or in the transport's CPU);
+//! - its codec: each rank encodes its shard and decodes the others', one encoder thread and one
+//!   decoding thread per rank, the ranks of a host sharing its cores.
+//!
+//! The policy starts at the level predicted fastest, does not try what is predicted to lose
+//! (a level slower than one measured, an exponent cache slower than the best level, any
+//! compression much slower than raw), and measures the rest as before.
+
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::algo::Topology;
+use crate::codec::{CacheMode, CacheSlot};
+use crate::DType;
+
+use super::LEVEL_CHOICES;
+
+/// Elements of a rank's shard coded to calibrate (the first ones; all of a smaller shard).
+pub(super) const SAMPLE_ELEMS: usize = 1 << 18;
+/// Index of an exponent cache's Exp frames (the trial) in a prediction, after the three levels.
+pub(super) const EXP_CACHE: usize = 3;
+/// Words of one rank's calibration in the exchange: the probe's time, the rank's cores, then
+/// per choice (three levels and the exponent cache) its frame bytes, encode and decode ns.
+pub(super) const WORDS: usize = 2 + 3 * 4;
+const UNKNOWN: u64 = u64::MAX;
+
+/// One rank's calibration: per choice (index as `LEVEL_CHOICES`, then `EXP_CACHE`) the frame
+/// bytes of its whole shard, the ns to encode it and the ns to decode it; None where not coded.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Sample {
+    pub wire: [Option<u64>; 4],
+    pub enc_ns: [Option<u64>; 4],
+    pub dec_ns: [Option<u64>; 4],
+}
+
+/// Code `input` (this call's shard) against `cached` (the values of the previous call) in a
+/// sample at each of `levels` on a `mode` cache and, with `exp_cache`, on an exponent cache.
+/// Scratch slots only: the real caches are untouched. Each timing is the faster of two runs
+/// (a busy host preempts one, rarely both).
+pub(super) fn calibrate(
+    dtype: DType,
+    mode: CacheMode,
+    levels: &[usize],
+    exp_cache: bool,
+    cached: &[u8],
+    input: &[u8],
+) -> Sample {
+    let size = dtype.size();
+    let count = input.len() / size;
+    let m = count.min(SAMPLE_ELEMS);
+    let mut out = Sample::default();
+    if m == 0 || cached.len() != input.len() {
+        return out;
+    }
+    let scale = count as f64 / m as f64;
+    let (old, new) = (&cached[..m * size], &input[..m * size]);
+    let mut choices: Vec<(usize, CacheMode)> = levels.iter().map(|&l| (l, mode)).collect();
+    if exp_cache {
+        choices.push((EXP_CACHE, CacheMode::Exponent));
+    }
+    let mut frame = Vec::with_capacity(m * size + 4096);
+    let mut decoded = vec![0u8; m * size];
+    for (i, cache) in choices {
+        let (mut enc, mut dec, mut bytes) = (f64::INFINITY, f64::INFINITY, None);
+        for _ in 0..2 {
+            let mut tx = CacheSlot::new(dtype, cache, m);
+            let mut rx = CacheSlot::new(dtype, cache, m);
+            if i < EXP_CACHE {
+                tx.set_frame_choice(LEVEL_CHOICES[i]);
+            }
+            frame.clear();
+            // FILL frames set both slots to the previous values, as the real caches hold.
+            if tx.encode(old, &mut frame).is_err() || rx.decode(&frame, &mut decoded).is_err() {
+                return out;
+            }
+            frame.clear();
+            let t = Instant::now();
+            let r = tx.encode(new, &mut frame);
+            enc = enc.min(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let ok = r.is_ok() && rx.decode(&frame, &mut decoded).is_ok();
+            dec = dec.min(t.elapsed().as_secs_f64());
+            if !ok || decoded != new {
+                return out;
+            }
+            bytes = Some(frame.len());
+        }
+        out.wire[i] = bytes.map(|b| (b as f64 * scale) as u64);
+        out.enc_ns[i] = Some((enc * scale * 1e9) as u64);
+        out.dec_ns[i] = Some((dec * scale * 1e9) as u64);
+    }
+    out
+}
+
+/// This rank's words for the exchange.
+pub(super) fn words(raw_probe: Duration, cores: usize, s: &Sample) -> [u64; WORDS] {
+    let mut w = [UNKNOWN; WORDS];
+    w[0] = raw_probe.as_nanos() as u64;
+    w[1] = cores as u64;
+    for i in 0..4 {
+        w[2 + i] = s.wire[i].unwrap_or(UNKNOWN);
+        w[6 + i] = s.enc_ns[i].unwrap_or(UNKNOWN);
+        w[10 + i] = s.dec_ns[i].unwrap_or(UNKNOWN);
+    }
+    w
+}
+
+/// The agreed prediction, from every rank's words (`all[r]` starting at `at`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Prediction {
+    /// The raw baseline: the slowest rank's probe.
+    pub raw: Duration,
+    /// Per choice: the wire bytes of a call (every rank's frames) and the least time of its
+    /// codec work on the busiest host.
+    pub wire: [Option<f64>; 4],
+    pub codec: [Option<Duration>; 4],
+}
+
+impl Prediction {
+    pub fn from_words(all: &[Vec<u64>], at: usize, topo: &Topology) -> Prediction {
+        let n = all.len();
+        let get = |r: usize, k: usize| {
+            let v = all[r][at + k];
+            (v != UNKNOWN).then_some(v)
+        };
+        let raw = Duration::from_nanos((0..n).filter_map(|r| get(r, 0)).max().unwrap_or(0));
+        let wire = std::array::from_fn(|i| {
+            (0..n).try_fold(0.0, |a, r| get(r, 2 + i).map(|b| a + b as f64))
+        });
+        let codec = std::array::from_fn(|i| {
+            let enc: Option<Vec<f64>> = (0..n).map(|r| get(r, 6 + i).map(|v| v as f64)).collect();
+            let dec: Option<Vec<f64>> = (0..n).map(|r| get(r, 10 + i).map(|v| v as f64)).collect();
+            let (enc, dec) = (enc?, dec?);
+            let total_dec: f64 = dec.iter().sum();
+            let mut worst: f64 = 0.0;
+            for h in 0..topo.hosts() {
+                let ranks: Vec<usize> = (0..n).filter(|&r| topo.host_of(r) == h).collect();
+                if ranks.is_empty() {
+                    continue;
+                }
+                let cores = ranks
+                    .iter()
+                    .filter_map(|&r| get(r, 1))
+                    .min()
+                    .unwrap_or(1)
+                    .max(1) as f64;
+                // Each rank: its encode on one thread, the others' shards decoded on another.
+                let per_rank: Vec<(f64, f64)> = ranks
+                    .iter()
+                    .map(|&r| (enc[r], total_dec - dec[r]))
+                    .collect();
+                let threads = (2 * ranks.len()) as f64;
+                let work: f64 = per_rank.iter().map(|(e, d)| e + d).sum();
+                let longest = per_rank.iter().map(|&(e, d)| e.max(d)).fold(0.0, f64::max);
+                worst = worst.max((work / cores.min(threads)).max(longest));
+            }
+            Some(Duration::from_nanos(worst as u64))
+        });
+        Prediction { raw, wire, codec }
+    }
+
+    /// The least time of a call at choice `i` whose raw bytes (every rank's shard) are `raw`:
+    /// the larger of its wire, scaled from the raw baseline, and its codec.
+    pub fn least(&self, i: usize, raw_bytes: u64) -> Option<Duration> {
+        let wire = self.raw.mul_f64(self.wire[i]? / raw_bytes.max(1) as f64);
+        Some(wire.max(self.codec[i]?))
+    }
+}
+
+/// A prediction above raw by more than this share sends a policy raw without trying: the
+/// prediction is a least time, this is room for its error (a busy host timing the sample).
+const RAW_MARGIN: f64 = 1.25;
+
+impl super::Compressor {
+    /// After a policy's calibrating raw probe (which took `probe` here): calibrate on this
+    /// call's shard (in `recv`, after the raw call) against this rank's cache, exchange, and
+    /// choose from the agreed prediction where to start, and what not to try.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn predict(
+        &mut self,
+        engine: &mut crate::engine::Engine,
+        key: super::SlotKey,
+        pkey: super::SlotKey,
+        mode: CacheMode,
+        recv: &[u8],
+        count: usize,
+        dtype: DType,
+        probe: Duration,
+    ) -> crate::error::Result<()> {
+        let (me, n) = (engine.rank(), engine.size());
+        let shard = count * dtype.size();
+        let input = &recv[me * shard..(me + 1) * shard];
+        let levels = super::levels_of(mode);
+        let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
+        let own = self.store.take_own(&key);
+        let sample = own
+            .as_ref()
+            .and_then(|l| l.slot.values())
+            .map(|v| calibrate(dtype, mode, levels, exp_cache, v, input))
+            .unwrap_or_default();
+        if let Some(l) = own {
+            self.store.put(me, l, Some(key));
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let all = super::verify::exchange_words(engine, &words(probe, cores, &sample))?;
+        let pred = Prediction::from_words(&all, 0, engine.topology());
+        let raw_bytes = (n * shard) as u64;
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        p.raw_time = Some(pred.raw);
+        p.prediction = Some(pred);
+        p.recalibrate = false;
+        for &l in levels {
+            p.level_wire[l] = pred.wire[l];
+        }
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+        let least: Vec<Option<Duration>> = (0..4).map(|i| pred.least(i, raw_bytes)).collect();
+        p.stats.predicted = std::array::from_fn(|i| least[i]);
+        let best_level = levels
+            .iter()
+            .filter_map(|&l| least[l].map(|t| (t, l)))
+            .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        let exp = if exp_cache { least[EXP_CACHE] } else { None };
+        let known = levels.iter().all(|&l| least[l].is_some()) && (!exp_cache || exp.is_some());
+        let best = match (best_level, exp) {
+            (Some((t, _)), Some(e)) => Some(t.min(e)),
+            (Some((t, _)), None) => Some(t),
+            (None, e) => e,
+        };
+        tracing::info!(
+            slot = key.id,
+            raw_ms = pred.raw.as_secs_f64() * 1e3,
+            levels_ms = ?levels.iter().map(|&l| ms(least[l])).collect::<Vec<_>>(),
+            exp_cache_ms = ?ms(exp),
+            "predicted least call times ({:?} cache, levels {:?})",
+            mode,
+            levels.iter().map(|&l| LEVEL_CHOICES[l]).collect::<Vec<_>>()
+        );
+        match (best_level, best) {
+            (_, Some(b)) if known && b.as_secs_f64() > RAW_MARGIN * pred.raw.as_secs_f64() => {
+                p.raw_until = p.stats.calls + p.backoff;
+                p.recalibrate = true;
+                p.stats.predicted_raw += 1;
+                tracing::info!(
+                    slot = key.id,
+                    best_ms = b.as_secs_f64() * 1e3,
+                    raw_ms = pred.raw.as_secs_f64() * 1e3,
+                    "predicted: compression cannot beat raw on this link for this tensor: raw for {} calls, not tried",
+                    p.backoff
+                );
+                p.backoff = (p.backoff * 2).min(1 << 16);
+            }
+            (Some((t, _)), Some(e)) if exp.is_some_and(|x| x < t.mul_f64(1.0 / 1.05)) => {
+                p.trial = super::Trial::Done;
+                p.may_demote = false;
+                p.switch_cache(CacheMode::Exponent);
+                tracing::info!(
+                    slot = key.id,
+                    exp_cache_ms = e.as_secs_f64() * 1e3,
+                    best_level_ms = t.as_secs_f64() * 1e3,
+                    "predicted: an exponent cache is faster for this tensor than its {mode:?} cache's best level: moving to it"
+                );
+            }
+            (Some((t, l)), _) => {
+                p.level = l;
+                if super::cannot_win(exp, Some(t)) {
+                    p.trial = super::Trial::Done;
+                    p.stats.trials_skipped += 1;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 4 ranks on one host of 2 cores, each shard 4 MiB: per rank Exp encodes in 1 ms and
+    /// decodes a shard in 0.5 ms, Delta 8 ms and 5 ms; wire 2x and 5x smaller than raw.
+    fn words_of(cores: u64) -> Vec<Vec<u64>> {
+        let raw = 4u64 << 20;
+        let s = Sample {
+            wire: [Some(raw / 2), None, Some(raw / 5), Some(raw / 2)],
+            enc_ns: [Some(1_000_000), None, Some(8_000_000), Some(800_000)],
+            dec_ns: [Some(500_000), None, Some(5_000_000), Some(400_000)],
+        };
+        (0..4)
+            .map(|_| words(Duration::from_millis(40), cores as usize, &s).to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn prediction_is_the_larger_of_wire_and_shared_codec_time() {
+        let topo = Topology::single_host(4);
+        let p = Prediction::from_words(&words_of(2), 0, &topo);
+        assert_eq!(p.raw, Duration::from_millis(40));
+        let raw_bytes = 16u64 << 20;
+        assert_eq!(p.wire[0], Some((raw_bytes / 2) as f64));
+        assert_eq!(p.wire[1], None);
+        // Exp: wire 20 ms; codec per rank 1 + 3 x 0.5 ms, 4 ranks on 2 cores: 5 ms.
+        assert_eq!(p.codec[0], Some(Duration::from_millis(5)));
+        assert_eq!(p.least(0, raw_bytes), Some(Duration::from_millis(20)));
+        // Delta: wire 8 ms; codec (8 + 15) x 4 / 2 = 46 ms.
+        assert_eq!(p.codec[2], Some(Duration::from_millis(46)));
+        assert_eq!(p.least(2, raw_bytes), Some(Duration::from_millis(46)));
+        assert_eq!(p.least(1, raw_bytes), None);
+        // With 16 cores each rank has its two threads: Delta's longest thread, 15 ms of
+        // decoding, bounds it.
+        let p = Prediction::from_words(&words_of(16), 0, &topo);
+        assert_eq!(p.codec[2], Some(Duration::from_millis(15)));
+        // Two hosts of two ranks: each host's own ranks share its cores.
+        let topo = Topology::new(&[0, 0, 1, 1], true);
+        let p = Prediction::from_words(&words_of(2), 0, &topo);
+        assert_eq!(p.codec[2], Some(Duration::from_millis(23)));
+    }
+
+    #[test]
+    fn calibration_codes_real_frames_at_every_level() {
+        // bf16 values that move by one ulp in a quarter of the elements.
+        let n = 50_000usize;
+        let old: Vec<u8> = (0..n)
+            .flat_map(|i| (0x3f80u16 + (i % 97) as u16).to_le_bytes())
+            .collect();
+        let new: Vec<u8> = (0..n)
+            .flat_map(|i| (0x3f80u16 + (i % 97) as u16 + (i % 4 == 0) as u16).to_le_bytes())
+            .collect();
+        let s = calibrate(DType::BF16, CacheMode::Delta, &[0, 1, 2], true, &old, &new);
+        for i in 0..4 {
+            let w = s.wire[i].unwrap_or_else(|| panic!("choice {i} not coded"));
+            assert!(w > 0 && w < (2 * n) as u64, "choice {i}: {w} bytes");
+            assert!(s.enc_ns[i].is_some() && s.dec_ns[i].is_some());
+        }
+        // Delta frames code one-ulp moves in far fewer bytes than Exp frames' mantissas.
+        assert!(s.wire[2].unwrap() * 3 < s.wire[0].unwrap(), "{s:?}");
+        // A full-value cache has no level 1 here, and nothing is coded without a cache.
+        let s = calibrate(
+            DType::BF16,
+            CacheMode::FullValue,
+            &[0, 2],
+            false,
+            &old,
+            &new,
+        );
+        assert_eq!((s.wire[1], s.wire[3]), (None, None));
+        assert!(s.wire[0].is_some() && s.wire[2].is_some());
+        let s = calibrate(DType::BF16, CacheMode::Delta, &[2], false, &old[2..], &new);
+        assert_eq!(s, Sample::default());
+    }
+}
