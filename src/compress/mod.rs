@@ -36,7 +36,15 @@
 //!   the one in use (`level_for_call`, `prefer_level`): heavier codecs cost several times
 //!   Exp's, which a fast link does not pay back. Frames name their kind, so this is the
 //!   sender's choice alone.
-//! - Predicted before tried: every encoder estimates, per chunk, its frames' bytes at each
+//! - Predicted before tried (`predict`): at a policy's first raw probe every rank codes a
+//!   sample of its new shard against its cache at each frame level and as an exponent cache
+//!   would (real frames, real codec time), and the ranks exchange those with the probe's
+//!   time. The agreed least time of each choice, the larger of its wire (the raw baseline
+//!   scaled by its frame bytes) and its codec work (each rank's, on the cores of its host),
+//!   picks the level to start at, moves to an exponent cache or skips its trial, and sends a
+//!   tensor raw at once when even the best choice is predicted 25% slower than raw (then
+//!   recalibrated after the back-off).
+//! - While it runs, every encoder estimates, per chunk, its frames' bytes at each
 //!   frame level (`FrameInfo::level_bytes`, from the counts its choice computes anyway), and
 //!   the status record carries each rank's sums, so every rank knows the wire every level
 //!   would send. A level (or the exponent-cache trial) whose wire alone, the raw baseline
