@@ -181,6 +181,50 @@ impl Prediction {
 /// prediction is a least time, this is room for its error (a busy host timing the sample).
 const RAW_MARGIN: f64 = 1.25;
 
+/// What a policy does after its prediction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Decision {
+    /// Even the best choice (its least time given) is more than `RAW_MARGIN` slower than raw.
+    Raw(Duration),
+    /// An exponent cache is predicted more than 5% faster than the cache's best level.
+    ExponentCache,
+    /// Start at this level; `skip_trial`: an exponent cache cannot beat it.
+    Level { level: usize, skip_trial: bool },
+    /// Nothing predicted (a sample failed): as before, measure.
+    Unknown,
+}
+
+/// The decision from the least times of each choice (`least[l]` for the cache's `levels`,
+/// `least[EXP_CACHE]` for an exponent cache, weighed only with `exp_cache`) and the raw time.
+/// Ties go to the heavier level (the smaller wire).
+pub(super) fn decide(
+    least: &[Option<Duration>; 4],
+    levels: &[usize],
+    exp_cache: bool,
+    raw: Duration,
+) -> Decision {
+    let best_level = levels
+        .iter()
+        .filter_map(|&l| least[l].map(|t| (t, l)))
+        .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let exp = if exp_cache { least[EXP_CACHE] } else { None };
+    let known = levels.iter().all(|&l| least[l].is_some()) && (!exp_cache || exp.is_some());
+    let Some((t, level)) = best_level else {
+        return Decision::Unknown;
+    };
+    let best = exp.map_or(t, |e| e.min(t));
+    if known && best.as_secs_f64() > RAW_MARGIN * raw.as_secs_f64() {
+        Decision::Raw(best)
+    } else if exp.is_some_and(|e| e.as_secs_f64() < t.as_secs_f64() / 1.05) {
+        Decision::ExponentCache
+    } else {
+        Decision::Level {
+            level,
+            skip_trial: super::cannot_win(exp, Some(t)),
+        }
+    }
+}
+
 impl super::Compressor {
     /// After a policy's calibrating raw probe (which took `probe` here): calibrate on this
     /// call's shard (in `recv`, after the raw call) against this rank's cache, exchange, and
@@ -223,61 +267,48 @@ impl super::Compressor {
             p.level_wire[l] = pred.wire[l];
         }
         let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
-        let least: Vec<Option<Duration>> = (0..4).map(|i| pred.least(i, raw_bytes)).collect();
-        p.stats.predicted = std::array::from_fn(|i| least[i]);
-        let best_level = levels
-            .iter()
-            .filter_map(|&l| least[l].map(|t| (t, l)))
-            .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-        let exp = if exp_cache { least[EXP_CACHE] } else { None };
-        let known = levels.iter().all(|&l| least[l].is_some()) && (!exp_cache || exp.is_some());
-        let best = match (best_level, exp) {
-            (Some((t, _)), Some(e)) => Some(t.min(e)),
-            (Some((t, _)), None) => Some(t),
-            (None, e) => e,
-        };
+        let least: [Option<Duration>; 4] = std::array::from_fn(|i| pred.least(i, raw_bytes));
+        p.stats.predicted = least;
         tracing::info!(
             slot = key.id,
             raw_ms = pred.raw.as_secs_f64() * 1e3,
             levels_ms = ?levels.iter().map(|&l| ms(least[l])).collect::<Vec<_>>(),
-            exp_cache_ms = ?ms(exp),
+            exp_cache_ms = ?ms(exp_cache.then_some(least[EXP_CACHE]).flatten()),
             "predicted least call times ({:?} cache, levels {:?})",
             mode,
             levels.iter().map(|&l| LEVEL_CHOICES[l]).collect::<Vec<_>>()
         );
-        match (best_level, best) {
-            (_, Some(b)) if known && b.as_secs_f64() > RAW_MARGIN * pred.raw.as_secs_f64() => {
+        match decide(&least, levels, exp_cache, pred.raw) {
+            Decision::Raw(best) => {
                 p.raw_until = p.stats.calls + p.backoff;
                 p.recalibrate = true;
                 p.stats.predicted_raw += 1;
                 tracing::info!(
                     slot = key.id,
-                    best_ms = b.as_secs_f64() * 1e3,
+                    best_ms = best.as_secs_f64() * 1e3,
                     raw_ms = pred.raw.as_secs_f64() * 1e3,
                     "predicted: compression cannot beat raw on this link for this tensor: raw for {} calls, not tried",
                     p.backoff
                 );
                 p.backoff = (p.backoff * 2).min(1 << 16);
             }
-            (Some((t, _)), Some(e)) if exp.is_some_and(|x| x < t.mul_f64(1.0 / 1.05)) => {
+            Decision::ExponentCache => {
                 p.trial = super::Trial::Done;
                 p.may_demote = false;
                 p.switch_cache(CacheMode::Exponent);
                 tracing::info!(
                     slot = key.id,
-                    exp_cache_ms = e.as_secs_f64() * 1e3,
-                    best_level_ms = t.as_secs_f64() * 1e3,
                     "predicted: an exponent cache is faster for this tensor than its {mode:?} cache's best level: moving to it"
                 );
             }
-            (Some((t, l)), _) => {
-                p.level = l;
-                if super::cannot_win(exp, Some(t)) {
+            Decision::Level { level, skip_trial } => {
+                p.level = level;
+                if skip_trial {
                     p.trial = super::Trial::Done;
                     p.stats.trials_skipped += 1;
                 }
             }
-            _ => {}
+            Decision::Unknown => {}
         }
         Ok(())
     }
@@ -324,6 +355,67 @@ mod tests {
         let topo = Topology::new(&[0, 0, 1, 1], true);
         let p = Prediction::from_words(&words_of(2), 0, &topo);
         assert_eq!(p.codec[2], Some(Duration::from_millis(23)));
+    }
+
+    #[test]
+    fn decisions_from_least_times() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        let raw = Duration::from_millis(400);
+        let all = &[0, 1, 2];
+        // 1 Gbit/s: Delta frames fastest; an exponent cache's wire (210 ms) cannot beat them.
+        let at_1g = [ms(210), ms(180), ms(80), ms(210)];
+        assert_eq!(
+            decide(&at_1g, all, true, raw),
+            Decision::Level {
+                level: 2,
+                skip_trial: true
+            }
+        );
+        // Without an exponent cache to weigh, nothing to skip.
+        assert_eq!(
+            decide(&at_1g, all, false, raw),
+            Decision::Level {
+                level: 2,
+                skip_trial: false
+            }
+        );
+        // A fast link where the codec sets the time: Exp or Hybrid first, the trial still open
+        // (an exponent cache's 60 ms is within 5% of 62 ms); more than 5% faster: moved to.
+        let fast = [ms(70), ms(62), ms(120), ms(60)];
+        assert_eq!(
+            decide(&fast, all, true, raw),
+            Decision::Level {
+                level: 1,
+                skip_trial: false
+            }
+        );
+        let fast = [ms(70), ms(62), ms(120), ms(50)];
+        assert_eq!(decide(&fast, all, true, raw), Decision::ExponentCache);
+        // Everything more than 25% slower than raw: raw, untried. Within 25%: measured.
+        let slow = [ms(30), ms(60), ms(90), ms(26)];
+        let r = Duration::from_millis(20);
+        assert_eq!(
+            decide(&slow, all, true, r),
+            Decision::Raw(Duration::from_millis(26))
+        );
+        let r = Duration::from_millis(21);
+        assert_eq!(decide(&slow, all, true, r), Decision::ExponentCache);
+        // A choice not predicted (a failed sample): never raw untried.
+        let partial = [ms(30), None, ms(90), ms(26)];
+        assert_eq!(
+            decide(&partial, all, true, Duration::from_millis(1)),
+            Decision::ExponentCache
+        );
+        assert_eq!(decide(&[None; 4], all, true, raw), Decision::Unknown);
+        // Ties: the heavier level.
+        let tie = [ms(50), None, ms(50), None];
+        assert_eq!(
+            decide(&tie, &[0, 2], false, raw),
+            Decision::Level {
+                level: 2,
+                skip_trial: false
+            }
+        );
     }
 
     #[test]
