@@ -8,7 +8,7 @@
 # fractions of the full-value caches' demand (integer MiB; "unlimited" = 4096, the default).
 # Every bit is checked. Prints, per rate and budget: the budget, the caches' peak bytes, the
 # cache modes the tensors' policies hold, the misses (sources whose cache had been evicted:
-# they send FILL frames), the wire ratio, the time per call and per iteration, and the speedup
+# they send FILL frames), the timed calls that sent frames (the others went raw), the wire ratio, the time per call and per iteration, and the speedup
 # over raw (median of REPEAT runs, and their min-max). Needs root (ip netns, tc).
 #
 #   bench/cache_curve.sh
@@ -84,11 +84,12 @@ print(f"# {r0['nranks']} ranks, {r0['layers']} layers x {len(r0['tensors'])} {r0
 print(f"# caches needed on every rank: full {r0['demand_full'] / MIB:.1f} MiB, "
       f"delta {r0['demand_delta'] / MIB:.1f} MiB, exp {r0['demand_exp'] / MIB:.1f} MiB")
 print(f"# mode {mode} vs raw in the same run; times: mean over timed iterations of the slowest rank;"
-      f" median of {len({r['repeat'] for r in rows})} runs [min-max]")
+      f" median of {len({r['repeat'] for r in rows})} runs [min-max]; cache MiB: peak, largest of the runs;"
+      f" caches: how many tensors' policies hold each cache mode at the end of the last run")
 wrong = sum(r["wrong"] for r in rows)
 for rate in dict.fromkeys(r["rate"] for r in rows):
     print(f"\n## {rate}")
-    print(f"{'budget MiB':>10} {'x full':>6} {'cache MiB':>9} {'caches':>16} {'misses':>7} {'wire':>5} "
+    print(f"{'budget MiB':>10} {'x full':>6} {'cache MiB':>9} {'caches (last run)':>22} {'misses':>7} {'framed':>7} {'wire':>5} "
           f"{'raw ms/it':>9} {mode + ' ms/it':>10} {mode + ' us/call':>12} {'speedup':>20}")
     by_budget = {}
     for r in rows:
@@ -100,10 +101,15 @@ for rate in dict.fromkeys(r["rate"] for r in rows):
         sp = [v["raw"]["time_us"] / v[mode]["time_us"] for v in reps]
         med = lambda xs: st.median(xs)
         rng = lambda xs, f: f"[{f(min(xs))}-{f(max(xs))}]"
-        label = "unlimited" if budget >= 4096 * MIB else f"{budget / MIB:.0f}"
-        print(f"{label:>10} {budget / r0['demand_full'] if budget < 4096 * MIB else float('inf'):>6.2f} "
-              f"{max(o['cache_bytes_peak'] for o in ours) / MIB:>9.1f} {ours[-1]['chose'] or '-':>16} "
-              f"{med([o['misses'] for o in ours]):>7.0f} {med([o['wire_ratio'] for o in ours]):>5.2f} "
+        unlimited = budget >= 4096 * MIB
+        label = "unlimited" if unlimited else f"{budget / MIB:.0f}"
+        frac = "-" if unlimited else f"{budget / r0['demand_full']:.2f}"
+        caches = ", ".join(sorted((ours[-1]["chose"] or "-").split(", ")))
+        print(f"{label:>10} {frac:>6} "
+              f"{max(o['cache_bytes_peak'] for o in ours) / MIB:>9.1f} {caches:>22} "
+              f"{med([o['misses'] for o in ours]):>7.0f} "
+              f"{med([o['compressed_calls'] for o in ours]):>3.0f}/{ours[0]['timed_calls']:<3} "
+              f"{med([o['wire_ratio'] for o in ours]):>5.2f} "
               f"{med([v['raw']['time_us'] for v in reps]) / 1e3:>9.1f} {med([o['time_us'] for o in ours]) / 1e3:>10.1f} "
               f"{med([o['call_us'] for o in ours]):>12.0f} "
               f"{med(sp):>6.2f}x {rng(sp, lambda x: f'{x:.2f}'):>13}")
