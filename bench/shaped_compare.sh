@@ -42,16 +42,9 @@ TARGET=${CARGO_TARGET_DIR:-target}
 CIERA=$(realpath "$TARGET/release/ciera")
 mpicc -O2 -o "$OUT/mpi_allgather" bench/mpi_allgather.c
 
-ip netns add "$NS"
-trap 'ip netns del "$NS" 2>/dev/null || true' EXIT
-ip netns exec "$NS" ip link set lo up
-# Packets as a real link carries them: jumbo frames, no 64-512 KiB GSO super-packets (with
-# those, tbf lets long streams run several percent above the rate, flattering bulk raw sends).
-ip netns exec "$NS" ip link set lo mtu 9000
-ip netns exec "$NS" ip link set dev lo gso_max_size 9000
-# burst: a few packets' worth (tbf drops packets larger than the burst); latency bounds the
-# queue (10 ms).
-ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst 64kb latency 10ms
+. bench/shaped_lo.sh
+trap 'shaped_lo_down "$NS"' EXIT
+shaped_lo_up "$NS" "$RATE"
 echo "# netns $NS: loopback shaped with tbf rate $RATE; $NRANKS ranks; $SIZE gathered; trace $TRACE; modes $MODES" >&2
 
 T_ARGS=(--trace "$TRACE" -n "$NRANKS" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" --modes "$MODES" --json)

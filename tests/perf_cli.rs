@@ -341,4 +341,78 @@ fn help_texts_name_the_real_options() {
     let out = ciera().args(["perf", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("--trace DIR"), "{help}");
+    let out = ciera()
+        .args(["perf", "--trace", "tests/data/olmoe-slice", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--layers L"), "{help}");
+}
+
+/// `--layers`: every iteration gathers 4 layers of both bf16 tensors of the slice, each its own
+/// tensor and caches; every element is checked. With every tensor's exponent caches in the
+/// budget none misses and the caches hold exactly their demand; with half of it (1 MiB of 2)
+/// the least recently used caches are the next ones needed, so every source of every call
+/// misses (sends FILL frames) and the wire ratio drops. Bytes only, no timings.
+#[test]
+fn perf_trace_layers_gathers_a_model_within_the_cache_budget() {
+    let run = |cache_mb: &str| {
+        perf_json(
+            &[
+                "--trace",
+                "tests/data/olmoe-slice",
+                "-n",
+                "2",
+                "--layers",
+                "4",
+                "-b",
+                "1M",
+                "-e",
+                "1M",
+                "-i",
+                "2",
+                "-w",
+                "2",
+                "--modes",
+                "raw,exp-on",
+            ],
+            &[("CIERA_TRANSPORT", "shm"), ("CIERA_CACHE_MB", cache_mb)],
+        )
+    };
+    let (unlimited, small) = (run("4096"), run("1"));
+    assert_eq!(unlimited.len(), small.len());
+    assert!(unlimited.len() >= 6, "{unlimited:?}");
+    for (u, s) in unlimited.iter().zip(&small) {
+        for r in [u, s] {
+            assert_eq!(r["wrong"].as_u64(), Some(0), "{r}");
+            // 4 layers x 2 tensors per iteration, 2 timed iterations.
+            assert_eq!(r["timed_calls"].as_u64(), Some(16), "{r}");
+            assert_eq!(r["size"].as_u64(), Some(4 << 20), "{r}");
+            // Every rank caches all 4 MiB / 2 bytes = 2 Mi elements: 1, 2 and 3 bytes each.
+            assert_eq!(r["demand_exp"].as_u64(), Some(2 << 20), "{r}");
+            assert_eq!(r["demand_full"].as_u64(), Some(4 << 20), "{r}");
+            assert_eq!(r["demand_delta"].as_u64(), Some(6 << 20), "{r}");
+        }
+        assert_eq!(u["mode"], s["mode"]);
+        match u["mode"].as_str().unwrap() {
+            "raw" => {
+                assert_eq!(u["wire_ratio"].as_f64(), Some(1.0), "{u}");
+                assert_eq!(s["wire_ratio"].as_f64(), Some(1.0), "{s}");
+            }
+            "exp-on" => {
+                assert_eq!(u["misses"].as_u64(), Some(0), "{u}");
+                assert_eq!(u["cache_bytes_peak"].as_u64(), Some(2 << 20), "{u}");
+                assert!(u["wire_ratio"].as_f64().unwrap() > 1.5, "{u}");
+                // Every source of every timed call.
+                assert_eq!(s["misses"].as_u64(), Some(2 * 16), "{s}");
+                assert_eq!(s["cache_budget"].as_u64(), Some(1 << 20), "{s}");
+                assert!(s["cache_bytes_peak"].as_u64().unwrap() <= 1 << 20, "{s}");
+                assert!(
+                    s["wire_ratio"].as_f64().unwrap() < u["wire_ratio"].as_f64().unwrap(),
+                    "{s} vs {u}"
+                );
+            }
+            m => panic!("unexpected mode {m}"),
+        }
+    }
 }

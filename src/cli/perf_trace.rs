@@ -3,6 +3,11 @@
 //! steps of each window of the trace back and forth (every call is a real one-step delta);
 //! every received bit is checked against the trace. For each window, size and mode it prints
 //! time, busbw, the wire ratio and the speedup over the raw mode measured in the same run.
+//!
+//! With `--layers L` an iteration gathers a model instead of one tensor, as FSDP gathers its
+//! layers one after another: L layers, each every trace tensor of the chosen type, each its own
+//! tensor (key) with its own caches, so the caches' demand is the sum over all of them and
+//! `CIERA_CACHE_MB` decides which fit ([`run_model`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -34,6 +39,12 @@ Replays a real training trace through the compressed Allgather and checks every 
                        besides Exp and Hybrid), exp-on, full-on, delta-on (compression forced)
                        (default raw,exp,full)
   --stat mean|median   time statistic over calls (default mean; median resists a noisy host)
+  --layers L           gather a model per iteration: L layers, each every trace tensor of the
+                       type --tensor picks (bf16 by default), each its own tensor and caches,
+                       one after another; -b/-e/-f then size one layer (split among its tensors
+                       in proportion to theirs). The modes share CIERA_CACHE_MB: to measure a
+                       budget, run raw and one compressed mode. Rows add per-call time, the
+                       caches' peak bytes, their demand (full, delta, exp) and misses
   --json               one object per row: size count type time_us algbw busbw wrong mode step
                        wire_ratio speedup window
 The modes take turns call by call (raw, exp, full, raw, ...; the first mode rotates), so a
@@ -56,6 +67,8 @@ struct Opts {
     json: bool,
     /// Report the median over calls instead of the mean (robust to a noisy host).
     median: bool,
+    /// `--layers`: gather this many layers of every tensor per iteration.
+    layers: Option<usize>,
 }
 
 pub fn main(args: &[String]) -> i32 {
@@ -77,7 +90,11 @@ pub fn main(args: &[String]) -> i32 {
         return 2;
     }
     ranks::run("perf", o.nranks, &pass, || {
-        run_rank(&o).map(|wrong| wrong == 0)
+        match o.layers {
+            Some(layers) => run_model(&o, layers),
+            None => run_rank(&o),
+        }
+        .map(|wrong| wrong == 0)
     })
 }
 
@@ -94,6 +111,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
         modes: vec!["raw".into(), "exp".into(), "full".into()],
         json: false,
         median: false,
+        layers: None,
     };
     let mut pass = Vec::new();
     let mut a = Args::new(args);
@@ -159,6 +177,14 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
             "--json" => {
                 o.json = true;
                 None
+            }
+            "--layers" => {
+                let l = a.value_parsed::<usize>(&flag)?;
+                if l == 0 {
+                    return Err(format!("{flag}: at least one layer"));
+                }
+                o.layers = Some(l);
+                Some(l.to_string())
             }
             "--stat" => {
                 let v = a.value(&flag)?;
@@ -488,6 +514,271 @@ fn run_rank(o: &Opts) -> Result<u64> {
     Ok(wrong_total)
 }
 
+/// `--layers L`: every iteration gathers a model, L layers of every trace tensor of the chosen
+/// type one after another (layer by layer, each tensor its own key and caches), as FSDP gathers
+/// a model's layers in its forward pass; the modes take turns by iteration. A layer's size (-b
+/// .. -e) is split among its tensors in proportion to the trace's. Reported per mode: the time
+/// of an iteration (the sum of its calls' slowest-rank times) and of a call, the wire ratio,
+/// the misses (sources that sent FILL frames: their cache had been evicted), and per size the
+/// caches' peak bytes over the timed calls and what every tensor's caches would need.
+fn run_model(o: &Opts, layers: usize) -> Result<u64> {
+    let mut comm = Communicator::from_env(Config::from_env()?)?;
+    let (rank, n) = (comm.rank(), comm.size());
+    let budget = comm.config().compress.cache_bytes;
+    let wins = windows(&o.dir)?;
+    let print = rank == 0;
+    let mut wrong_total = 0u64;
+    let mut header_done = false;
+    // Each window and size gathers new tensors (keys): cold caches and new policies.
+    let mut model_no = 0u64;
+    for win in &wins {
+        // The tensors of the chosen type (names from the window's first step) and, per step,
+        // their values.
+        let first = SafeTensors::open(&win[0].1)?;
+        let dtype = pick_tensor(&first, o.tensor.as_deref())?.dtype;
+        let es = dtype.size();
+        let names: Vec<String> = first
+            .tensors
+            .iter()
+            .filter(|t| t.dtype == dtype)
+            .map(|t| t.name.clone())
+            .collect();
+        let mut steps: Vec<(u64, Vec<Vec<u8>>)> = Vec::new();
+        for (step, path) in win {
+            let st = SafeTensors::open(path)?;
+            let vals = names
+                .iter()
+                .map(|name| pick_tensor(&st, Some(name)).map(|t| st.bytes(t).to_vec()))
+                .collect::<Result<Vec<_>>>()?;
+            steps.push((*step, vals));
+        }
+        let elems: Vec<usize> = steps[0].1.iter().map(|v| (v.len() / es).max(1)).collect();
+        let all_elems: usize = elems.iter().sum();
+        let tensors = names.len();
+        let calls = layers * tensors;
+        if print && !o.json && !header_done {
+            println!(
+                "# ciera perf --trace {} --layers {layers}: {tensors} {dtype} tensors per layer ({}), {n} ranks, transport {:?}",
+                o.dir.display(),
+                names.join(", "),
+                comm.config().transport
+            );
+            println!(
+                "#   iters {}, warmup {} (the first fills the caches), every bit checked; CIERA_CACHE_MB {} MiB",
+                o.iters,
+                o.warmup,
+                budget >> 20
+            );
+            println!(
+                "# {:>9} {:>10} {:>8} {:>10} {:>10} {:>6} {:>7} {:>10} {:>7} {:>9} {:>6}",
+                "window",
+                "size",
+                "mode",
+                "iter(ms)",
+                "call(us)",
+                "wire",
+                "speedup",
+                "compressed",
+                "misses",
+                "cache(MB)",
+                "#wrong"
+            );
+            header_done = true;
+        }
+        let k = steps.len();
+        let order: Vec<usize> = (0..k).chain((1..k - 1).rev()).collect();
+        let mut bytes = o.min_bytes;
+        loop {
+            // Elements per rank of each tensor of a layer.
+            let counts: Vec<usize> = elems
+                .iter()
+                .map(|&e| ((bytes as f64 * e as f64 / all_elems as f64) as usize / es / n).max(1))
+                .collect();
+            let layer_count: usize = counts.iter().sum();
+            let size = layers * layer_count * es * n;
+            // What every tensor's caches need on each rank: each of n sources' shard.
+            let demand = |mode: CacheMode| layers * n * layer_count * mode.bytes_per_element(dtype);
+            let wname = format!("{}-{}", steps[0].0, steps[k - 1].0);
+            if print && !o.json {
+                println!(
+                    "  {wname:>9} caches needed (every rank): full {:.1} MB, delta {:.1} MB, exp {:.1} MB",
+                    demand(CacheMode::FullValue) as f64 / MIB,
+                    demand(CacheMode::Delta) as f64 / MIB,
+                    demand(CacheMode::Exponent) as f64 / MIB,
+                );
+            }
+            struct Run {
+                /// Per tensor of the model (layer-major).
+                opts: Vec<GatherOptions>,
+                /// Per tensor of a layer.
+                recv: Vec<Vec<u8>>,
+                timed: Vec<f64>,
+                wrong: u64,
+                raw_bytes: u64,
+                wire_bytes: u64,
+                compressed: u64,
+                misses: u64,
+            }
+            comm.reset_caches();
+            model_no += 1;
+            let mut runs: Vec<Run> = o
+                .modes
+                .iter()
+                .enumerate()
+                .map(|(m, mode)| Run {
+                    opts: (0..calls)
+                        .map(|c| {
+                            mode_options(mode, model_no << 40 | (m as u64 + 1) << 32 | c as u64)
+                        })
+                        .collect(),
+                    recv: counts.iter().map(|&c| vec![0u8; c * es * n]).collect(),
+                    timed: Vec::with_capacity(o.iters * calls),
+                    wrong: 0,
+                    raw_bytes: 0,
+                    wire_bytes: 0,
+                    compressed: 0,
+                    misses: 0,
+                })
+                .collect();
+            let mut shards: Vec<Vec<u8>> = counts.iter().map(|&c| vec![0u8; c * es]).collect();
+            let mut peak_cache = 0usize;
+            let mut last_step = 0;
+            for it in 0..o.warmup + o.iters {
+                let (step, vals) = &steps[order[it % order.len()]];
+                last_step = *step;
+                for (j, shard) in shards.iter_mut().enumerate() {
+                    fill_tiled(shard, &vals[j], rank * counts[j] * es);
+                }
+                let timed = it >= o.warmup;
+                for m in 0..runs.len() {
+                    let run = &mut runs[(m + it) % o.modes.len()];
+                    for c in 0..calls {
+                        let j = c % tensors;
+                        comm.barrier()?;
+                        let t0 = Instant::now();
+                        let report = comm.all_gather_with(
+                            Some(&shards[j]),
+                            &mut run.recv[j],
+                            counts[j],
+                            dtype,
+                            &run.opts[c],
+                        )?;
+                        if timed {
+                            run.timed.push(t0.elapsed().as_secs_f64());
+                            run.raw_bytes += report.raw_bytes;
+                            run.wire_bytes += report.wire_bytes;
+                            run.compressed += report.compressed() as u64;
+                            run.misses += report.misses;
+                            peak_cache = peak_cache.max(comm.compress_stats().cache_bytes);
+                        }
+                        run.wrong += count_wrong(&run.recv[j], &vals[j], es);
+                    }
+                }
+            }
+            let mut raw_time: Option<f64> = None;
+            for (mode, run) in o.modes.iter().zip(&runs) {
+                let per_call = slowest_per_call(&mut comm, &run.timed)?;
+                let mut per_iter: Vec<f64> =
+                    per_call.chunks(calls).map(|c| c.iter().sum()).collect();
+                let iter_time = if o.median {
+                    median_of(&mut per_iter)
+                } else {
+                    per_iter.iter().sum::<f64>() / per_iter.len().max(1) as f64
+                };
+                let wrongs: u64 = gather_f64(&mut comm, run.wrong as f64)?
+                    .iter()
+                    .map(|&w| w as u64)
+                    .sum();
+                wrong_total += wrongs;
+                let wire_ratio = run.raw_bytes as f64 / run.wire_bytes.max(1) as f64;
+                if mode == "raw" {
+                    raw_time = Some(iter_time);
+                }
+                let speedup = raw_time.map(|r| r / iter_time);
+                let algbw = size as f64 / iter_time / 1e9;
+                let busbw = algbw * (n - 1) as f64 / n as f64;
+                let chose = (mode != "raw").then(|| model_choice(&comm, &run.opts));
+                if !print {
+                    continue;
+                }
+                if o.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "size": size, "count": layers * layer_count, "type": dtype.name(),
+                            "time_us": iter_time * 1e6, "call_us": iter_time * 1e6 / calls as f64,
+                            "algbw": algbw, "busbw": busbw, "wrong": wrongs, "mode": mode,
+                            "step": last_step, "window": wname, "wire_ratio": wire_ratio,
+                            "speedup": speedup, "compressed_calls": run.compressed,
+                            "timed_calls": o.iters * calls, "misses": run.misses,
+                            "nranks": n, "layers": layers, "tensors": names,
+                            "cache_budget": budget, "cache_bytes_peak": peak_cache,
+                            "demand_full": demand(CacheMode::FullValue),
+                            "demand_delta": demand(CacheMode::Delta),
+                            "demand_exp": demand(CacheMode::Exponent),
+                            "chose": chose,
+                        })
+                    );
+                } else {
+                    println!(
+                        "  {:>9} {:>10} {:>8} {:>10.1} {:>10.1} {:>6.2} {:>7} {:>10} {:>7} {:>9.1} {:>6}",
+                        wname,
+                        size,
+                        mode,
+                        iter_time * 1e3,
+                        iter_time * 1e6 / calls as f64,
+                        wire_ratio,
+                        speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
+                        format!("{}/{}", run.compressed, o.iters * calls),
+                        run.misses,
+                        peak_cache as f64 / MIB,
+                        wrongs
+                    );
+                    if let Some(c) = &chose {
+                        println!("  {:>9} caches: {c}", "");
+                    }
+                }
+            }
+            let next = (((bytes as f64) * o.factor) as usize).max(bytes + 1);
+            if next > o.max_bytes {
+                break;
+            }
+            bytes = next;
+        }
+    }
+    if print && !o.json {
+        println!(
+            "# wrong elements: {wrong_total} {}",
+            if wrong_total == 0 { "OK" } else { "FAILED" }
+        );
+    }
+    Ok(wrong_total)
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// The cache modes the policies of a model's tensors hold, as "delta 12, exp 4, raw 2" (raw: no
+/// policy with caches, e.g. a tensor whose caches alone exceed the budget).
+fn model_choice(comm: &Communicator, opts: &[GatherOptions]) -> String {
+    let stats = comm.slot_stats();
+    let mut by_mode: Vec<(&str, usize)> = Vec::new();
+    for o in opts {
+        let name = stats
+            .iter()
+            .find(|(k, _, _)| Some(k.id) == o.key && !k.inferred)
+            .map_or("raw", |(_, mode, _)| mode.name());
+        match by_mode.iter_mut().find(|(m, _)| *m == name) {
+            Some((_, c)) => *c += 1,
+            None => by_mode.push((name, 1)),
+        }
+    }
+    by_mode
+        .iter()
+        .map(|(m, c)| format!("{m} {c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What the `auto` mode's policy chose for its tensor: the cache mode, whether it kept the
 /// cache's heavy frames (Hybrid, Delta), and how many timed calls went raw.
 fn auto_choice(comm: &Communicator, key: Option<u64>, compressed: u64, iters: usize) -> String {
@@ -551,6 +842,17 @@ fn count_wrong(recv: &[u8], vals: &[u8], es: usize) -> u64 {
 /// Mean (or median) over calls of the slowest rank's time of each call (`mine`: this rank's
 /// per-call times; every rank has the same number).
 fn slowest_over_calls(comm: &mut Communicator, mine: &[f64], median: bool) -> Result<f64> {
+    let mut per_call_max = slowest_per_call(comm, mine)?;
+    if median {
+        Ok(median_of(&mut per_call_max))
+    } else {
+        Ok(per_call_max.iter().sum::<f64>() / per_call_max.len().max(1) as f64)
+    }
+}
+
+/// The slowest rank's time of each call (`mine`: this rank's per-call times; every rank has the
+/// same number).
+fn slowest_per_call(comm: &mut Communicator, mine: &[f64]) -> Result<Vec<f64>> {
     let n = comm.size();
     let k = mine.len();
     let bytes: Vec<u8> = mine
@@ -565,14 +867,9 @@ fn slowest_over_calls(comm: &mut Communicator, mine: &[f64], median: bool) -> Re
             all[at..at + 8].try_into().expect("8 bytes"),
         ))
     };
-    let mut per_call_max: Vec<f64> = (0..k)
+    Ok((0..k)
         .map(|i| (0..n).map(|r| t(r, i)).fold(0.0, f64::max))
-        .collect();
-    if median {
-        Ok(median_of(&mut per_call_max))
-    } else {
-        Ok(per_call_max.iter().sum::<f64>() / k.max(1) as f64)
-    }
+        .collect())
 }
 
 /// The median (mean of the two middle values for an even count; 0 for none).
