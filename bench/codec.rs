@@ -134,6 +134,8 @@ fn main() {
             let n = bytes / ta.dtype.size();
             for (mode, cm, choice) in [
                 ("exp", CacheMode::Exponent, FrameChoice::Exp),
+                // Exp frames on a full-value cache (a delta or full-value policy's Exp level).
+                ("exp/full", CacheMode::FullValue, FrameChoice::Exp),
                 ("hybrid", CacheMode::FullValue, FrameChoice::Hybrid),
                 ("delta", CacheMode::Delta, FrameChoice::Delta),
             ] {

@@ -1313,7 +1313,8 @@ const ROLE_VAR: &str = "CIERA_CODECTEST_ROLE";
 const OUT_VAR: &str = "CIERA_CODECTEST_OUT";
 
 /// A deterministic transcript of everything the SIMD switch can influence: frames of drifting
-/// tensors (bf16 exponent caches take the AVX2 path; so do Delta frames of 16-bit types with 32
+/// tensors (bf16 and fp32 Exp frames take the AVX2 path, on exponent and on full-value caches;
+/// so do Delta frames of 16-bit types with 32
 /// lanes), decodes of damaged frames (resealed, so the deep decoders run), and SH64 of assorted
 /// lengths. Identical transcripts from both
 /// processes mean identical behaviour.

@@ -29,9 +29,45 @@ pub(super) fn enabled() -> bool {
     }
 }
 
-/// Encode with the fast path if it applies (bf16 or fp32, exponent cache, AVX2): appends the
-/// dense sign+mantissa section (`L::sm_len(n)` bytes) to `out` and returns its SH64. Otherwise
-/// `None`, and the caller uses `kernels::encode_exp`.
+/// Whether the Exp fast paths apply to `L` (bf16 or fp32, AVX2); and whether it is fp32.
+fn exp_fast_path<L: Layout>() -> Option<bool> {
+    let f32 = match L::DTYPE {
+        DType::BF16 => false,
+        DType::F32 => true,
+        _ => return None,
+    };
+    enabled().then_some(f32)
+}
+
+thread_local! {
+    /// The exponents of a full-value cache, for the Exp fast paths (reused call after call).
+    static FULL_EXPS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on the exponents of the values `prev` as an exponent cache would hold them.
+fn with_exponents_of<L: Layout, R>(prev: &[u8], f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut ce = FULL_EXPS.with(|c| c.take());
+    ce.clear();
+    // Per width, so that the compiler vectorises the shifts.
+    match L::BYTES {
+        2 => ce.extend(
+            prev.chunks_exact(2)
+                .map(|c| L::exp(u16::from_le_bytes([c[0], c[1]]) as u32)),
+        ),
+        _ => ce.extend(
+            prev.chunks_exact(4)
+                .map(|c| L::exp(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        ),
+    }
+    let r = f(&mut ce);
+    FULL_EXPS.with(|c| c.replace(ce));
+    r
+}
+
+/// Encode with the fast path if it applies (bf16 or fp32, AVX2): appends the dense
+/// sign+mantissa section (`L::sm_len(n)` bytes) to `out` and returns its SH64. Otherwise
+/// `None`, and the caller uses `kernels::encode_exp`. A full-value cache is coded through the
+/// exponents of its values (the same frame), then takes the new values.
 pub fn encode_exp<L: Layout>(
     input: &[u8],
     cache: &mut CacheRef<'_>,
@@ -39,17 +75,27 @@ pub fn encode_exp<L: Layout>(
     masks: &mut Vec<u64>,
     exps: &mut Vec<u8>,
 ) -> Option<u64> {
-    let CacheRef::Exp(ce) = cache else {
-        return None;
-    };
-    let f32 = match L::DTYPE {
-        DType::BF16 => false,
-        DType::F32 => true,
-        _ => return None,
-    };
-    if !enabled() {
-        return None;
+    let f32 = exp_fast_path::<L>()?;
+    match cache {
+        CacheRef::Exp(ce) => Some(encode_exp_cache::<L>(f32, input, ce, out, masks, exps)),
+        CacheRef::Full(prev) => {
+            let h = with_exponents_of::<L, _>(prev, |ce| {
+                encode_exp_cache::<L>(f32, input, ce, out, masks, exps)
+            });
+            prev.copy_from_slice(input);
+            Some(h)
+        }
     }
+}
+
+fn encode_exp_cache<L: Layout>(
+    f32: bool,
+    input: &[u8],
+    ce: &mut [u8],
+    out: &mut Vec<u8>,
+    masks: &mut Vec<u64>,
+    exps: &mut Vec<u8>,
+) -> u64 {
     let n = input.len() / L::BYTES;
     let mut hash = StripeHash::default();
     assert!(
@@ -93,7 +139,7 @@ pub fn encode_exp<L: Layout>(
         );
         masks.extend_from_slice(&tail);
     }
-    Some(finish_hash(hash, &out[d0 + dense_full..], dense_n))
+    finish_hash(hash, &out[d0 + dense_full..], dense_n)
 }
 
 /// Value-changed and exponent-changed masks against a full-value cache (`kernels::scan_full`),
@@ -178,17 +224,31 @@ pub fn decode_exp<L: Layout>(
     cache: &mut CacheRef<'_>,
     out: &mut [u8],
 ) -> Result<Option<u64>> {
-    let CacheRef::Exp(ce) = cache else {
+    let Some(f32) = exp_fast_path::<L>() else {
         return Ok(None);
     };
-    let f32 = match L::DTYPE {
-        DType::BF16 => false,
-        DType::F32 => true,
-        _ => return Ok(None),
-    };
-    if !enabled() {
-        return Ok(None);
+    match cache {
+        CacheRef::Exp(ce) => decode_exp_cache::<L>(f32, dense, masks, exps, ce, out).map(Some),
+        CacheRef::Full(prev) => {
+            // A full-value cache decodes through the exponents of its values, then takes the
+            // decoded values (on error the caller poisons the slot).
+            let h = with_exponents_of::<L, _>(prev, |ce| {
+                decode_exp_cache::<L>(f32, dense, masks, exps, ce, out)
+            })?;
+            prev.copy_from_slice(out);
+            Ok(Some(h))
+        }
     }
+}
+
+fn decode_exp_cache<L: Layout>(
+    f32: bool,
+    dense: &[u8],
+    masks: &[u64],
+    exps: &[u8],
+    ce: &mut [u8],
+    out: &mut [u8],
+) -> Result<u64> {
     let mut hash = StripeHash::default();
     let n = out.len() / L::BYTES;
     assert!(ce.len() == n && dense.len() == L::sm_len(n) && masks.len() == n.div_ceil(BLOCK));
@@ -220,7 +280,7 @@ pub fn decode_exp<L: Layout>(
             &mut out[L::BYTES * full..],
         )?;
     }
-    Ok(Some(finish_hash(hash, &dense[dense_full..], L::sm_len(n))))
+    Ok(finish_hash(hash, &dense[dense_full..], L::sm_len(n)))
 }
 
 #[cfg(target_arch = "x86_64")]
