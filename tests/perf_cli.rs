@@ -352,8 +352,10 @@ fn help_texts_name_the_real_options() {
 /// `--layers`: every iteration gathers 4 layers of both bf16 tensors of the slice, each its own
 /// tensor and caches; every element is checked. With every tensor's exponent caches in the
 /// budget none misses and the caches hold exactly their demand; with half of it (1 MiB of 2)
-/// the least recently used caches are the next ones needed, so every source of every call
-/// misses (sends FILL frames) and the wire ratio drops. Bytes only, no timings.
+/// the least recently used caches would be the next ones needed every iteration: a tensor
+/// whose cache the budget evicted goes to smaller caches, here raw (its caches dropped at
+/// once), so after the warm-up half the tensors are compressed within the budget, none misses,
+/// and the wire ratio drops. Bytes only, no timings.
 #[test]
 fn perf_trace_layers_gathers_a_model_within_the_cache_budget() {
     let run = |cache_mb: &str| {
@@ -403,14 +405,16 @@ fn perf_trace_layers_gathers_a_model_within_the_cache_budget() {
                 assert_eq!(u["misses"].as_u64(), Some(0), "{u}");
                 assert_eq!(u["cache_bytes_peak"].as_u64(), Some(2 << 20), "{u}");
                 assert!(u["wire_ratio"].as_f64().unwrap() > 1.5, "{u}");
-                // Every source of every timed call.
-                assert_eq!(s["misses"].as_u64(), Some(2 * 16), "{s}");
+                assert_eq!(s["misses"].as_u64(), Some(0), "{s}");
                 assert_eq!(s["cache_budget"].as_u64(), Some(1 << 20), "{s}");
                 assert!(s["cache_bytes_peak"].as_u64().unwrap() <= 1 << 20, "{s}");
-                assert!(
-                    s["wire_ratio"].as_f64().unwrap() < u["wire_ratio"].as_f64().unwrap(),
-                    "{s} vs {u}"
+                // 4 of the 8 tensors compressed (each 1/8 of the demand), 4 raw.
+                assert_eq!(s["compressed_calls"].as_u64(), Some(8), "{s}");
+                let (sw, uw) = (
+                    s["wire_ratio"].as_f64().unwrap(),
+                    u["wire_ratio"].as_f64().unwrap(),
                 );
+                assert!(sw > 1.0 && sw < uw, "{s} vs {u}");
             }
             m => panic!("unexpected mode {m}"),
         }

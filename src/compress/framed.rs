@@ -9,7 +9,8 @@ use super::group_codec::{GroupCodec, Incoming, OwnEncoder};
 use super::stats::{CallKind, CallReport, SlotKey};
 use super::store::Lineage;
 use super::{
-    caches_bytes, verify, CompressMode, Compressor, STATUS_FIXED_WORDS, STATUS_LEVEL_BYTES,
+    caches_bytes, verify, CompressMode, Compressor, STATUS_BUDGET_MISS, STATUS_FIXED_WORDS,
+    STATUS_LEVEL_BYTES,
 };
 use crate::codec::{CacheMode, CacheSlot, FrameInfo, Mode};
 use crate::engine::Engine;
@@ -173,6 +174,7 @@ impl Compressor {
         // frames against a new cache, which every receiver starts from them.
         let own = self.store.take_own(&key);
         let own_missed = own.is_none();
+        let budget_miss = own_missed && self.store.take_evicted(&key);
         let mut own = own.unwrap_or_else(|| Lineage {
             slot: CacheSlot::new(dtype, new_mode, count),
             last_use: clock,
@@ -250,6 +252,7 @@ impl Compressor {
         mine[3] = own_hash;
         mine[4] = p.pending_raw.take().map_or(0, |d| d.as_nanos() as u64);
         mine[STATUS_LEVEL_BYTES..STATUS_LEVEL_BYTES + 3].copy_from_slice(&own_levels);
+        mine[STATUS_BUDGET_MISS] = budget_miss as u64;
         if verify {
             // Hashes must be known before this rank can report a mismatch, so verification
             // takes a first exchange of the hashes alone when it is on.
@@ -346,10 +349,14 @@ impl Compressor {
             slowest_ms = slowest.as_secs_f64() * 1e3,
             "compressed allgather"
         );
+        // The budget evicted a cache of this tensor on some rank (a budget miss): it moves to
+        // smaller caches (or raw) below, and this call's caches of it go now, so that they do
+        // not evict the caches of tensors that still fit.
+        let budget_missed = bad.is_empty() && status.iter().any(|s| s[STATUS_BUDGET_MISS] == 1);
         // The caches of the sources that went well everywhere are kept (this rank's own under
         // its key); those of the others are refilled from the repaired result below.
         for (src, inc) in incoming.into_iter().enumerate() {
-            if let Some(mut inc) = inc.filter(|_| !is_bad[src]) {
+            if let Some(mut inc) = inc.filter(|_| !is_bad[src] && !budget_missed) {
                 inc.lineage.last_use = clock;
                 self.store.put(src, inc.lineage, (src == me).then_some(key));
             }
@@ -379,6 +386,23 @@ impl Compressor {
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
         // Decide what the next call of this policy does, from agreed values only.
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        if budget_missed {
+            let to = super::budget_demotion(new_mode);
+            p.stats.budget_demotions += 1;
+            tracing::info!(
+                slot = key.id,
+                budget_mb = self.config.cache_bytes >> 20,
+                "CIERA_CACHE_MB evicted a cache of this tensor: {}",
+                to.map_or("raw from now on".into(), |m| format!(
+                    "{m:?} caches instead of {new_mode:?}"
+                ))
+            );
+            match to {
+                Some(m) => p.switch_cache(m),
+                None => p.mode = None,
+            }
+            return Ok(report(false));
+        }
         let levels = super::levels_of(new_mode);
         if !all_fill {
             // Every level's wire: this call's, scaled by the ranks' estimates (all of them,

@@ -230,8 +230,10 @@ pub struct Compressor {
 
 /// Status record: call ns, encode ns, decode ns, shard hash, raw probe ns, and this rank's
 /// estimated frame bytes of its shard at each of the three frame levels (u64::MAX: unknown).
-const STATUS_FIXED_WORDS: usize = 8;
+/// Then 1 where the budget had evicted this rank's own cache of the tensor (a budget miss).
+const STATUS_FIXED_WORDS: usize = 9;
 const STATUS_LEVEL_BYTES: usize = 5;
+const STATUS_BUDGET_MISS: usize = 8;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 
@@ -647,6 +649,14 @@ fn compared_time(
     levels.iter().filter_map(|&l| times[l]).min()
 }
 
+/// The cache mode a policy moves to when the budget evicted a cache of its tensor (a budget
+/// miss): the next smaller one (delta, full values, exponents), None (raw) after exponents.
+/// Evictions under a budget too small for every tensor's caches would otherwise repeat every
+/// iteration (FSDP gathers in the same order each step: least recently used is next needed).
+fn budget_demotion(mode: CacheMode) -> Option<CacheMode> {
+    BY_SIZE.iter().skip_while(|&&m| m != mode).nth(1).copied()
+}
+
 /// The cache mode a policy moves to when every frame level of its cache lost to raw: an
 /// exponent cache, for a delta or full-value cache the default chose; None (go raw) for an
 /// exponent cache or a cache mode the caller asked for.
@@ -823,6 +833,19 @@ mod tests {
         assert!(!cannot_win(ms(1), None));
         assert!(cannot_win(ms(2), ms(1)));
         assert!(!cannot_win(ms(1), ms(1)));
+    }
+
+    #[test]
+    fn budget_misses_step_down_one_cache_mode() {
+        assert_eq!(
+            budget_demotion(CacheMode::Delta),
+            Some(CacheMode::FullValue)
+        );
+        assert_eq!(
+            budget_demotion(CacheMode::FullValue),
+            Some(CacheMode::Exponent)
+        );
+        assert_eq!(budget_demotion(CacheMode::Exponent), None);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct SlotStats {
     pub predicted: [Option<std::time::Duration>; 4],
     /// Back-offs to raw decided by that prediction alone (nothing tried).
     pub predicted_raw: u64,
+    /// Moves to smaller caches (or raw) because `CIERA_CACHE_MB` evicted this tensor's.
+    pub budget_demotions: u64,
 }
 
 /// Communicator-wide statistics.

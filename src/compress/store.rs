@@ -12,7 +12,7 @@
 //! recently used first, after each call, until the budget holds), so no rank drops a lineage
 //! another still codes against.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::stats::SlotKey;
 use crate::codec::CacheSlot;
@@ -30,6 +30,8 @@ pub(super) struct Store {
     lineages: HashMap<(usize, u64), Lineage>,
     /// This rank's own tensors: key -> (this rank, version) of its lineage.
     own: HashMap<SlotKey, (usize, u64)>,
+    /// This rank's tensors whose own lineage the budget evicted (until they have one again).
+    evicted_own: HashSet<SlotKey>,
 }
 
 impl Store {
@@ -59,6 +61,7 @@ impl Store {
         let version = lineage.slot.version();
         if let Some(key) = own {
             self.own.insert(key, (src, version));
+            self.evicted_own.remove(&key);
         }
         self.lineages.insert((src, version), lineage);
     }
@@ -81,17 +84,31 @@ impl Store {
             evicted += 1;
         }
         if evicted > 0 {
-            let lineages = &self.lineages;
-            // This rank's tensors whose lineage went are forgotten (their next call fills).
-            self.own.retain(|_, at| lineages.contains_key(at));
+            let (lineages, gone) = (&self.lineages, &mut self.evicted_own);
+            // This rank's tensors whose lineage went are forgotten (their next call fills),
+            // and remembered as evicted (see `take_evicted`).
+            self.own.retain(|key, at| {
+                let kept = lineages.contains_key(at);
+                if !kept {
+                    gone.insert(*key);
+                }
+                kept
+            });
         }
         evicted
+    }
+
+    /// Whether the budget evicted this rank's lineage of `key` (and it has none since); the
+    /// mark is cleared.
+    pub fn take_evicted(&mut self, key: &SlotKey) -> bool {
+        self.evicted_own.remove(key)
     }
 
     /// Forget everything.
     pub fn clear(&mut self) {
         self.lineages.clear();
         self.own.clear();
+        self.evicted_own.clear();
     }
 }
 
@@ -124,10 +141,20 @@ mod tests {
         let l = s.take(1, 22).unwrap();
         s.put(1, l, None);
         // The oldest (rank 0's, used at 1) goes first; then the one used at 2.
+        assert!(!s.take_evicted(&key));
         assert_eq!(s.evict_to(400), 1);
         assert!(s.take_own(&key).is_none(), "its own entry went with it");
+        // Remembered as evicted by the budget, once; a new own lineage clears the mark.
+        assert!(s.take_evicted(&key));
+        assert!(!s.take_evicted(&key));
+        s.put(0, lineage(44, 9), Some(key));
+        assert_eq!(s.evict_to(400), 1);
+        s.put(0, lineage(55, 10), Some(key));
+        assert!(!s.take_evicted(&key), "has a lineage again");
+        s.take_own(&key).unwrap();
+        // Left (1, 33) used at 3 and (0, 44), which the move to (0, 55) left behind, at 9.
         assert_eq!(s.evict_to(200), 1);
-        assert!(s.take(1, 33).is_some());
+        assert!(s.take(0, 44).is_some());
         assert_eq!(s.len(), 0);
     }
 }
