@@ -66,7 +66,10 @@ fn exchange(ep: &mut Endpoint, me: usize, n: usize, len: usize) {
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut round = 0usize;
     while peers.iter().any(|&p| sent[p] < len || got[p] < len) {
-        assert!(Instant::now() < deadline, "rank {me}: exchange stuck: sent {sent:?} got {got:?}");
+        assert!(
+            Instant::now() < deadline,
+            "rank {me}: exchange stuck: sent {sent:?} got {got:?}"
+        );
         let mut progress = false;
         for &p in &peers {
             assert_eq!(ep.link(p).kind(), Kind::Rdma);
@@ -164,7 +167,10 @@ fn a_peer_that_goes_away_mid_transfer_is_reported_by_rank() {
                 let data = vec![0x5au8; 1 << 20];
                 let limit = Instant::now() + Duration::from_secs(60);
                 loop {
-                    assert!(Instant::now() < limit, "rank 0 never noticed rank 1 leaving");
+                    assert!(
+                        Instant::now() < limit,
+                        "rank 0 never noticed rank 1 leaving"
+                    );
                     match ep.link(1).try_send(&data) {
                         Ok(0) => ep.wait(Duration::from_millis(20)).unwrap(),
                         Ok(_) => {}
@@ -181,7 +187,11 @@ fn a_peer_that_goes_away_mid_transfer_is_reported_by_rank() {
     let message = rx.recv().unwrap();
     assert!(message.contains("rank 1"), "{message}");
     eprintln!("rdma: rank 0 says: {message}");
-    assert_eq!(rdma_live_resources(), (0, 0), "QPs/MRs left after a peer went away");
+    assert_eq!(
+        rdma_live_resources(),
+        (0, 0),
+        "QPs/MRs left after a peer went away"
+    );
 }
 
 #[test]

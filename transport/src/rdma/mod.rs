@@ -171,12 +171,7 @@ fn prepare(who: &str) -> Result<Prepared> {
     let gid = ctx.query_gid(i32::from(gid_index), who)?;
     let pd = Pd::new(&ctx, who)?;
     let channel = Channel::new(&ctx, who)?;
-    let cq = Cq::new(
-        &ctx,
-        &channel,
-        (SEND_DEPTH + RECV_DEPTH + 16) as i32,
-        who,
-    )?;
+    let cq = Cq::new(&ctx, &channel, (SEND_DEPTH + RECV_DEPTH + 16) as i32, who)?;
     let qp = Qp::new(&pd, &cq, SEND_DEPTH, RECV_DEPTH, who)?;
     let recv_buf = RegisteredBuf::new(&pd, RING_BYTES, true, who)?;
     let send_buf = RegisteredBuf::new(&pd, RING_BYTES, false, who)?;
@@ -260,7 +255,9 @@ pub(crate) fn establish(
     let mut out = Enc::default();
     match &prepared {
         Ok(p) => out.u8(0).bytes(&p.hello.encode()),
-        Err(e) => out.u8(1).str(&e.to_string().chars().take(1000).collect::<String>()),
+        Err(e) => out
+            .u8(1)
+            .str(&e.to_string().chars().take(1000).collect::<String>()),
     };
     send_frame(&mut stream, &out.0, deadline, &step)?;
     let p = prepared?;
@@ -289,8 +286,7 @@ pub(crate) fn establish(
             ),
         });
     }
-    p.qp
-        .connect(&remote.qp, p.hello.qp.psn, p.gid_index, p.mtu, &who)?;
+    p.qp.connect(&remote.qp, p.hello.qp.psn, p.gid_index, p.mtu, &who)?;
     // Both queue pairs must be ready to receive before either writes.
     send_frame(&mut stream, &[0], deadline, &step)?;
     let ready = recv_frame(&mut stream, deadline, &step)?;
@@ -393,7 +389,11 @@ impl RdmaLink {
                 Err(e) => break format!("its setup connection failed: {e}"),
             }
         };
-        self.closed = Some(format!("{} went away: {what}{}", self.peer_desc, self.exited()));
+        self.closed = Some(format!(
+            "{} went away: {what}{}",
+            self.peer_desc,
+            self.exited()
+        ));
         true
     }
 
@@ -446,8 +446,7 @@ impl RdmaLink {
             if self.closed.is_none() {
                 self.closed = Some(why);
             } else if let Some(c) = self.closed.as_mut() {
-                if status != ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR && !c.contains("ibv_poll_cq")
-                {
+                if status != ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR && !c.contains("ibv_poll_cq") {
                     c.push_str(&format!("; {why}"));
                 }
             }
@@ -461,7 +460,10 @@ impl RdmaLink {
                 self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
             }
             ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
-                let imm = u32::from_be(wc.imm_data().ok_or_else(|| self.corrupt("a receive without immediate"))?);
+                let imm = u32::from_be(
+                    wc.imm_data()
+                        .ok_or_else(|| self.corrupt("a receive without immediate"))?,
+                );
                 if self.closed.is_none() {
                     self.res.qp.post_recv(&self.peer_desc)?;
                 }
@@ -471,7 +473,11 @@ impl RdmaLink {
                     if self.send_acked > self.send_head {
                         return Err(self.corrupt("credit for bytes never sent"));
                     }
-                    while self.send_ends.front().is_some_and(|&e| e <= self.send_acked) {
+                    while self
+                        .send_ends
+                        .front()
+                        .is_some_and(|&e| e <= self.send_acked)
+                    {
                         self.send_ends.pop_front();
                     }
                 } else {

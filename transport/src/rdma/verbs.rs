@@ -24,7 +24,10 @@ static LIVE_MRS: AtomicUsize = AtomicUsize::new(0);
 /// Queue pairs and memory registrations this process holds right now (all RDMA links
 /// together). Both are 0 once every endpoint with RDMA links has been dropped.
 pub fn live_resources() -> (usize, usize) {
-    (LIVE_QPS.load(Ordering::SeqCst), LIVE_MRS.load(Ordering::SeqCst))
+    (
+        LIVE_QPS.load(Ordering::SeqCst),
+        LIVE_MRS.load(Ordering::SeqCst),
+    )
 }
 
 fn verb_error(verb: &'static str, who: &str, source: io::Error) -> TransportError {
@@ -40,7 +43,9 @@ fn check(verb: &'static str, who: &str, rc: c_int) -> Result<()> {
         let errno = if rc > 0 {
             rc
         } else if rc == -1 {
-            io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
         } else {
             -rc
         };
@@ -249,9 +254,8 @@ unsafe impl Send for Cq {}
 impl Cq {
     pub fn new(ctx: &Context, channel: &Channel, entries: i32, who: &str) -> Result<Cq> {
         // SAFETY: open context and channel of that context.
-        let cq = unsafe {
-            ffi::ibv_create_cq(ctx.raw(), entries, ptr::null_mut(), channel.raw(), 0)
-        };
+        let cq =
+            unsafe { ffi::ibv_create_cq(ctx.raw(), entries, ptr::null_mut(), channel.raw(), 0) };
         Ok(Cq {
             cq: non_null("ibv_create_cq", who, cq)?,
             unacked: 0,
@@ -558,7 +562,10 @@ impl Qp {
         let qp = self.raw();
         // SAFETY: valid QP; the WR names no memory.
         let rc = unsafe {
-            let post = (*(*qp).context).ops.post_recv.expect("provider has post_recv");
+            let post = (*(*qp).context)
+                .ops
+                .post_recv
+                .expect("provider has post_recv");
             post(qp, &mut wr, &mut bad)
         };
         check("ibv_post_recv", who, rc)
@@ -603,7 +610,10 @@ impl Qp {
         let qp = self.raw();
         // SAFETY: valid QP; the caller keeps the memory valid (this function's contract).
         let rc = unsafe {
-            let post = (*(*qp).context).ops.post_send.expect("provider has post_send");
+            let post = (*(*qp).context)
+                .ops
+                .post_send
+                .expect("provider has post_send");
             post(qp, &mut wr, &mut bad)
         };
         check("ibv_post_send (RDMA WRITE with immediate)", who, rc)
