@@ -155,7 +155,7 @@ ok=0
 for t in ${tests[*]}; do
     echo "RXE-GUEST: running \$t"
     start=\$(cut -d' ' -f1 /proc/uptime)
-    \$t --test-threads=1 $filter 2>&1
+    timeout 900 \$t --test-threads=1 $filter 2>&1
     rc=\$?
     end=\$(cut -d' ' -f1 /proc/uptime)
     echo "RXE-GUEST: result \$t rc=\$rc (\$start s -> \$end s)"
