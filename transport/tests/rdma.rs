@@ -5,7 +5,9 @@
 //! failure. Checked: every byte of streams several rings long, in both directions between
 //! every pair, at 2 and 3 ranks, pieces of odd sizes; a peer that goes away mid-transfer is
 //! reported as `PeerClosed` naming its rank; and after teardown no queue pair or memory
-//! registration is left (`rdma_live_resources`).
+//! registration is left (`rdma_live_resources`, checked against the kernel's count from
+//! `rdma resource show` where iproute2's `rdma` is installed); and `CIERA_TRANSPORT=auto`
+//! picks shm within a host and RDMA between hosts.
 #![cfg(feature = "rdma")]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -292,4 +294,39 @@ fn forcing_rdma_names_the_missing_device() {
         }
         None => eprintln!("forcing_rdma_names_the_missing_device: a device is present"),
     }
+}
+
+#[test]
+fn auto_picks_rdma_for_peers_on_other_hosts_only() {
+    if !usable("auto_picks_rdma_for_peers_on_other_hosts_only") {
+        return;
+    }
+    let _x = exclusive();
+    // Ranks 0 and 1 claim one host, rank 2 another (host ids are what the choice reads).
+    let (eps, mut infos) = endpoints(3);
+    for (r, info) in infos.iter_mut().enumerate() {
+        assert!(info.rdma, "rank {r} did not publish its RDMA device");
+        info.host_id = format!("{}/test-host-{}", info.host_id, r / 2);
+    }
+    let secret = [5u8; 32];
+    std::thread::scope(|s| {
+        for (me, mut ep) in eps.into_iter().enumerate() {
+            let infos = &infos;
+            s.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                ep.connect_all(me, infos, &secret, TransportChoice::Auto, deadline)
+                    .unwrap_or_else(|e| panic!("rank {me}: {e}"));
+                for p in (0..3).filter(|&p| p != me) {
+                    let want = if p / 2 == me / 2 {
+                        Kind::Shm
+                    } else {
+                        Kind::Rdma
+                    };
+                    assert_eq!(ep.link(p).kind(), want, "rank {me} to rank {p}");
+                }
+            });
+        }
+    });
+    let line = "rdma: auto: shm within a host, RDMA between hosts\n";
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }

@@ -54,10 +54,12 @@ pub(crate) const RING_BYTES: usize = 1 << 20;
 const MAX_WRITE: usize = 256 << 10;
 /// Data messages a sender may have outstanding (each consumes one receive at the peer).
 const MAX_MESSAGES: usize = 128;
-/// Receives kept posted: every data message plus the credits that can be in flight.
-const RECV_DEPTH: u32 = MAX_MESSAGES as u32 + 32;
-/// Send work requests: the data messages plus credits.
-const SEND_DEPTH: u32 = MAX_MESSAGES as u32 + 32;
+/// Receives kept posted: every data message the peer may have outstanding, and as many
+/// credits (at most one per message it consumed in full when idle, a few more per ring).
+/// Running out only delays the peer (receiver-not-ready retries, forever), it loses nothing.
+const RECV_DEPTH: u32 = 2 * MAX_MESSAGES as u32 + 32;
+/// Send work requests: our data messages plus the credits we owe.
+const SEND_DEPTH: u32 = 2 * MAX_MESSAGES as u32 + 32;
 const CREDIT: u32 = 1 << 31;
 /// wr_ids of send work requests (receives use 0).
 const WR_DATA: u64 = 1;
@@ -481,7 +483,8 @@ impl RdmaLink {
                         self.send_ends.pop_front();
                     }
                 } else {
-                    if n == 0 || wc.len() as u64 != n {
+                    // (Providers report the write's length in byte_len; 0 is tolerated.)
+                    if n == 0 || (wc.len() != 0 && wc.len() as u64 != n) {
                         return Err(self.corrupt("a data write whose immediate is not its length"));
                     }
                     self.recv_head += n;
