@@ -1,7 +1,7 @@
 //! The Allgather over RDMA links for real (feature `rdma`): `ciera perf --trace` on the bundled
 //! trace slice (consecutive steps, raw and compressed, every received bit checked) with
 //! `CIERA_TRANSPORT=rdma` at 2 and 3 ranks, and a rank SIGKILLed mid-transfer named by rank
-//! on every other rank. Needs an RDMA device: bench/rxe_guest.sh runs this in a QEMU guest
+//! on every other rank, and a missing `CIERA_IB_HCA` device named. Needs an RDMA device: bench/rxe_guest.sh runs this in a QEMU guest
 //! with a soft-RoCE device (and CIERA_REQUIRE_RDMA=1, which turns a missing device into a
 //! failure); elsewhere the tests print why they skip. Sizes are small: the guest's soft-RoCE
 //! moves about 100 Mbit/s under full emulation.
@@ -120,6 +120,30 @@ mod over_rdma {
             }
             skip::show(&format!("{n} ranks over RDMA:\n{out}"));
         }
+    }
+
+    #[test]
+    fn a_missing_rdma_device_is_named() {
+        let test = "a_missing_rdma_device_is_named";
+        if cannot(test) {
+            return;
+        }
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ciera"));
+        c.args(["launch", "-n", "2", "--"])
+            .arg(env!("CARGO_BIN_EXE_ciera"))
+            .args(perf_args("1", "raw"))
+            .env("CIERA_TRANSPORT", "rdma")
+            .env("CIERA_IB_HCA", "no_such_hca0")
+            .env("CIERA_TIMEOUT", "60");
+        let o = run_limited(c, Duration::from_secs(300));
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "{out}\n{err}");
+        assert!(
+            err.contains("CIERA_TRANSPORT=rdma on rank")
+                && err.contains("CIERA_IB_HCA=no_such_hca0 is not one of"),
+            "{out}\n{err}"
+        );
+        skip::show(&format!("CIERA_IB_HCA=no_such_hca0:\n{err}"));
     }
 
     fn spawn_lines(child: &mut Child) -> (mpsc::Receiver<String>, mpsc::Receiver<String>) {
