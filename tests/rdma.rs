@@ -1,9 +1,10 @@
 //! The Allgather over RDMA links for real (feature `rdma`): `ciera perf --trace` on the bundled
 //! trace slice (consecutive steps, raw and compressed, every received bit checked) with
-//! `CIERA_TRANSPORT=rdma` at 2 and 3 ranks, and a rank SIGKILLed mid-transfer named by rank
-//! on every other rank, and a missing `CIERA_IB_HCA` device named. Needs an RDMA device: bench/rxe_guest.sh runs this in a QEMU guest
-//! with a soft-RoCE device (and CIERA_REQUIRE_RDMA=1, which turns a missing device into a
-//! failure); elsewhere the tests print why they skip. Sizes are small: the guest's soft-RoCE
+//! `CIERA_TRANSPORT=rdma` at 2 and 3 ranks; a rank SIGKILLed mid-transfer named by rank on
+//! every other rank; a `CIERA_IB_HCA` that names no device named. Needs an RDMA device:
+//! bench/rxe_guest.sh runs this in a QEMU guest with a soft-RoCE device (and
+//! CIERA_REQUIRE_RDMA=1, which turns a missing device into a failure); elsewhere the tests
+//! print why they skip. Sizes are small: the guest's soft-RoCE
 //! moves about 100 Mbit/s under full emulation.
 //!
 //! Without the feature (the README's `cargo test --workspace`) one test runs instead: the
