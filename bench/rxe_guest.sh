@@ -195,7 +195,7 @@ for t in "${tests[@]}"; do
         fail=1
     fi
 done
-grep -a -E "^test result:|^test .* \.\.\. |RXE-GUEST: booted" "$log" | sed 's/^/rxe_guest:   /' || true
+grep -ao -E "^test result:.*|^test .* \.\.\. .*|RXE-GUEST: booted.*" "$log" | sed 's/^/rxe_guest:   /' || true
 if grep -aq "RXE-GUEST: done" "$log" && [ $fail -eq 0 ]; then
     say "all RDMA tests passed on soft-RoCE"
     exit 0
