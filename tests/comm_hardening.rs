@@ -59,6 +59,7 @@ fn rank_main() {
                 host_id: host_id(),
                 addr: listener.local_addr().unwrap(),
                 pid: std::process::id(),
+                rdma: false,
             };
             let (root, secret) = (id.root(), id.secret());
             let mut source = || Ok(Some((vec![root], secret)));
@@ -111,6 +112,7 @@ fn fake_info(pid: u32) -> PeerInfo {
         host_id: host_id(),
         addr: "127.0.0.1:9".parse().unwrap(),
         pid,
+        rdma: false,
     }
 }
 

@@ -611,6 +611,7 @@ mod tests {
             host_id: "h".into(),
             addr: "127.0.0.1:9".parse().unwrap(),
             pid: 7,
+            rdma: false,
         }
         .to_bytes()
     }

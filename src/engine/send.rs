@@ -101,7 +101,7 @@ impl<P: Payloads> Exec<'_, P> {
                 let link = self.ep.link(peer);
                 let piece = m.seg_left.min(match link.kind() {
                     Kind::Shm => SEND_PIECE_SHM,
-                    Kind::Tcp => SEND_PIECE_TCP,
+                    Kind::Tcp | Kind::Rdma => SEND_PIECE_TCP,
                 });
                 if m.ctl_off < m.ctl_len {
                     // Over TCP the headers and the payload behind them go in one call.
@@ -166,7 +166,7 @@ impl<P: Payloads> Exec<'_, P> {
             let len = self.payloads.len(unit);
             let inline_max = match self.ep.link(peer).kind() {
                 Kind::Shm => INLINE_MAX_SHM,
-                Kind::Tcp => INLINE_MAX_TCP,
+                Kind::Tcp | Kind::Rdma => INLINE_MAX_TCP,
             };
             if complete && len <= inline_max {
                 // Pack this and the following small, complete units into the stage.

@@ -11,6 +11,8 @@ pub enum Kind {
     Shm,
     /// One TCP connection.
     Tcp,
+    /// One reliable-connected RDMA queue pair (feature `rdma`; see `rdma/`).
+    Rdma,
 }
 
 impl fmt::Display for Kind {
@@ -18,6 +20,7 @@ impl fmt::Display for Kind {
         f.write_str(match self {
             Kind::Shm => "shm",
             Kind::Tcp => "tcp",
+            Kind::Rdma => "rdma",
         })
     }
 }
@@ -25,16 +28,26 @@ impl fmt::Display for Kind {
 /// Which transports `Endpoint::connect_all` may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransportChoice {
-    /// Shared memory between ranks on the same host, TCP otherwise.
+    /// Shared memory between ranks on the same host; RDMA to ranks on other hosts where both
+    /// ends have an RDMA device (and the `rdma` feature); TCP otherwise.
     Auto,
     /// Shared memory only; a peer on another host is an error.
     Shm,
     /// TCP for every peer, even on the same host.
     Tcp,
+    /// RDMA for every peer, even on the same host; an error where this rank has no RDMA
+    /// device or was built without the `rdma` feature.
+    Rdma,
 }
 
 /// Environment variable read by [`TransportChoice::from_env`].
 pub const ENV_TRANSPORT: &str = "CIERA_TRANSPORT";
+/// The RDMA device to use (its verbs name, e.g. `mlx5_0` or `rxe0`); unset: the first one
+/// with an active port.
+pub const ENV_IB_HCA: &str = "CIERA_IB_HCA";
+/// The GID table index RDMA links use on the chosen port; unset: the first IPv4-mapped GID
+/// (RoCE v2 over IPv4), else the first non-zero one.
+pub const ENV_IB_GID_INDEX: &str = "CIERA_IB_GID_INDEX";
 /// Bytes per shm ring (one per direction); a power of two, at least 4096. Default 512 KiB.
 pub const ENV_SHM_RING_BYTES: &str = "CIERA_SHM_RING_BYTES";
 /// SO_SNDBUF/SO_RCVBUF for TCP links; `0` leaves the kernel's autotuning alone. Unset: each
@@ -57,13 +70,13 @@ const MIN_SHM_RING_BYTES: usize = 4096;
 pub(crate) const MAX_SHM_RING_BYTES: usize = 1 << 34;
 
 impl TransportChoice {
-    /// `CIERA_TRANSPORT=shm|tcp|auto` (case-insensitive); unset or empty means `Auto`.
+    /// `CIERA_TRANSPORT=shm|tcp|rdma|auto` (case-insensitive); unset or empty means `Auto`.
     pub fn from_env() -> Result<TransportChoice> {
         match std::env::var(ENV_TRANSPORT) {
             Ok(value) => Self::parse(&value),
             Err(std::env::VarError::NotPresent) => Ok(TransportChoice::Auto),
             Err(std::env::VarError::NotUnicode(raw)) => Err(TransportError::Config {
-                detail: format!("{ENV_TRANSPORT}={raw:?} is not one of shm, tcp, auto"),
+                detail: format!("{ENV_TRANSPORT}={raw:?} is not one of shm, tcp, rdma, auto"),
             }),
         }
     }
@@ -74,8 +87,9 @@ impl TransportChoice {
             "" | "auto" => Ok(TransportChoice::Auto),
             "shm" => Ok(TransportChoice::Shm),
             "tcp" => Ok(TransportChoice::Tcp),
+            "rdma" => Ok(TransportChoice::Rdma),
             _ => Err(TransportError::Config {
-                detail: format!("{ENV_TRANSPORT}={value:?} is not one of shm, tcp, auto"),
+                detail: format!("{ENV_TRANSPORT}={value:?} is not one of shm, tcp, rdma, auto"),
             }),
         }
     }

@@ -30,6 +30,8 @@ const MIXED_SLICE: Duration = Duration::from_micros(200);
 pub(crate) enum LinkInner {
     Shm(ShmLink),
     Tcp(TcpLink),
+    #[cfg(feature = "rdma")]
+    Rdma(Box<crate::rdma::RdmaLink>),
 }
 
 /// A bidirectional, non-blocking byte stream to one peer. Closed set of transports (enum
@@ -49,6 +51,8 @@ impl Link {
         match self.inner {
             LinkInner::Shm(_) => Kind::Shm,
             LinkInner::Tcp(_) => Kind::Tcp,
+            #[cfg(feature = "rdma")]
+            LinkInner::Rdma(_) => Kind::Rdma,
         }
     }
 
@@ -64,14 +68,21 @@ impl Link {
         match &mut self.inner {
             LinkInner::Shm(l) => l.try_send(data),
             LinkInner::Tcp(l) => l.try_send(data),
+            #[cfg(feature = "rdma")]
+            LinkInner::Rdma(l) => l.try_send(data),
         }
     }
 
     /// As [`Link::try_send`] for the concatenation of `parts`. TCP hands them to the kernel in
-    /// one call; shm takes only the first non-empty part (call again for the rest).
+    /// one call; shm and RDMA take only the first non-empty part (call again for the rest).
     #[inline]
     pub fn try_send_vectored(&mut self, parts: &[&[u8]]) -> Result<usize> {
         match &mut self.inner {
+            #[cfg(feature = "rdma")]
+            LinkInner::Rdma(l) => match parts.iter().find(|p| !p.is_empty()) {
+                Some(first) => l.try_send(first),
+                None => Ok(0),
+            },
             LinkInner::Shm(l) => match parts.iter().find(|p| !p.is_empty()) {
                 Some(first) => l.try_send(first),
                 None => Ok(0),
@@ -87,6 +98,8 @@ impl Link {
         match &mut self.inner {
             LinkInner::Shm(l) => l.try_recv(buf),
             LinkInner::Tcp(l) => l.try_recv(buf),
+            #[cfg(feature = "rdma")]
+            LinkInner::Rdma(l) => l.try_recv(buf),
         }
     }
 
@@ -104,7 +117,7 @@ impl Link {
     pub fn can_offer(&self) -> bool {
         match &self.inner {
             LinkInner::Shm(l) => l.can_offer(),
-            LinkInner::Tcp(_) => false,
+            _ => false,
         }
     }
 
@@ -122,7 +135,7 @@ impl Link {
     pub fn mapped_bytes(&self) -> u64 {
         match &self.inner {
             LinkInner::Shm(l) => l.mapped_copied(),
-            LinkInner::Tcp(_) => 0,
+            _ => 0,
         }
     }
 
@@ -130,7 +143,7 @@ impl Link {
     pub fn offered_bytes(&self) -> u64 {
         match &self.inner {
             LinkInner::Shm(l) => l.offered(),
-            LinkInner::Tcp(_) => 0,
+            _ => 0,
         }
     }
 
@@ -140,7 +153,7 @@ impl Link {
     pub fn unclaimed(&mut self) -> Result<u64> {
         match &mut self.inner {
             LinkInner::Shm(l) => l.unclaimed(),
-            LinkInner::Tcp(_) => Ok(0),
+            _ => Ok(0),
         }
     }
 
@@ -166,10 +179,11 @@ impl Link {
     ) -> Result<usize> {
         match &mut self.inner {
             LinkInner::Shm(l) => l.try_read_peer(remote, region, dst),
-            LinkInner::Tcp(_) => Err(TransportError::Protocol {
+            _ => Err(TransportError::Protocol {
                 detail: format!(
-                    "rank {} offered {} bytes by reference over TCP",
+                    "rank {} offered {} bytes by reference over {}",
                     self.peer,
+                    self.kind(),
                     dst.len()
                 ),
             }),
@@ -181,6 +195,8 @@ impl Link {
         match &self.inner {
             LinkInner::Shm(l) => l.is_closed(),
             LinkInner::Tcp(l) => l.is_closed(),
+            #[cfg(feature = "rdma")]
+            LinkInner::Rdma(l) => l.is_closed(),
         }
     }
 }
@@ -228,6 +244,12 @@ enum PollTarget {
     Waker,
     Tcp(usize),
     Control(usize),
+    /// An RDMA link's completion channel.
+    #[cfg(feature = "rdma")]
+    RdmaCq(usize),
+    /// An RDMA link's setup connection (liveness).
+    #[cfg(feature = "rdma")]
+    RdmaControl(usize),
 }
 
 /// One rank's listener, its links to every peer, and the way it sleeps until progress is
@@ -282,6 +304,7 @@ impl Endpoint {
                 host_id: host_id(),
                 addr,
                 pid: std::process::id(),
+                rdma: crate::rdma_available(),
             },
             my_rank: None,
             links: Vec::new(),
@@ -327,7 +350,8 @@ impl Endpoint {
     /// [`crate::auth`]); the secret never crosses the wire. A connection that fails it is
     /// dropped and otherwise ignored (it cannot disturb setup; a timeout names it). Peers whose
     /// `host_id` in `peers` equals `peers[my_rank].host_id` get shm links unless `choice` is
-    /// `Tcp`; others get TCP; `choice == Shm` with a peer on another host is `Unsupported`. The higher rank of each pair connects,
+    /// `Tcp` or `Rdma`; others get RDMA where both ends published `rdma` (or `choice` is
+    /// `Rdma`), else TCP; `choice == Shm` with a peer on another host is `Unsupported`. The higher rank of each pair connects,
     /// the lower accepts, each connection in its own thread, so setup cannot deadlock. Fails
     /// with `Timeout` naming the missing ranks if `deadline` passes. May be retried after a
     /// failure; a second call after success is an error.
@@ -367,7 +391,17 @@ impl Endpoint {
             let kind = match choice {
                 TransportChoice::Tcp => Kind::Tcp,
                 TransportChoice::Auto if same_host && shm_possible => Kind::Shm,
+                TransportChoice::Auto if !same_host && me.rdma && peer.rdma => Kind::Rdma,
                 TransportChoice::Auto => Kind::Tcp,
+                TransportChoice::Rdma if rank == my_rank => Kind::Rdma,
+                TransportChoice::Rdma => match crate::rdma_unavailable_reason() {
+                    None => Kind::Rdma,
+                    Some(why) => {
+                        return Err(TransportError::Unsupported {
+                            detail: format!("CIERA_TRANSPORT=rdma on rank {my_rank}: {why}"),
+                        })
+                    }
+                },
                 TransportChoice::Shm if rank == my_rank => Kind::Shm,
                 TransportChoice::Shm if !shm_possible => {
                     return Err(TransportError::Unsupported {
@@ -536,6 +570,9 @@ impl Endpoint {
             match &link.inner {
                 LinkInner::Shm(l) if !l.is_closed() => has_shm = true,
                 LinkInner::Tcp(l) if !l.is_closed() => has_tcp = true,
+                // Waited on in poll like TCP: the completion channel and the setup connection.
+                #[cfg(feature = "rdma")]
+                LinkInner::Rdma(l) if !l.is_closed() => has_tcp = true,
                 _ => {}
             }
         }
@@ -611,9 +648,36 @@ impl Endpoint {
             PollTarget::Waker,
         );
         let mut has_control = false;
-        for (rank, link) in self.links.iter().enumerate() {
+        // RDMA links can shorten the sleep (completions already there) and report progress.
+        #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
+        let mut timeout = timeout;
+        #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
+        let mut news = false;
+        for (rank, link) in self.links.iter_mut().enumerate() {
             let Some(link) = link else { continue };
-            match &link.inner {
+            match &mut link.inner {
+                #[cfg(feature = "rdma")]
+                LinkInner::Rdma(l) if !l.is_closed() => {
+                    // Completions that arrived while arming: progress, do not sleep.
+                    if l.arm()? {
+                        timeout = Duration::ZERO;
+                        news = true;
+                    }
+                    push(
+                        &mut self.poll_fds,
+                        &mut self.poll_targets,
+                        l.channel_fd(),
+                        libc::POLLIN,
+                        PollTarget::RdmaCq(rank),
+                    );
+                    push(
+                        &mut self.poll_fds,
+                        &mut self.poll_targets,
+                        l.control_fd(),
+                        libc::POLLIN | libc::POLLRDHUP,
+                        PollTarget::RdmaControl(rank),
+                    );
+                }
                 LinkInner::Tcp(l) if !l.is_closed() => {
                     let mut events = 0;
                     if l.want_read {
@@ -650,7 +714,7 @@ impl Endpoint {
             self.last_control_check = Instant::now();
         }
         if ready == 0 {
-            return Ok(false);
+            return Ok(news);
         }
         let mut progress = false;
         for (pfd, target) in self.poll_fds.iter().zip(&self.poll_targets) {
@@ -685,9 +749,30 @@ impl Endpoint {
                         progress |= l.check_control();
                     }
                 }
+                #[cfg(feature = "rdma")]
+                PollTarget::RdmaCq(rank) => {
+                    if let Some(Link {
+                        inner: LinkInner::Rdma(l),
+                        ..
+                    }) = self.links[rank].as_mut()
+                    {
+                        l.on_channel();
+                        progress = true;
+                    }
+                }
+                #[cfg(feature = "rdma")]
+                PollTarget::RdmaControl(rank) => {
+                    if let Some(Link {
+                        inner: LinkInner::Rdma(l),
+                        ..
+                    }) = self.links[rank].as_mut()
+                    {
+                        progress |= l.check_control();
+                    }
+                }
             }
         }
-        Ok(progress)
+        Ok(progress || news)
     }
 }
 

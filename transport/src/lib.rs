@@ -14,10 +14,14 @@
 //!   that peers open through `/proc/<pid>/fd`: nothing is ever named in /dev/shm, so nothing
 //!   can be left there, even if a rank is SIGKILLed during setup.
 //! * TCP (`tcp.rs`): one non-blocking connection per pair, TCP_NODELAY, large buffers.
+//! * RDMA (`rdma/`, feature `rdma`): one reliable-connected queue pair per pair, bytes
+//!   written into the peer's registered ring by RDMA WRITE with immediate, credit-based flow
+//!   control, the setup TCP connection kept as a liveness channel.
 //! * Authentication (`auth.rs`): mutual HMAC-SHA256 challenge-response with the job secret on
 //!   every connection, each proof bound to its direction, the connection and both parties.
 //!
-//! Environment: `CIERA_TRANSPORT` (shm|tcp|auto), `CIERA_SHM_RING_BYTES` (power of two,
+//! Environment: `CIERA_TRANSPORT` (shm|tcp|rdma|auto), `CIERA_IB_HCA` (RDMA device name),
+//! `CIERA_IB_GID_INDEX`, `CIERA_SHM_RING_BYTES` (power of two,
 //! default 512 KiB per direction), `CIERA_SHM_SINGLE_COPY` (0|1|auto: process_vm_readv single
 //! copy of large payloads; auto by default: the transport probes, the caller chooses per call),
 //! `CIERA_TCP_BUF_BYTES` (0 = kernel autotuning), `CIERA_TCP_CONGESTION` (auto|system|name:
@@ -54,6 +58,8 @@ mod endpoint;
 mod error;
 mod iface;
 mod peer;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod setup;
 mod shared;
 mod shm;
@@ -62,11 +68,50 @@ mod tcp;
 mod wire;
 
 pub use config::{
-    Kind, SingleCopy, TcpCongestion, TransportChoice, ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY,
-    ENV_SOCKET_IFNAME, ENV_TCP_BUF_BYTES, ENV_TCP_CONGESTION, ENV_TRANSPORT,
+    Kind, SingleCopy, TcpCongestion, TransportChoice, ENV_IB_GID_INDEX, ENV_IB_HCA,
+    ENV_SHM_RING_BYTES, ENV_SHM_SINGLE_COPY, ENV_SOCKET_IFNAME, ENV_TCP_BUF_BYTES,
+    ENV_TCP_CONGESTION, ENV_TRANSPORT,
 };
 pub use endpoint::{Endpoint, Link, Waker};
 pub use error::{Result, TransportError};
 pub use iface::{interface_ip, ipv4_interfaces, InterfaceAddr};
 pub use peer::{host_id, PeerInfo};
 pub use shared::{shared_region_of, SharedBuffer, SharedRegion};
+
+/// Whether this process can use RDMA links: built with the `rdma` feature and an RDMA device
+/// present (`CIERA_IB_HCA`'s, if set). Decided once per process.
+pub fn rdma_available() -> bool {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::available()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        false
+    }
+}
+
+/// Why this process cannot use RDMA links, or `None` if it can.
+pub fn rdma_unavailable_reason() -> Option<String> {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::unavailable_reason()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        Some("built without the rdma feature (cargo build --features rdma)".into())
+    }
+}
+
+/// RDMA queue pairs and memory registrations this process holds now, over all endpoints;
+/// `(0, 0)` once every endpoint with RDMA links is dropped (and always without the feature).
+pub fn rdma_live_resources() -> (usize, usize) {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::live_resources()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        (0, 0)
+    }
+}

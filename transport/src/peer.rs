@@ -20,6 +20,7 @@ use crate::{Result, TransportError};
 /// | 2     | port                                             |
 /// | 4     | (family 6 only) scope id                         |
 /// | 2 + n | host id, UTF-8, n <= 1024                        |
+/// | 1     | flags: bit 0 = the rank can open an RDMA device  |
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerInfo {
     /// [`host_id`] of the rank's machine.
@@ -28,6 +29,10 @@ pub struct PeerInfo {
     pub addr: SocketAddr,
     /// The rank's process id (for error messages and liveness checks).
     pub pid: u32,
+    /// The rank can open an RDMA device (feature `rdma` built, a device present): with
+    /// `CIERA_TRANSPORT=auto` two ranks on different hosts that both can get an RDMA link.
+    /// Published, so that both ends of a pair make the same choice.
+    pub rdma: bool,
 }
 
 const PEER_INFO_MAGIC: &[u8; 4] = b"CPI1";
@@ -49,7 +54,7 @@ impl PeerInfo {
                     .u32(a.scope_id());
             }
         }
-        e.str(&self.host_id);
+        e.str(&self.host_id).u8(u8::from(self.rdma));
         e.0
     }
 
@@ -83,8 +88,19 @@ impl PeerInfo {
             }
         };
         let host_id = d.str("host id", MAX_HOST_ID_BYTES)?;
+        let flags = d.u8("flags")?;
+        if flags > 1 {
+            return Err(TransportError::Protocol {
+                detail: format!("PeerInfo: unknown flags {flags:#x}"),
+            });
+        }
         d.finish()?;
-        Ok(PeerInfo { host_id, addr, pid })
+        Ok(PeerInfo {
+            host_id,
+            addr,
+            pid,
+            rdma: flags == 1,
+        })
     }
 }
 
@@ -154,6 +170,7 @@ mod tests {
                 host_id: "node7/abc/shm-1f".into(),
                 addr,
                 pid: 4242,
+                rdma: true,
             };
             let bytes = info.to_bytes();
             assert_eq!(PeerInfo::from_bytes(&bytes).unwrap(), info);
@@ -166,6 +183,7 @@ mod tests {
             host_id: "h".into(),
             addr: "1.2.3.4:5".parse().unwrap(),
             pid: 7,
+            rdma: false,
         };
         let bytes = info.to_bytes();
         for len in 0..bytes.len() {

@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! LinkHello (connector -> acceptor):
-//!   "CIERALNK" | version u8 = 2 | kind u8 (0 tcp, 1 shm) | from u32 | to u32 | world u32
+//!   "CIERALNK" | version u8 = 2 | kind u8 (0 tcp, 1 shm, 2 rdma) | from u32 | to u32 | world u32
 //!   | pid u32 | host_id str | doorbell name str | doorbell fd u32        (shm; tcp: "", 0)
 //! LinkReply (acceptor -> connector):
 //!   0 | rank u32 | pid u32 | segment name str | segment fd u32
@@ -29,6 +29,8 @@
 //! and the creator closes its descriptor once the peer has it mapped. Nothing is ever named in
 //! /dev/shm, so no failure, not even SIGKILL in the middle of setup, leaves anything there.
 //! For TCP the connection then becomes the data link; for shm it stays as the control channel.
+//! For RDMA both sides then exchange queue pair addresses over it (`rdma/`) and it stays as
+//! the control channel too.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -330,6 +332,7 @@ fn connect_to(ctx: &SetupContext, rank: usize) -> Result<Link> {
             tcp::configure(&stream, ctx.tcp_buffers, &ctx.tcp_congestion, &who)?;
             Ok(Link::new(rank, LinkInner::Tcp(TcpLink::new(stream, who))))
         }
+        Kind::Rdma => rdma_link(stream, ctx.deadline, rank, who, peer.pid),
         Kind::Shm => {
             let mapped = (|| -> Result<_> {
                 check_shm_name(&seg_name, peer.pid, &who)?;
@@ -400,6 +403,7 @@ fn parse_hello(body: &[u8], what: &str) -> Result<LinkHello> {
     let kind = match d.u8("kind")? {
         0 => Kind::Tcp,
         1 => Kind::Shm,
+        2 => Kind::Rdma,
         k => {
             return Err(TransportError::Protocol {
                 detail: format!("{what}: unknown link kind {k}"),
@@ -509,7 +513,7 @@ fn accept_link(
     let step = format!("link setup with {who}");
     let me = &ctx.peers[ctx.my_rank];
     match hello.kind {
-        Kind::Tcp => {
+        Kind::Tcp | Kind::Rdma => {
             let mut reply = Enc::default();
             reply
                 .u8(OK)
@@ -520,6 +524,10 @@ fn accept_link(
                 .str("")
                 .u32(0);
             send_frame(&mut stream, &reply.0, ctx.deadline, &step)?;
+            if hello.kind == Kind::Rdma {
+                let link = rdma_link(stream, ctx.deadline, rank, who, hello.pid)?;
+                return Ok((rank, link));
+            }
             tcp::configure(&stream, ctx.tcp_buffers, &ctx.tcp_congestion, &who)?;
             Ok((
                 rank,
@@ -591,5 +599,34 @@ fn kind_code(kind: Kind) -> u8 {
     match kind {
         Kind::Tcp => 0,
         Kind::Shm => 1,
+        Kind::Rdma => 2,
     }
+}
+
+/// Both sides, after the link reply: the RDMA queue pair set up over the setup connection.
+#[cfg(feature = "rdma")]
+fn rdma_link(
+    stream: TcpStream,
+    deadline: Instant,
+    rank: usize,
+    who: String,
+    pid: u32,
+) -> Result<Link> {
+    let link = crate::rdma::establish(stream, deadline, who, pid)?;
+    Ok(Link::new(rank, LinkInner::Rdma(Box::new(link))))
+}
+
+/// Without the feature `connect_all` never chooses RDMA, and a peer that asks is refused by
+/// `check_hello`; this is unreachable in practice.
+#[cfg(not(feature = "rdma"))]
+fn rdma_link(
+    _stream: TcpStream,
+    _deadline: Instant,
+    _rank: usize,
+    who: String,
+    _pid: u32,
+) -> Result<Link> {
+    Err(TransportError::Unsupported {
+        detail: format!("an RDMA link with {who}: built without the rdma feature"),
+    })
 }
