@@ -78,6 +78,30 @@ pub use iface::{interface_ip, ipv4_interfaces, InterfaceAddr};
 pub use peer::{host_id, PeerInfo};
 pub use shared::{shared_region_of, SharedBuffer, SharedRegion};
 
+/// A device buffer exported as a dma-buf (GPUDirect RDMA through the kernel's dma-buf
+/// interface), to register with RDMA links ([`Endpoint::register_dmabuf`]): `len` bytes at
+/// `offset` of the dma-buf descriptor `fd`, addressed as `iova` in work requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaBuf {
+    pub fd: std::os::fd::RawFd,
+    pub offset: u64,
+    pub len: usize,
+    pub iova: u64,
+}
+
+/// Bytes RDMA links sent straight from registered user buffers ([`SharedBuffer`]s), with no
+/// copy into the send staging buffer, by this process so far (always 0 without the feature).
+pub fn rdma_zero_copy_bytes() -> u64 {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::zero_copy_bytes()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        0
+    }
+}
+
 /// Whether this process can use RDMA links: built with the `rdma` feature and an RDMA device
 /// present (`CIERA_IB_HCA`'s, if set). Decided once per process.
 pub fn rdma_available() -> bool {
