@@ -16,7 +16,13 @@
 //! * TCP (`tcp.rs`): one non-blocking connection per pair, TCP_NODELAY, large buffers.
 //! * RDMA (`rdma/`, feature `rdma`): one reliable-connected queue pair per pair, bytes
 //!   written into the peer's registered ring by RDMA WRITE with immediate, credit-based flow
-//!   control, the setup TCP connection kept as a liveness channel.
+//!   control, the setup TCP connection kept as a liveness channel. Each link registers its
+//!   ring and a send staging buffer; bytes are copied into staging, except bytes in a
+//!   [`SharedBuffer`], which the link registers once and writes from where they lie
+//!   ([`rdma_zero_copy_bytes`] counts them; `try_send` waits for those writes to complete).
+//!   [`Endpoint::register_dmabuf`] registers a device buffer ([`DmaBuf`]) through
+//!   `ibv_reg_dmabuf_mr`, or says why it cannot ("device buffers need dma-buf support
+//!   (ibv_reg_dmabuf_mr): ...", `Unsupported`).
 //! * Authentication (`auth.rs`): mutual HMAC-SHA256 challenge-response with the job secret on
 //!   every connection, each proof bound to its direction, the connection and both parties.
 //!

@@ -7,6 +7,14 @@
 //! completes (writes on one RC queue pair land, and complete, in order). A message never wraps
 //! the ring: a send that would is cut in two.
 //!
+//! Bytes that lie in a [`crate::SharedBuffer`] (memory that stays put for its life) skip
+//! staging: the link registers the buffer's whole mapping once (cached by buffer id, at most
+//! [`MAX_USER_MRS`], registrations of freed buffers dropped when a new one is made, the rest
+//! with the link) and writes from the caller's bytes to the same ring offset. Since the
+//! caller gets its bytes back when `try_send` returns, `try_send` polls until those writes
+//! have completed; staged sends return at once. Device buffers (dma-buf) are registered
+//! through [`RdmaLink::register_dmabuf`].
+//!
 //! Flow control is by credits. The receiver returns the bytes it has copied out with a
 //! zero-length WRITE with immediate whose top bit is set (`CREDIT | bytes`). A sender never
 //! has more than [`RING_BYTES`] bytes outstanding (so it never overwrites bytes the peer has
