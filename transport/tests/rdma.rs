@@ -10,7 +10,8 @@
 //! picks shm within a host and RDMA between hosts. Send buffers that are `SharedBuffer`s are
 //! written from where they lie (registered once per link, counted with the other
 //! registrations, `rdma_zero_copy_bytes` says how many bytes went so); and registering a
-//! dma-buf device buffer on a device without dma-buf support (soft-RoCE) is a clear error.
+//! dma-buf device buffer on a device without dma-buf support (soft-RoCE) is a clear error;
+//! registrations of freed SharedBuffers are dropped, and plain memory still goes through staging.
 #![cfg(feature = "rdma")]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -503,4 +504,100 @@ fn a_device_buffer_without_dmabuf_support_is_a_clear_error() {
         let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
     }
     assert_eq!(rdma_live_resources(), (0, 0));
+}
+
+#[test]
+fn freed_shared_buffers_are_deregistered_and_plain_memory_is_staged() {
+    if !usable("freed_shared_buffers_are_deregistered_and_plain_memory_is_staged") {
+        return;
+    }
+    let _x = exclusive();
+    let base = kernel_counts().map(|(counts, _)| counts);
+    let piece = 512 << 10;
+    let rounds = 3;
+    let before = rdma_zero_copy_bytes();
+    let (eps, infos) = endpoints(2);
+    let secret = [8u8; 32];
+    let barrier = Barrier::new(2);
+    let mid = Mutex::new(None);
+    std::thread::scope(|s| {
+        for (me, mut ep) in eps.into_iter().enumerate() {
+            let (infos, barrier, mid) = (&infos, &barrier, &mid);
+            s.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                ep.connect_all(me, infos, &secret, TransportChoice::Rdma, deadline)
+                    .unwrap_or_else(|e| panic!("rank {me}: connect_all: {e}"));
+                let total = (rounds + 1) * piece;
+                let limit = Instant::now() + Duration::from_secs(120);
+                if me == 0 {
+                    // A fresh SharedBuffer per round, freed after it, then plain memory.
+                    for r in 0..=rounds {
+                        let fill = |b: &mut [u8]| {
+                            for (i, x) in b.iter_mut().enumerate() {
+                                *x = pattern(0, 1, r * piece + i);
+                            }
+                        };
+                        let mut shared;
+                        let mut plain;
+                        let bytes: &[u8] = if r < rounds {
+                            shared = SharedBuffer::new(piece).unwrap();
+                            fill(&mut shared);
+                            &shared
+                        } else {
+                            plain = vec![0u8; piece];
+                            fill(&mut plain);
+                            &plain
+                        };
+                        let mut sent = 0;
+                        while sent < piece {
+                            assert!(Instant::now() < limit, "rank 0 stuck sending round {r}");
+                            let k = ep.link(1).try_send(&bytes[sent..]).unwrap();
+                            sent += k;
+                            if k == 0 {
+                                ep.wait(Duration::from_millis(20)).unwrap();
+                            }
+                        }
+                    }
+                } else {
+                    let mut inb = vec![0u8; 65_536];
+                    let mut got = 0;
+                    while got < total {
+                        assert!(Instant::now() < limit, "rank 1 stuck at {got} bytes");
+                        let k = ep.link(0).try_recv(&mut inb).unwrap();
+                        for (j, &b) in inb[..k].iter().enumerate() {
+                            assert_eq!(b, pattern(0, 1, got + j), "byte {}", got + j);
+                        }
+                        got += k;
+                        if k == 0 {
+                            ep.wait(Duration::from_millis(20)).unwrap();
+                        }
+                    }
+                }
+                barrier.wait();
+                if me == 0 {
+                    // Ring and staging on both links; of the three user buffers, the last
+                    // is still registered (freed, but no newer one replaced it), the first
+                    // two were dropped when the next was registered.
+                    *mid.lock().unwrap() =
+                        kernel_disagrees(base, 2, 5, "after three freed shared buffers");
+                }
+                barrier.wait();
+                drop(ep);
+            });
+        }
+    });
+    if let Some(why) = mid.into_inner().unwrap() {
+        panic!("{why}");
+    }
+    let direct = rdma_zero_copy_bytes() - before;
+    assert_eq!(
+        direct,
+        (rounds * piece) as u64,
+        "only the shared rounds skip staging"
+    );
+    check_kernel_agrees(base, 0, 0, "torn down after freed shared buffers");
+    let line = format!(
+        "rdma: {rounds} freed shared buffers: {direct} bytes without staging, plain memory staged, registrations back to 0\n"
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }
