@@ -103,6 +103,25 @@ impl Link {
         }
     }
 
+    /// Registers a device buffer (a dma-buf) with this link, for as long as the link lives.
+    /// `Unsupported` on links that do not run over RDMA, and where the device or its
+    /// provider has no dma-buf support (the message names `ibv_reg_dmabuf_mr`, the device
+    /// and why).
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
+    pub fn register_dmabuf(&mut self, buf: &crate::DmaBuf) -> Result<()> {
+        match &mut self.inner {
+            #[cfg(feature = "rdma")]
+            LinkInner::Rdma(l) => l.register_dmabuf(buf),
+            _ => Err(TransportError::Unsupported {
+                detail: format!(
+                    "device buffers need dma-buf support (ibv_reg_dmabuf_mr): no RDMA device (the link to rank {} runs over {:?})",
+                    self.peer,
+                    self.kind()
+                ),
+            }),
+        }
+    }
+
     /// Whether [`Link::try_recv`] copies with non-temporal stores (shm only: see
     /// [`crate::copy`]); for calls whose output is much bigger than the caches.
     pub fn set_streaming(&mut self, on: bool) {
@@ -474,6 +493,37 @@ impl Endpoint {
         for link in self.links.iter_mut().flatten() {
             link.set_streaming(on);
         }
+    }
+
+    /// Registers a device buffer (a dma-buf: GPUDirect RDMA) with every RDMA link, for as
+    /// long as the links live; returns how many links registered it. `Unsupported` with the
+    /// reason when no link runs over RDMA (no RDMA device, built without the `rdma` feature,
+    /// or not connected yet) and when the device has no dma-buf support: "device buffers
+    /// need dma-buf support (ibv_reg_dmabuf_mr): ...". Nothing stays registered on error.
+    pub fn register_dmabuf(&mut self, buf: &crate::DmaBuf) -> Result<usize> {
+        let rdma: Vec<&mut Link> = self
+            .links
+            .iter_mut()
+            .flatten()
+            .filter(|l| l.kind() == Kind::Rdma)
+            .collect();
+        if rdma.is_empty() {
+            let why = crate::rdma_unavailable_reason()
+                .unwrap_or_else(|| "no link of this endpoint runs over RDMA".into());
+            return Err(TransportError::Unsupported {
+                detail: format!(
+                    "device buffers need dma-buf support (ibv_reg_dmabuf_mr): no RDMA device ({why})"
+                ),
+            });
+        }
+        let mut done = 0;
+        for link in rdma {
+            // A failure leaves earlier links' registrations until they drop; all links share
+            // one device, so the first one fails whenever any does.
+            link.register_dmabuf(buf)?;
+            done += 1;
+        }
+        Ok(done)
     }
 
     /// Whether some link can offer memory by reference ([`Link::can_offer`]).

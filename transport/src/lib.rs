@@ -16,7 +16,13 @@
 //! * TCP (`tcp.rs`): one non-blocking connection per pair, TCP_NODELAY, large buffers.
 //! * RDMA (`rdma/`, feature `rdma`): one reliable-connected queue pair per pair, bytes
 //!   written into the peer's registered ring by RDMA WRITE with immediate, credit-based flow
-//!   control, the setup TCP connection kept as a liveness channel.
+//!   control, the setup TCP connection kept as a liveness channel. Each link registers its
+//!   ring and a send staging buffer; bytes are copied into staging, except bytes in a
+//!   [`SharedBuffer`], which the link registers once and writes from where they lie
+//!   ([`rdma_zero_copy_bytes`] counts them; `try_send` waits for those writes to complete).
+//!   [`Endpoint::register_dmabuf`] registers a device buffer ([`DmaBuf`]) through
+//!   `ibv_reg_dmabuf_mr`, or says why it cannot ("device buffers need dma-buf support
+//!   (ibv_reg_dmabuf_mr): ...", `Unsupported`).
 //! * Authentication (`auth.rs`): mutual HMAC-SHA256 challenge-response with the job secret on
 //!   every connection, each proof bound to its direction, the connection and both parties.
 //!
@@ -77,6 +83,30 @@ pub use error::{Result, TransportError};
 pub use iface::{interface_ip, ipv4_interfaces, InterfaceAddr};
 pub use peer::{host_id, PeerInfo};
 pub use shared::{shared_region_of, SharedBuffer, SharedRegion};
+
+/// A device buffer exported as a dma-buf (GPUDirect RDMA through the kernel's dma-buf
+/// interface), to register with RDMA links ([`Endpoint::register_dmabuf`]): `len` bytes at
+/// `offset` of the dma-buf descriptor `fd`, addressed as `iova` in work requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaBuf {
+    pub fd: std::os::fd::RawFd,
+    pub offset: u64,
+    pub len: usize,
+    pub iova: u64,
+}
+
+/// Bytes RDMA links sent straight from registered user buffers ([`SharedBuffer`]s), with no
+/// copy into the send staging buffer, by this process so far (always 0 without the feature).
+pub fn rdma_zero_copy_bytes() -> u64 {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::zero_copy_bytes()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        0
+    }
+}
 
 /// Whether this process can use RDMA links: built with the `rdma` feature and an RDMA device
 /// present (`CIERA_IB_HCA`'s, if set). Decided once per process.

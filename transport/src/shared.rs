@@ -66,6 +66,23 @@ pub fn shared_region_of(addr: u64, len: usize) -> Option<SharedRegion> {
         .map(|e| e.region)
 }
 
+/// The live shared buffer that holds all of `[addr, addr + len)`: its id, first byte and
+/// mapped length. For registering the whole buffer once (RDMA links).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn shared_extent_of(addr: u64, len: usize) -> Option<(u64, u64, u64)> {
+    let end = addr.checked_add(len as u64)?;
+    registry()
+        .iter()
+        .find(|e| addr >= e.base && end <= e.base + e.len)
+        .map(|e| (e.region.id, e.base, e.len))
+}
+
+/// Whether the shared buffer `id` of this process is still allocated.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn shared_buffer_live(id: u64) -> bool {
+    registry().iter().any(|e| e.region.id == id)
+}
+
 fn memfd_name(pid: u32, id: u64) -> String {
     format!("ciera-{pid}-{id}")
 }

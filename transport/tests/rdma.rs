@@ -7,7 +7,11 @@
 //! reported as `PeerClosed` naming its rank; and after teardown no queue pair or memory
 //! registration is left (`rdma_live_resources`, checked against the kernel's count from
 //! `rdma resource show` where iproute2's `rdma` is installed); and `CIERA_TRANSPORT=auto`
-//! picks shm within a host and RDMA between hosts.
+//! picks shm within a host and RDMA between hosts. Send buffers that are `SharedBuffer`s are
+//! written from where they lie (registered once per link, counted with the other
+//! registrations, `rdma_zero_copy_bytes` says how many bytes went so); and registering a
+//! dma-buf device buffer on a device without dma-buf support (soft-RoCE) is a clear error;
+//! registrations of freed SharedBuffers are dropped, and plain memory still goes through staging.
 #![cfg(feature = "rdma")]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -15,7 +19,8 @@ use std::sync::{Barrier, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ciera_transport::{
-    rdma_live_resources, rdma_unavailable_reason, Endpoint, Kind, PeerInfo, TransportChoice,
+    rdma_live_resources, rdma_unavailable_reason, rdma_zero_copy_bytes, DmaBuf, Endpoint, Kind,
+    PeerInfo, SharedBuffer, TransportChoice,
 };
 
 /// The leak counters are per process: one test at a time.
@@ -328,5 +333,271 @@ fn auto_picks_rdma_for_peers_on_other_hosts_only() {
         }
     });
     let line = "rdma: auto: shm within a host, RDMA between hosts\n";
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+}
+
+/// Every rank sends `len` bytes to every other straight out of one `SharedBuffer` (pieces of
+/// odd sizes, at odd offsets) and checks every byte it receives.
+fn exchange_from_shared(ep: &mut Endpoint, me: usize, n: usize, len: usize) {
+    let peers: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+    // One buffer per destination, alive for the whole exchange: each link registers one.
+    let mut bufs: Vec<Option<SharedBuffer>> = (0..n).map(|_| None).collect();
+    for &p in &peers {
+        let mut b = SharedBuffer::new(len).unwrap();
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = pattern(me, p, i);
+        }
+        bufs[p] = Some(b);
+    }
+    let mut sent = vec![0usize; n];
+    let mut got = vec![0usize; n];
+    let mut inb = vec![0u8; 77_777];
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut round = 0usize;
+    while peers.iter().any(|&p| sent[p] < len || got[p] < len) {
+        assert!(
+            Instant::now() < deadline,
+            "rank {me}: exchange from shared buffers stuck: sent {sent:?} got {got:?}"
+        );
+        let mut progress = false;
+        for &p in &peers {
+            if sent[p] < len {
+                round += 1;
+                let piece = [1, 7, 4096, 65_537, 300_000, 1 << 20][round % 6].min(len - sent[p]);
+                let b = bufs[p].as_ref().unwrap();
+                let k = ep.link(p).try_send(&b[sent[p]..sent[p] + piece]).unwrap();
+                sent[p] += k;
+                progress |= k > 0;
+            }
+            if got[p] < len {
+                let k = ep.link(p).try_recv(&mut inb).unwrap();
+                for (j, &b) in inb[..k].iter().enumerate() {
+                    assert_eq!(
+                        b,
+                        pattern(p, me, got[p] + j),
+                        "rank {me}: byte {} from rank {p}",
+                        got[p] + j
+                    );
+                }
+                got[p] += k;
+                progress |= k > 0;
+            }
+        }
+        if !progress {
+            ep.wait(Duration::from_millis(20)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn shared_buffers_are_sent_without_staging_and_registrations_are_released() {
+    if !usable("shared_buffers_are_sent_without_staging_and_registrations_are_released") {
+        return;
+    }
+    let _x = exclusive();
+    let base = kernel_counts().map(|(counts, _)| counts);
+    for n in [2, 3] {
+        let len = 3 << 20;
+        let before = rdma_zero_copy_bytes();
+        let (eps, infos) = endpoints(n);
+        let secret = [7u8; 32];
+        let barrier = Barrier::new(n);
+        let mid = Mutex::new(None);
+        std::thread::scope(|s| {
+            for (me, mut ep) in eps.into_iter().enumerate() {
+                let (infos, barrier, mid) = (&infos, &barrier, &mid);
+                s.spawn(move || {
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    ep.connect_all(me, infos, &secret, TransportChoice::Rdma, deadline)
+                        .unwrap_or_else(|e| panic!("rank {me}: connect_all: {e}"));
+                    exchange_from_shared(&mut ep, me, n, len);
+                    barrier.wait();
+                    if me == 0 {
+                        // Ring and staging per link, and the one user buffer it sent from.
+                        let links = n * (n - 1);
+                        *mid.lock().unwrap() = kernel_disagrees(
+                            base,
+                            links,
+                            3 * links,
+                            &format!("{n} ranks sent from shared buffers"),
+                        );
+                    }
+                    barrier.wait();
+                    drop(ep);
+                });
+            }
+        });
+        if let Some(why) = mid.into_inner().unwrap() {
+            panic!("{why}");
+        }
+        let direct = rdma_zero_copy_bytes() - before;
+        let total = (n * (n - 1) * len) as u64;
+        assert_eq!(direct, total, "bytes written without staging at {n} ranks");
+        check_kernel_agrees(
+            base,
+            0,
+            0,
+            &format!("{n} ranks torn down after shared buffers"),
+        );
+        let line = format!(
+            "rdma: {n} ranks exact from shared buffers, {direct} of {total} bytes sent without staging, 0 queue pairs and 0 registrations left\n"
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }
+}
+
+#[test]
+fn a_device_buffer_without_dmabuf_support_is_a_clear_error() {
+    if !usable("a_device_buffer_without_dmabuf_support_is_a_clear_error") {
+        return;
+    }
+    let _x = exclusive();
+    // Not a dma-buf at all: a provider with the verb would refuse the descriptor, one
+    // without it (soft-RoCE) says so first. Either way an error, never a crash.
+    let not_dmabuf = std::fs::File::open("/proc/self/exe").unwrap();
+    let buf = DmaBuf {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&not_dmabuf),
+        offset: 0,
+        len: 4096,
+        iova: 0,
+    };
+    let (mut eps, infos) = endpoints(2);
+    // Before connecting no link runs over RDMA.
+    let e = eps[0].register_dmabuf(&buf).unwrap_err();
+    assert!(e.to_string().contains("ibv_reg_dmabuf_mr"), "{e}");
+    assert!(e.to_string().contains("no RDMA device"), "{e}");
+    let secret = [4u8; 32];
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::scope(|s| {
+        for (me, mut ep) in eps.into_iter().enumerate() {
+            let (infos, tx) = (&infos, tx.clone());
+            s.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                ep.connect_all(me, infos, &secret, TransportChoice::Rdma, deadline)
+                    .unwrap_or_else(|e| panic!("rank {me}: connect_all: {e}"));
+                match ep.register_dmabuf(&buf) {
+                    Ok(k) => tx.send(format!("OK {k}")).unwrap(),
+                    Err(e) => {
+                        assert!(
+                            matches!(e, ciera_transport::TransportError::Unsupported { .. }),
+                            "{e}"
+                        );
+                        tx.send(e.to_string()).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    drop(tx);
+    let device = std::env::var("CIERA_IB_HCA").unwrap_or_default();
+    for message in rx {
+        assert!(
+            !message.starts_with("OK"),
+            "a non-dma-buf descriptor was registered: {message}"
+        );
+        assert!(
+            message.contains("device buffers need dma-buf support (ibv_reg_dmabuf_mr)"),
+            "{message}"
+        );
+        assert!(message.contains(&device), "{message}");
+        let line = format!("rdma: dma-buf: {message}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }
+    assert_eq!(rdma_live_resources(), (0, 0));
+}
+
+#[test]
+fn freed_shared_buffers_are_deregistered_and_plain_memory_is_staged() {
+    if !usable("freed_shared_buffers_are_deregistered_and_plain_memory_is_staged") {
+        return;
+    }
+    let _x = exclusive();
+    let base = kernel_counts().map(|(counts, _)| counts);
+    let piece = 512 << 10;
+    let rounds = 3;
+    let before = rdma_zero_copy_bytes();
+    let (eps, infos) = endpoints(2);
+    let secret = [8u8; 32];
+    let barrier = Barrier::new(2);
+    let mid = Mutex::new(None);
+    std::thread::scope(|s| {
+        for (me, mut ep) in eps.into_iter().enumerate() {
+            let (infos, barrier, mid) = (&infos, &barrier, &mid);
+            s.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                ep.connect_all(me, infos, &secret, TransportChoice::Rdma, deadline)
+                    .unwrap_or_else(|e| panic!("rank {me}: connect_all: {e}"));
+                let total = (rounds + 1) * piece;
+                let limit = Instant::now() + Duration::from_secs(120);
+                if me == 0 {
+                    // A fresh SharedBuffer per round, freed after it, then plain memory.
+                    for r in 0..=rounds {
+                        let fill = |b: &mut [u8]| {
+                            for (i, x) in b.iter_mut().enumerate() {
+                                *x = pattern(0, 1, r * piece + i);
+                            }
+                        };
+                        let mut shared;
+                        let mut plain;
+                        let bytes: &[u8] = if r < rounds {
+                            shared = SharedBuffer::new(piece).unwrap();
+                            fill(&mut shared);
+                            &shared
+                        } else {
+                            plain = vec![0u8; piece];
+                            fill(&mut plain);
+                            &plain
+                        };
+                        let mut sent = 0;
+                        while sent < piece {
+                            assert!(Instant::now() < limit, "rank 0 stuck sending round {r}");
+                            let k = ep.link(1).try_send(&bytes[sent..]).unwrap();
+                            sent += k;
+                            if k == 0 {
+                                ep.wait(Duration::from_millis(20)).unwrap();
+                            }
+                        }
+                    }
+                } else {
+                    let mut inb = vec![0u8; 65_536];
+                    let mut got = 0;
+                    while got < total {
+                        assert!(Instant::now() < limit, "rank 1 stuck at {got} bytes");
+                        let k = ep.link(0).try_recv(&mut inb).unwrap();
+                        for (j, &b) in inb[..k].iter().enumerate() {
+                            assert_eq!(b, pattern(0, 1, got + j), "byte {}", got + j);
+                        }
+                        got += k;
+                        if k == 0 {
+                            ep.wait(Duration::from_millis(20)).unwrap();
+                        }
+                    }
+                }
+                barrier.wait();
+                if me == 0 {
+                    // Ring and staging on both links; of the three user buffers, the last
+                    // is still registered (freed, but no newer one replaced it), the first
+                    // two were dropped when the next was registered.
+                    *mid.lock().unwrap() =
+                        kernel_disagrees(base, 2, 5, "after three freed shared buffers");
+                }
+                barrier.wait();
+                drop(ep);
+            });
+        }
+    });
+    if let Some(why) = mid.into_inner().unwrap() {
+        panic!("{why}");
+    }
+    let direct = rdma_zero_copy_bytes() - before;
+    assert_eq!(
+        direct,
+        (rounds * piece) as u64,
+        "only the shared rounds skip staging"
+    );
+    check_kernel_agrees(base, 0, 0, "torn down after freed shared buffers");
+    let line = format!(
+        "rdma: {rounds} freed shared buffers: {direct} bytes without staging, plain memory staged, registrations back to 0\n"
+    );
     let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
 }

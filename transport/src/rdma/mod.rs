@@ -7,6 +7,14 @@
 //! completes (writes on one RC queue pair land, and complete, in order). A message never wraps
 //! the ring: a send that would is cut in two.
 //!
+//! Bytes that lie in a [`crate::SharedBuffer`] (memory that stays put for its life) skip
+//! staging: the link registers the buffer's whole mapping once (cached by buffer id, at most
+//! [`MAX_USER_MRS`], registrations of freed buffers dropped when a new one is made, the rest
+//! with the link) and writes from the caller's bytes to the same ring offset. Since the
+//! caller gets its bytes back when `try_send` returns, `try_send` polls until those writes
+//! have completed; staged sends return at once. Device buffers (dma-buf) are registered
+//! through [`RdmaLink::register_dmabuf`].
+//!
 //! Flow control is by credits. The receiver returns the bytes it has copied out with a
 //! zero-length WRITE with immediate whose top bit is set (`CREDIT | bytes`). A sender never
 //! has more than [`RING_BYTES`] bytes outstanding (so it never overwrites bytes the peer has
@@ -35,6 +43,7 @@ use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -46,7 +55,7 @@ use crate::wire::{recv_frame, send_frame, Dec, Enc};
 use crate::{Result, TransportError};
 
 pub use verbs::live_resources;
-use verbs::{Channel, Context, Cq, Pd, Qp, QpAddress, RegisteredBuf};
+use verbs::{Channel, Context, Cq, Mr, Pd, Qp, QpAddress, RegisteredBuf};
 
 /// Bytes of each side's receive ring (and send staging buffer).
 pub(crate) const RING_BYTES: usize = 1 << 20;
@@ -64,10 +73,21 @@ const CREDIT: u32 = 1 << 31;
 /// wr_ids of send work requests (receives use 0).
 const WR_DATA: u64 = 1;
 const WR_CREDIT: u64 = 2;
+/// A data write straight from a registered user buffer (no staging).
+const WR_DATA_USER: u64 = 3;
+/// User buffers one link keeps registered (least recently registered out).
+const MAX_USER_MRS: usize = 64;
 /// Idle `try_*` calls between looks at the setup connection (as shm does).
 const IDLE_CALLS_PER_CONTROL_CHECK: u32 = 1024;
 /// How long a dropped link waits for its last writes to be acknowledged.
 const DRAIN_ON_DROP: Duration = Duration::from_secs(2);
+
+static ZERO_COPY_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes sent straight from registered user buffers (no copy into staging), all links.
+pub(crate) fn zero_copy_bytes() -> u64 {
+    ZERO_COPY_BYTES.load(Ordering::Relaxed)
+}
 
 /// Whether this process can open an RDMA device (honouring `CIERA_IB_HCA`). Decided once.
 /// A host without RDMA answers ENOSYS rather than an empty list: both mean no.
@@ -150,12 +170,17 @@ pub(crate) struct Prepared {
     // Field order is drop order: the queue pair before the memory it uses, everything
     // before the protection domain and the context.
     qp: Qp,
+    /// User buffers that stay put ([`crate::SharedBuffer`]s), registered on first use, by
+    /// buffer id; `None` where registration failed (those bytes go through staging).
+    user_mrs: Vec<(u64, Option<Mr>)>,
+    /// Device buffers registered through [`RdmaLink::register_dmabuf`].
+    device_mrs: Vec<Mr>,
     send_buf: RegisteredBuf,
     recv_buf: RegisteredBuf,
     cq: Cq,
     channel: Channel,
-    _pd: Pd,
-    _ctx: Context,
+    pd: Pd,
+    ctx: Context,
     gid_index: u8,
     mtu: ffi::ibv_mtu,
     hello: RdmaHello,
@@ -196,13 +221,15 @@ fn prepare(who: &str) -> Result<Prepared> {
     };
     Ok(Prepared {
         qp,
+        user_mrs: Vec::new(),
+        device_mrs: Vec::new(),
         send_buf,
         recv_buf,
         cq,
         channel,
-        _pd: pd,
+        pd,
         mtu: port.active_mtu.min(ffi::IBV_MTU_4096),
-        _ctx: ctx,
+        ctx,
         gid_index,
         hello,
     })
@@ -313,6 +340,7 @@ pub(crate) fn establish(
         send_acked: 0,
         send_ends: VecDeque::new(),
         sq_outstanding: 0,
+        user_outstanding: 0,
         recv_head: 0,
         recv_tail: 0,
         recv_ends: VecDeque::new(),
@@ -339,6 +367,9 @@ pub(crate) struct RdmaLink {
     send_ends: VecDeque<u64>,
     /// Send work requests whose completion has not been polled.
     sq_outstanding: u32,
+    /// Of those, writes straight from a user buffer: `try_send` returns only once this is 0
+    /// again, so the caller's bytes are never read after it got them back.
+    user_outstanding: u32,
     /// Bytes ever arrived in our ring, and copied out of it.
     recv_head: u64,
     recv_tail: u64,
@@ -435,6 +466,7 @@ impl RdmaLink {
             let what = match wc.wr_id() {
                 WR_DATA => "RDMA WRITE with immediate (data)",
                 WR_CREDIT => "RDMA WRITE with immediate (credit)",
+                WR_DATA_USER => "RDMA WRITE with immediate (data from a user buffer)",
                 _ => "receive",
             };
             // The setup connection usually knows better why (the process died).
@@ -455,11 +487,17 @@ impl RdmaLink {
             if wc.wr_id() != 0 {
                 self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
             }
+            if wc.wr_id() == WR_DATA_USER {
+                self.user_outstanding = self.user_outstanding.saturating_sub(1);
+            }
             return Ok(());
         }
         match wc.opcode() {
             ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE => {
                 self.sq_outstanding = self.sq_outstanding.saturating_sub(1);
+                if wc.wr_id() == WR_DATA_USER {
+                    self.user_outstanding = self.user_outstanding.saturating_sub(1);
+                }
             }
             ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
                 let imm = u32::from_be(
@@ -535,7 +573,36 @@ impl RdmaLink {
         Ok(())
     }
 
-    /// Copies as much of `data` as the credits allow into staging and writes it to the peer.
+    /// The local key under which `data` may be written straight from where it lies: when it
+    /// lies in a live [`crate::SharedBuffer`], whose whole mapping is registered with this
+    /// link's protection domain on first use and kept (the buffer stays put for its life).
+    /// Registrations of buffers since freed are dropped whenever a new one is made.
+    fn user_lkey(&mut self, data: &[u8]) -> Option<u32> {
+        let (id, base, len) = crate::shared::shared_extent_of(data.as_ptr() as u64, data.len())?;
+        if let Some((_, mr)) = self.res.user_mrs.iter().find(|(i, _)| *i == id) {
+            return mr.as_ref().map(Mr::lkey);
+        }
+        // No write from a user buffer is outstanding here (try_send waits for them), so
+        // dropping registrations is safe.
+        self.res
+            .user_mrs
+            .retain(|(i, _)| crate::shared::shared_buffer_live(*i));
+        if self.res.user_mrs.len() >= MAX_USER_MRS {
+            self.res.user_mrs.remove(0);
+        }
+        // SAFETY: [base, base + len) is the mapping of a live SharedBuffer, which `data`
+        // borrows from for this call.
+        let mr =
+            unsafe { Mr::register_user(&self.res.pd, base, len as usize, &self.peer_desc) }.ok();
+        let lkey = mr.as_ref().map(Mr::lkey);
+        self.res.user_mrs.push((id, mr));
+        lkey
+    }
+
+    /// Writes as much of `data` to the peer as the credits allow. Bytes in a registered user
+    /// buffer ([`crate::SharedBuffer`]) are written from where they lie, and then this call
+    /// returns only once the device has read them (their completions polled: a round trip to
+    /// the peer's adapter, not to its CPU); other bytes are copied into staging first.
     pub fn try_send(&mut self, data: &[u8]) -> Result<usize> {
         if self.closed.is_none() {
             self.poll()?;
@@ -543,6 +610,11 @@ impl RdmaLink {
         if self.closed.is_some() {
             return Err(self.closed_error());
         }
+        let user = if data.is_empty() {
+            None
+        } else {
+            self.user_lkey(data)
+        };
         let mut taken = 0;
         while taken < data.len() {
             let outstanding = self.send_head - self.send_acked;
@@ -560,20 +632,34 @@ impl RdmaLink {
                 .min(MAX_WRITE)
                 .min(RING_BYTES - offset);
             let src = &data[taken..taken + n];
-            // SAFETY: offset + n <= RING_BYTES, the staging buffer's size. These bytes of
-            // staging last carried stream bytes send_head + k - RING_BYTES, which the peer has
-            // credited (room), so the device no longer reads them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), self.res.send_buf.ptr().add(offset), n);
-            }
-            // SAFETY: the bytes lie in the registered staging buffer and stay unchanged until
-            // the peer credits them, which is after the write completed.
+            let (wr_id, local, lkey) = match user {
+                Some(lkey) => (WR_DATA_USER, src.as_ptr(), lkey),
+                None => {
+                    // SAFETY: offset + n <= RING_BYTES, the staging buffer's size. These
+                    // bytes of staging last carried stream bytes send_head + k - RING_BYTES,
+                    // which the peer has credited (room), so the device no longer reads them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            src.as_ptr(),
+                            self.res.send_buf.ptr().add(offset),
+                            n,
+                        );
+                    }
+                    // SAFETY: offset < RING_BYTES, inside the staging buffer.
+                    let at = unsafe { self.res.send_buf.ptr().add(offset) };
+                    (WR_DATA, at.cast_const(), self.res.send_buf.lkey())
+                }
+            };
+            // SAFETY: staged bytes lie in the registered staging buffer and stay unchanged
+            // until the peer credits them, which is after the write completed. User bytes lie
+            // in the registration `lkey` covers (the whole SharedBuffer) and `data` is
+            // borrowed until this call returns, which waits for the write's completion.
             unsafe {
                 self.res.qp.post_write_imm(
-                    WR_DATA,
-                    self.res.send_buf.ptr().add(offset),
+                    wr_id,
+                    local,
                     n as u32,
-                    self.res.send_buf.lkey(),
+                    lkey,
                     self.remote_addr + offset as u64,
                     self.remote_rkey,
                     n as u32,
@@ -581,9 +667,16 @@ impl RdmaLink {
                 )?;
             }
             self.sq_outstanding += 1;
+            if user.is_some() {
+                self.user_outstanding += 1;
+                ZERO_COPY_BYTES.fetch_add(n as u64, Ordering::Relaxed);
+            }
             self.send_head += n as u64;
             self.send_ends.push_back(self.send_head);
             taken += n;
+        }
+        if self.user_outstanding > 0 {
+            self.finish_user_writes()?;
         }
         if taken == 0 && !data.is_empty() {
             self.note_idle();
@@ -591,6 +684,48 @@ impl RdmaLink {
             self.idle_calls = 0;
         }
         Ok(taken)
+    }
+
+    /// Polls until every write from a user buffer has completed: the caller may change or
+    /// free its bytes once `try_send` returns. If the peer goes away meanwhile, the queue pair
+    /// flushes the writes in error, which completes them too (bounded by [`DRAIN_ON_DROP`]).
+    fn finish_user_writes(&mut self) -> Result<()> {
+        let mut idle = 0u32;
+        let mut closed_at: Option<Instant> = None;
+        while self.user_outstanding > 0 {
+            if self.poll()? {
+                idle = 0;
+                continue;
+            }
+            idle = idle.wrapping_add(1);
+            if idle.is_multiple_of(IDLE_CALLS_PER_CONTROL_CHECK) {
+                self.check_control();
+            }
+            if self.closed.is_some() {
+                let since = *closed_at.get_or_insert_with(Instant::now);
+                if since.elapsed() > DRAIN_ON_DROP {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            } else if idle > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if self.closed.is_some() {
+            return Err(self.closed_error());
+        }
+        Ok(())
+    }
+
+    /// Registers a device buffer given as a dma-buf with this link's protection domain
+    /// (`ibv_reg_dmabuf_mr`); kept until the link is dropped. A device or provider without
+    /// dma-buf support is an `Unsupported` error naming the verb, the device and the reason.
+    pub fn register_dmabuf(&mut self, buf: &crate::DmaBuf) -> Result<()> {
+        let mr = Mr::register_dmabuf(&self.res.pd, &self.res.ctx.name, buf, &self.peer_desc)?;
+        self.res.device_mrs.push(mr);
+        Ok(())
     }
 
     /// Copies up to `buf.len()` arrived bytes out of the ring. Bytes that arrived before the

@@ -404,6 +404,86 @@ impl Drop for RegisteredBuf {
     }
 }
 
+/// A registration of memory this value does not own: a user buffer that stays put
+/// (`ibv_reg_mr`) or a device buffer (`ibv_reg_dmabuf_mr`). Deregistered on drop, which must
+/// come before the protection domain's (the link's field order).
+pub(crate) struct Mr(NonNull<ffi::ibv_mr>);
+// SAFETY: as for RegisteredBuf.
+unsafe impl Send for Mr {}
+
+impl Mr {
+    /// Registers `[addr, addr + len)` for the device to read (the source of RDMA WRITEs).
+    ///
+    /// # Safety
+    ///
+    /// The range must be memory mapped in this process now. The registration pins its pages,
+    /// so the device never touches freed memory even if the range is unmapped later; but
+    /// callers must only post requests on it while the owner keeps the bytes unchanged.
+    pub unsafe fn register_user(pd: &Pd, addr: u64, len: usize, who: &str) -> Result<Mr> {
+        // SAFETY: the caller guarantees the range is mapped; read-only access (flags 0) lets
+        // the device read it as a send source and nothing else.
+        let mr = unsafe { ffi::ibv_reg_mr(pd.raw(), addr as *mut c_void, len, 0) };
+        let mr = non_null("ibv_reg_mr (user buffer)", who, mr)?;
+        LIVE_MRS.fetch_add(1, Ordering::SeqCst);
+        Ok(Mr(mr))
+    }
+
+    /// Registers `len` bytes at `offset` of the dma-buf `fd` (device memory exported by its
+    /// driver), seen by work requests at address `iova`. A provider without dma-buf support
+    /// (soft-RoCE among them) answers EOPNOTSUPP: the error says so, naming the verb and the
+    /// device.
+    pub fn register_dmabuf(pd: &Pd, device: &str, buf: &crate::DmaBuf, who: &str) -> Result<Mr> {
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        // SAFETY: a valid PD; libibverbs checks the descriptor itself (a non-dma-buf fd is
+        // an error return, not undefined behaviour) and a provider without the verb returns
+        // NULL with EOPNOTSUPP. No memory of this process is named.
+        let mr = unsafe {
+            ffi::ibv_reg_dmabuf_mr(
+                pd.raw(),
+                buf.offset,
+                buf.len,
+                buf.iova,
+                buf.fd,
+                access.0 as c_int,
+            )
+        };
+        match NonNull::new(mr) {
+            Some(mr) => {
+                LIVE_MRS.fetch_add(1, Ordering::SeqCst);
+                Ok(Mr(mr))
+            }
+            None => {
+                let e = io::Error::last_os_error();
+                let why = match e.raw_os_error() {
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => format!(
+                        "device {device} does not support it (its provider or kernel driver answers: {e})"
+                    ),
+                    _ => format!("device {device} refused the buffer (fd {}, offset {}, {} bytes): {e}", buf.fd, buf.offset, buf.len),
+                };
+                Err(TransportError::Unsupported {
+                    detail: format!(
+                        "{who}: device buffers need dma-buf support (ibv_reg_dmabuf_mr): {why}"
+                    ),
+                })
+            }
+        }
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: valid registration; plain field.
+        unsafe { (*self.0.as_ptr()).lkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered by register_*; dropped once, after the QP whose requests used it
+        // (field order) or with none of its requests outstanding.
+        unsafe { ffi::ibv_dereg_mr(self.0.as_ptr()) };
+        LIVE_MRS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Where a queue pair is reached: exchanged over the authenticated setup connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QpAddress {
