@@ -9,7 +9,7 @@ use super::frame::{self, Frame, Mode};
 use super::kernels::{self, CacheRef};
 use super::scratch::{with_scratch, Scratch};
 use super::slot::{CacheMode, FrameChoice, FrameInfo};
-use super::{bitmask, simd};
+use super::{bitmask, hybrid_simd, simd};
 use crate::DType;
 
 /// One chunk of a [`CacheSlot`]: encodes or decodes elements `offset..offset+len`.
@@ -256,7 +256,6 @@ fn encode_delta_with<L: Layout>(
         exps,
         changed,
         exp_changed,
-        sm,
         exp_sub,
         vals,
         delta: ds,
@@ -319,12 +318,15 @@ fn encode_delta_with<L: Layout>(
             return write_exp::<L>(c, input, out, masks, exps);
         }
     }
-    sm.clear();
-    kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
+    // The packed sm goes straight into the frame: s0 comes first.
+    let s0_start = out.len();
+    if !hybrid_simd::emit::<L>(input, changed, exp_changed, out, exp_sub, exps) {
+        kernels::emit_hybrid::<L>(input, changed, exp_changed, out, exp_sub, exps, vals);
+    }
+    let sm_len = out.len() - s0_start;
     let pa = bitmask::plan(changed, n, Some(0));
     let pb = bitmask::plan(exp_sub, k, Some(0));
     c.state.copy_from_slice(input);
-    out.extend_from_slice(sm);
     let s1 = out.len();
     bitmask::encode(changed, n, pa.coding, out);
     let s2 = out.len();
@@ -334,7 +336,7 @@ fn encode_delta_with<L: Layout>(
     Delta {
         mode: Mode::Hybrid,
         s0_hash: None,
-        sections: [sm.len(), s2 - s1, s3 - s2, exps.len()],
+        sections: [sm_len, s2 - s1, s3 - s2, exps.len()],
         exp_changes: exps.len(),
         value_changes: Some(k),
     }
@@ -474,7 +476,9 @@ fn decode_delta_with<L: Layout>(
                 ));
             }
             f.verify_s0()?;
-            kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
+            if !hybrid_simd::decode::<L>(s0, masks, sub, s3, c.state, out)? {
+                kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
+            }
             c.ctx.fill(delta::CONTEXT_NONE);
             Ok((ke, Some(k)))
         }
