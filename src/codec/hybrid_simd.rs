@@ -8,8 +8,10 @@
 //! `CIERA_NO_SIMD=1`), and the caller uses the plain kernel.
 #![allow(unsafe_code)] // the AVX2/BMI2 intrinsics; every block says why it is sound
 
+use super::checksum::StripeHash;
 use super::error::{CodecError, Result};
 use super::float::{Layout, BLOCK};
+use super::simd;
 use crate::DType;
 
 fn enabled() -> bool {
@@ -34,8 +36,13 @@ fn sm_bytes<L: Layout>() -> Option<usize> {
     }
 }
 
-/// `kernels::emit_hybrid` with the packed sm appended to `out` (not a separate buffer). Returns
-/// false (and touches nothing) where this path does not apply.
+/// Blocks of 64 values coded between two steps of the fused checksum and cache update: the
+/// bytes they touch are still in the first-level cache.
+const SPAN: usize = 32;
+
+/// `kernels::emit_hybrid` with the packed sm appended to `out` (not a separate buffer), the
+/// cache `prev` set to `input` on the way (what the caller does next for a Hybrid frame), and
+/// SH64 of the sm returned. None (and nothing touched) where this path does not apply.
 pub fn emit<L: Layout>(
     input: &[u8],
     changed: &[u64],
@@ -43,13 +50,13 @@ pub fn emit<L: Layout>(
     out: &mut Vec<u8>,
     exp_sub: &mut Vec<u64>,
     exps: &mut Vec<u8>,
-) -> bool {
-    let Some(smb) = sm_bytes::<L>() else {
-        return false;
-    };
+    prev: &mut [u8],
+) -> Option<u64> {
+    let smb = sm_bytes::<L>()?;
     if !enabled() {
-        return false;
+        return None;
     }
+    assert_eq!(prev.len(), input.len());
     let n = input.len() / L::BYTES;
     assert!(changed.len() == n.div_ceil(BLOCK) && exp_changed.len() == changed.len());
     let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
@@ -59,28 +66,43 @@ pub fn emit<L: Layout>(
     // The group stores write up to 16 bytes at the cursor: slack past the section.
     out.reserve(smb * k + 16);
     let full = n / BLOCK;
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX2 and BMI2 checked by `enabled()`. `input` holds `full` blocks of 64 values;
-    // `changed`/`exp_changed` have a word per block (asserted); the writes go to `out`'s spare
-    // capacity, which holds `smb * k + 16` bytes (reserved above), and the kernel returns how
-    // many of them it initialised (the packed sm of the changed values of those blocks).
-    let (written, idx) = unsafe {
-        avx2::emit(
-            &input[..full * BLOCK * L::BYTES],
-            &changed[..full],
-            &exp_changed[..full],
-            smb,
-            out.as_mut_ptr().add(start),
-            exp_sub,
-            exps,
-        )
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let (written, idx) = (0usize, 0usize);
-    // SAFETY: the kernel initialised `written` bytes after `start`, within the reserve.
-    unsafe { out.set_len(start + written) };
+    let mut hash = StripeHash::default();
+    let mut hashed = start;
+    let mut idx = 0usize;
+    for b0 in (0..full).step_by(SPAN) {
+        let b1 = full.min(b0 + SPAN);
+        let vals = b0 * BLOCK * L::BYTES..b1 * BLOCK * L::BYTES;
+        let at = out.len();
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and BMI2 checked by `enabled()`. `input` holds the blocks b0..b1 of 64
+        // values; `changed`/`exp_changed` have a word per block (asserted); the writes go to
+        // `out`'s spare capacity after `at`, which holds at least `smb * (k - idx) + 16`
+        // bytes (`smb * k + 16` reserved after `start`, `smb * idx` used since), and the
+        // kernel returns how many of them it initialised (the packed sm of the changed values
+        // of those blocks) and how many changed values it saw.
+        let (written, seen) = unsafe {
+            avx2::emit(
+                &input[vals.clone()],
+                &changed[b0..b1],
+                &exp_changed[b0..b1],
+                smb,
+                out.as_mut_ptr().add(at),
+                exp_sub,
+                idx,
+                exps,
+            )
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (written, seen) = (0usize, 0usize);
+        // SAFETY: the kernel initialised `written` bytes after `at`, within the reserve.
+        unsafe { out.set_len(at + written) };
+        idx += seen;
+        prev[vals.clone()].copy_from_slice(&input[vals]);
+        let whole = (out.len() - hashed) / 32 * 32;
+        simd::stripes(&out[hashed..hashed + whole], &mut hash);
+        hashed += whole;
+    }
     // The partial last block, one value at a time.
-    let mut idx = idx;
     for bi in full..changed.len() {
         let (a, e) = (changed[bi], exp_changed[bi]);
         let mut t = a;
@@ -98,11 +120,18 @@ pub fn emit<L: Layout>(
     }
     debug_assert_eq!(idx, k);
     debug_assert_eq!(out.len(), start + L::sm_len(k));
-    true
+    let tail = full * BLOCK * L::BYTES;
+    prev[tail..].copy_from_slice(&input[tail..]);
+    let whole = (out.len() - hashed) / 32 * 32;
+    simd::stripes(&out[hashed..hashed + whole], &mut hash);
+    hashed += whole;
+    Some(hash.finish(&out[hashed..], out.len() - start))
 }
 
-/// `kernels::decode_hybrid` (same checks, same cache and output) where it applies; Ok(false)
-/// otherwise, having touched nothing.
+/// `kernels::decode_hybrid` (same checks, same cache and output) where it applies, returning
+/// SH64 of `sm`, computed on the way: the caller compares it with the frame's (and, on an
+/// error, checks the frame's first: a corrupt frame is reported as such). Ok(None) where this
+/// path does not apply, having touched nothing.
 pub fn decode<L: Layout>(
     sm: &[u8],
     changed: &[u64],
@@ -110,12 +139,12 @@ pub fn decode<L: Layout>(
     exps: &[u8],
     prev: &mut [u8],
     out: &mut [u8],
-) -> Result<bool> {
+) -> Result<Option<u64>> {
     let Some(smb) = sm_bytes::<L>() else {
-        return Ok(false);
+        return Ok(None);
     };
     if !enabled() {
-        return Ok(false);
+        return Ok(None);
     }
     let n = out.len() / L::BYTES;
     assert!(prev.len() == out.len() && changed.len() == n.div_ceil(BLOCK));
@@ -123,8 +152,15 @@ pub fn decode<L: Layout>(
     // Whole blocks while a block's 16-byte shuffle loads stay inside `sm`.
     let fast_end = sm.len().saturating_sub(smb * BLOCK + 16);
     let full = n / BLOCK;
+    let mut hash = StripeHash::default();
+    let mut hashed = 0usize;
     let mut bi = 0;
     while bi < full && st.pos <= fast_end {
+        if bi % SPAN == 0 {
+            let whole = (st.pos - hashed) / 32 * 32;
+            simd::stripes(&sm[hashed..hashed + whole], &mut hash);
+            hashed += whole;
+        }
         let range = bi * BLOCK * L::BYTES..(bi + 1) * BLOCK * L::BYTES;
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and BMI2 checked by `enabled()`; `prev` and `out` ranges hold one block
@@ -145,10 +181,13 @@ pub fn decode<L: Layout>(
         };
         bi += 1;
     }
-    for b in bi..changed.len() {
-        decode_block_plain::<L>(sm, changed[b], exp_sub, exps, prev, out, &mut st, b)?;
+    for (b, &a) in changed.iter().enumerate().skip(bi) {
+        decode_block_plain::<L>(sm, a, exp_sub, exps, prev, out, &mut st, b)?;
     }
-    Ok(true)
+    let whole = (sm.len() - hashed) / 32 * 32;
+    simd::stripes(&sm[hashed..hashed + whole], &mut hash);
+    hashed += whole;
+    Ok(Some(hash.finish(&sm[hashed..], sm.len())))
 }
 
 /// Where a Hybrid decode stands: bytes of `sm` consumed, changed values and exponents seen.
@@ -344,14 +383,16 @@ mod avx2 {
     }
 
     /// Emit whole blocks: the packed sm of the changed values to `dst`, the exponent mask over
-    /// them into `exp_sub` (zeroed, `popcount(changed)` bits), the new exponents to `exps`.
-    /// Returns (bytes written at `dst`, changed values seen).
+    /// them into `exp_sub` (zeroed past bit `idx0`, where these blocks' bits start), the new
+    /// exponents to `exps`. Returns (bytes written at `dst`, changed values seen).
     ///
     /// # Safety
     /// The CPU must support AVX2 and BMI2. `input` holds 64 values of `smb` = 1 (bf16) or 3
-    /// (fp32) sm bytes per word of `changed` (as many as of `exp_changed`), and `dst` is valid
-    /// for writes of `smb * popcount(changed) + 16` bytes.
+    /// (fp32) sm bytes per word of `changed` (as many as of `exp_changed`), `exp_sub` holds at
+    /// least `idx0 + popcount(changed)` bits, and `dst` is valid for writes of
+    /// `smb * popcount(changed) + 16` bytes.
     #[target_feature(enable = "avx2,bmi2,popcnt")]
+    #[allow(clippy::too_many_arguments)] // the blocks, their masks, the outputs, the cursor
     pub unsafe fn emit(
         input: &[u8],
         changed: &[u64],
@@ -359,9 +400,10 @@ mod avx2 {
         smb: usize,
         dst: *mut u8,
         exp_sub: &mut [u64],
+        idx0: usize,
         exps: &mut Vec<u8>,
     ) -> (usize, usize) {
-        let (mut pos, mut idx) = (0usize, 0usize);
+        let (mut pos, mut idx) = (0usize, idx0);
         let vsize = if smb == 1 { 2 } else { 4 };
         for (bi, (&a, &e)) in changed.iter().zip(exp_changed).enumerate() {
             if a == 0 {
@@ -416,7 +458,7 @@ mod avx2 {
                 }
             }
         }
-        (pos, idx)
+        (pos, idx - idx0)
     }
 
     /// Decode one whole block of 64 values (`prev`, `out`: 64 values each).
@@ -556,14 +598,19 @@ mod tests {
             (vec![7u8], Vec::new(), Vec::new(), Vec::new());
         kernels::emit_hybrid::<L>(input, &a, &e, &mut sm1, &mut sub1, &mut ex1, &mut vals);
         let (mut sm2, mut sub2, mut ex2) = (vec![7u8], vec![99], vec![]);
-        assert!(emit::<L>(input, &a, &e, &mut sm2, &mut sub2, &mut ex2));
+        let mut pe = prev0.to_vec();
+        let h = emit::<L>(input, &a, &e, &mut sm2, &mut sub2, &mut ex2, &mut pe);
         assert_eq!((&sm1, &sub1, &ex1), (&sm2, &sub2, &ex2), "emit");
+        assert_eq!(pe, input, "emit updates the cache");
         let sm = &sm1[1..];
+        let hash = crate::codec::checksum::sh64_plain(sm);
+        assert_eq!(h, Some(hash), "fused encode hash");
         let n = input.len() / L::BYTES;
         let (mut p1, mut p2) = (prev0.to_vec(), prev0.to_vec());
         let (mut o1, mut o2) = (vec![0u8; input.len()], vec![1u8; input.len()]);
         kernels::decode_hybrid::<L>(sm, &a, &sub1, &ex1, k, &mut p1, &mut o1, &mut vals).unwrap();
-        assert!(decode::<L>(sm, &a, &sub1, &ex1, &mut p2, &mut o2).unwrap());
+        let h = decode::<L>(sm, &a, &sub1, &ex1, &mut p2, &mut o2).unwrap();
+        assert_eq!(h, Some(hash), "fused decode hash");
         assert_eq!(o1, input);
         assert_eq!(o2, input);
         assert_eq!(p2, input);
