@@ -291,9 +291,11 @@ pub fn encode(data: &[u8], table: &FreqTable, out: &mut Vec<u8>) {
     ENC_BUF.with(|c| {
         let mut bufs = c.take();
         let mut e = EncStream::new(data, table, std::mem::take(&mut bufs[0]));
-        while e.i >= 2 {
-            e.step2();
+        let mut l = e.lane;
+        while l.i >= 2 {
+            e.step2(&mut l);
         }
+        e.lane = l;
         bufs[0] = e.finish(table, out);
         c.replace(bufs);
     });
@@ -313,16 +315,18 @@ pub fn encode_pair(
         let mut bufs = c.take();
         let mut ea = EncStream::new(a, ta, std::mem::take(&mut bufs[0]));
         let mut eb = EncStream::new(b, tb, std::mem::take(&mut bufs[1]));
-        while ea.i >= 2 && eb.i >= 2 {
-            ea.step2();
-            eb.step2();
+        let (mut la, mut lb) = (ea.lane, eb.lane);
+        while la.i >= 2 && lb.i >= 2 {
+            ea.step2(&mut la);
+            eb.step2(&mut lb);
         }
-        while ea.i >= 2 {
-            ea.step2();
+        while la.i >= 2 {
+            ea.step2(&mut la);
         }
-        while eb.i >= 2 {
-            eb.step2();
+        while lb.i >= 2 {
+            eb.step2(&mut lb);
         }
+        (ea.lane, eb.lane) = (la, lb);
         bufs[0] = ea.finish(ta, out_a);
         bufs[1] = eb.finish(tb, out_b);
         c.replace(bufs);
@@ -335,6 +339,17 @@ thread_local! {
         const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
 }
 
+/// The moving part of an encoder, held in registers by the loops (a copy, written back).
+#[derive(Clone, Copy)]
+struct EncLane {
+    x0: u32,
+    x1: u32,
+    /// Next byte goes at `p - 1`.
+    p: usize,
+    /// Symbols `data[..i]` are still to code; `i` is even after `EncStream::new`.
+    i: usize,
+}
+
 /// One block being encoded. The symbols are coded backwards; their renormalisation bytes are
 /// written backwards from the end of `buf`, so that they lie in decoding order with no
 /// reversal. A step emits at most two bytes (x < 2^31 and x_max >= 2^19) and always writes two
@@ -343,13 +358,9 @@ struct EncStream<'a> {
     data: &'a [u8],
     syms: [EncSym; 256],
     buf: Vec<u8>,
-    /// Next byte goes at `p - 1`; the stream is `buf[p..end]`.
-    p: usize,
+    /// The stream is `buf[lane.p..end]`.
     end: usize,
-    x0: u32,
-    x1: u32,
-    /// Symbols `data[..i]` are still to code; `i` is even after `new`.
-    i: usize,
+    lane: EncLane,
 }
 
 impl<'a> EncStream<'a> {
@@ -368,48 +379,54 @@ impl<'a> EncStream<'a> {
             data,
             syms,
             buf,
-            p: end,
             end,
-            x0: RANS_L,
-            x1: RANS_L,
-            i: data.len(),
+            lane: EncLane {
+                x0: RANS_L,
+                x1: RANS_L,
+                p: end,
+                i: data.len(),
+            },
         };
         if data.len() % 2 == 1 {
             // The last symbol has an even index: state 0.
-            let s = data[data.len() - 1];
-            e.x0 = e.put(e.x0, s);
-            e.i -= 1;
+            let mut l = e.lane;
+            l.x0 = e.put(&mut l.p, l.x0, data[data.len() - 1]);
+            l.i -= 1;
+            e.lane = l;
         }
         e
     }
 
     /// Code symbol `s` with state `x`, returning the new state.
     #[inline(always)]
-    fn put(&mut self, x: u32, s: u8) -> u32 {
+    fn put(&mut self, p: &mut usize, x: u32, s: u8) -> u32 {
         let e = &self.syms[s as usize];
         debug_assert!(e.x_max > 0, "symbol {s} missing from table");
-        let n = (x >= e.x_max) as usize + ((x as u64) >= (e.x_max as u64) << 8) as usize;
-        self.buf[self.p - 1] = x as u8;
-        self.buf[self.p - 2] = (x >> 8) as u8;
-        self.p -= n;
-        enc_step(((x as u64) >> (8 * n)) as u32, e)
+        let one = x >= e.x_max;
+        let two = (x as u64) >= (e.x_max as u64) << 8;
+        self.buf[*p - 1] = x as u8;
+        self.buf[*p - 2] = (x >> 8) as u8;
+        let n = one as u32 + two as u32;
+        *p -= n as usize;
+        enc_step(x >> (8 * n), e)
     }
 
-    /// Code the two symbols before `i` (states 1 then 0, as the decoder reads them backwards).
+    /// Code the two symbols before `l.i` (states 1 then 0, as the decoder reads them
+    /// backwards).
     #[inline(always)]
-    fn step2(&mut self) {
-        let (s1, s0) = (self.data[self.i - 1], self.data[self.i - 2]);
-        self.x1 = self.put(self.x1, s1);
-        self.x0 = self.put(self.x0, s0);
-        self.i -= 2;
+    fn step2(&mut self, l: &mut EncLane) {
+        let (s1, s0) = (self.data[l.i - 1], self.data[l.i - 2]);
+        l.x1 = self.put(&mut l.p, l.x1, s1);
+        l.x0 = self.put(&mut l.p, l.x0, s0);
+        l.i -= 2;
     }
 
     /// Append the block (table, states, bytes) to `out`; returns the buffer for reuse.
     fn finish(self, table: &FreqTable, out: &mut Vec<u8>) -> Vec<u8> {
         table.write(out);
-        out.extend_from_slice(&self.x0.to_le_bytes());
-        out.extend_from_slice(&self.x1.to_le_bytes());
-        out.extend_from_slice(&self.buf[self.p..self.end]);
+        out.extend_from_slice(&self.lane.x0.to_le_bytes());
+        out.extend_from_slice(&self.lane.x1.to_le_bytes());
+        out.extend_from_slice(&self.buf[self.lane.p..self.end]);
         self.buf
     }
 }
@@ -444,36 +461,61 @@ pub fn decode_pair(
             return (ra, rb);
         }
     };
-    while da.in_bulk() && db.in_bulk() {
-        da.step2();
-        db.step2();
+    loop {
+        let m = da.safe_pairs().min(db.safe_pairs());
+        if m == 0 {
+            break;
+        }
+        let (mut la, mut lb) = (da.lane, db.lane);
+        for _ in 0..m {
+            da.step2(&mut la);
+            db.step2(&mut lb);
+        }
+        (da.lane, db.lane) = (la, lb);
     }
     da.bulk();
     db.bulk();
     (da.finish(), db.finish())
 }
 
-/// One block being decoded.
-struct DecStream<'a, 'o> {
-    /// Per slot: the symbol (bits 0..8), slot - cum (bits 8..20), freq - 1 (bits 20..32).
-    slots: Vec<u32>,
-    bytes: &'a [u8],
-    bi: usize,
+/// The moving part of a decoder, held in registers by the loops (a copy, written back).
+#[derive(Clone, Copy)]
+struct DecLane {
     x0: u32,
     x1: u32,
-    out: &'o mut [u8],
+    /// Next renormalisation byte.
+    bi: usize,
+    /// Next symbol.
     i: usize,
+}
+
+/// Per slot of the 4096: freq << 12 | (slot - cum), and the symbol.
+struct DecTable {
+    fb: [u32; PROB_SCALE as usize],
+    sym: [u8; PROB_SCALE as usize],
+}
+
+/// One block being decoded.
+struct DecStream<'a, 'o> {
+    table: Box<DecTable>,
+    bytes: &'a [u8],
+    out: &'o mut [u8],
+    lane: DecLane,
 }
 
 impl<'a, 'o> DecStream<'a, 'o> {
     fn new(input: &'a [u8], out: &'o mut [u8]) -> Result<DecStream<'a, 'o>> {
         let mut pos = 0;
         let table = FreqTable::read(input, &mut pos)?;
-        let mut slots = vec![0u32; PROB_SCALE as usize];
+        let mut t = Box::new(DecTable {
+            fb: [0; PROB_SCALE as usize],
+            sym: [0; PROB_SCALE as usize],
+        });
         for s in 0..256 {
             let (c, f) = (table.cum[s] as usize, table.freq[s]);
-            for (r, e) in slots[c..c + f as usize].iter_mut().enumerate() {
-                *e = (f - 1) << 20 | (r as u32) << 8 | s as u32;
+            for r in 0..f as usize {
+                t.fb[c + r] = f << 12 | r as u32;
+                t.sym[c + r] = s as u8;
             }
         }
         let st = take(input, &mut pos, 8)?;
@@ -490,58 +532,64 @@ impl<'a, 'o> DecStream<'a, 'o> {
             }
         }
         Ok(DecStream {
-            slots,
+            table: t,
             bytes: &input[pos..],
-            bi: 0,
-            x0: x[0],
-            x1: x[1],
             out,
-            i: 0,
+            lane: DecLane {
+                x0: x[0],
+                x1: x[1],
+                bi: 0,
+                i: 0,
+            },
         })
     }
 
     /// One step of a state: x stays in [2^23, 2^31), so the step leaves x >= 2^11 and the
-    /// renormalisation takes at most two bytes.
+    /// renormalisation takes at most two bytes, read here without branches (the caller knows
+    /// two more bytes are in the stream).
     #[inline(always)]
-    fn advance(&self, x: u32) -> (u32, u8) {
-        let e = self.slots[(x & (PROB_SCALE - 1)) as usize];
-        (
-            ((e >> 20) + 1) * (x >> PROB_BITS) + (e >> 8 & 0xfff),
-            e as u8,
-        )
-    }
-
-    /// Whether two more symbols can be decoded without checks: both states' renormalisation
-    /// bytes (at most four) are in the stream.
-    #[inline(always)]
-    fn in_bulk(&self) -> bool {
-        self.i + 2 <= self.out.len() && self.bi + 4 <= self.bytes.len()
-    }
-
-    /// Decode the next two symbols (states 0 then 1), reading renormalisation bytes without
-    /// branches. Only when `in_bulk()`.
-    #[inline(always)]
-    fn step2(&mut self) {
-        let (nx, s) = self.advance(self.x0);
-        self.out[self.i] = s;
-        self.x0 = self.refill(nx);
-        let (nx, s) = self.advance(self.x1);
-        self.out[self.i + 1] = s;
-        self.x1 = self.refill(nx);
-        self.i += 2;
-    }
-
-    #[inline(always)]
-    fn refill(&mut self, nx: u32) -> u32 {
+    fn get(&self, x: u32, bi: &mut usize) -> (u32, u8) {
+        let slot = (x & (PROB_SCALE - 1)) as usize;
+        let e = self.table.fb[slot];
+        let nx = (e >> 12) * (x >> PROB_BITS) + (e & 0xfff);
+        let b = (self.bytes[*bi] as u32) << 8 | self.bytes[*bi + 1] as u32;
+        // Shifts by the count rather than a choice of three: compilers turn that into
+        // branches, which mispredict at mid densities.
         let n = (nx < RANS_L) as u32 + (nx < 1 << 15) as u32;
-        let v = (self.bytes[self.bi] as u64) << 8 | self.bytes[self.bi + 1] as u64;
-        self.bi += n as usize;
-        ((nx as u64) << (8 * n) | v >> (16 - 8 * n)) as u32
+        *bi += n as usize;
+        let x = ((nx as u64) << (8 * n) | (b as u64) >> (16 - 8 * n)) as u32;
+        (x, self.table.sym[slot])
+    }
+
+    /// How many `step2` can run with no checks: symbols left, and at most four renormalisation
+    /// bytes per `step2` (it reads at most one byte past those it takes).
+    fn safe_pairs(&self) -> usize {
+        let l = &self.lane;
+        ((self.out.len() - l.i) / 2).min((self.bytes.len() - l.bi) / 4)
+    }
+
+    /// Decode the next two symbols (states 0 then 1).
+    #[inline(always)]
+    fn step2(&mut self, l: &mut DecLane) {
+        let (x0, s0) = self.get(l.x0, &mut l.bi);
+        let (x1, s1) = self.get(l.x1, &mut l.bi);
+        self.out[l.i] = s0;
+        self.out[l.i + 1] = s1;
+        (l.x0, l.x1) = (x0, x1);
+        l.i += 2;
     }
 
     fn bulk(&mut self) {
-        while self.in_bulk() {
-            self.step2();
+        loop {
+            let m = self.safe_pairs();
+            if m == 0 {
+                break;
+            }
+            let mut l = self.lane;
+            for _ in 0..m {
+                self.step2(&mut l);
+            }
+            self.lane = l;
         }
     }
 
@@ -549,32 +597,36 @@ impl<'a, 'o> DecStream<'a, 'o> {
     fn finish(mut self) -> Result<()> {
         let ends_early =
             || CodecError::corrupt("rans stream", "ends before all symbols are decoded");
-        while self.i < self.out.len() {
-            let x = if self.i & 1 == 0 { self.x0 } else { self.x1 };
-            let (mut nx, s) = self.advance(x);
-            self.out[self.i] = s;
+        let mut l = self.lane;
+        while l.i < self.out.len() {
+            let x = if l.i & 1 == 0 { l.x0 } else { l.x1 };
+            let slot = (x & (PROB_SCALE - 1)) as usize;
+            let e = self.table.fb[slot];
+            self.out[l.i] = self.table.sym[slot];
+            let mut nx = (e >> 12) * (x >> PROB_BITS) + (e & 0xfff);
             while nx < RANS_L {
-                let &b = self.bytes.get(self.bi).ok_or_else(ends_early)?;
-                self.bi += 1;
+                let &b = self.bytes.get(l.bi).ok_or_else(ends_early)?;
+                l.bi += 1;
                 nx = (nx << 8) | b as u32;
             }
-            if self.i & 1 == 0 {
-                self.x0 = nx;
+            if l.i & 1 == 0 {
+                l.x0 = nx;
             } else {
-                self.x1 = nx;
+                l.x1 = nx;
             }
-            self.i += 1;
+            l.i += 1;
         }
-        if self.bi != self.bytes.len() {
+        self.lane = l;
+        if l.bi != self.bytes.len() {
             return Err(CodecError::corrupt(
                 "rans stream",
                 format!(
                     "{} trailing bytes after the last symbol",
-                    self.bytes.len() - self.bi
+                    self.bytes.len() - l.bi
                 ),
             ));
         }
-        let x = [self.x0, self.x1];
+        let x = [l.x0, l.x1];
         if x != [RANS_L; 2] {
             return Err(CodecError::corrupt(
                 "rans stream",
