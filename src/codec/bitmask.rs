@@ -58,13 +58,32 @@ fn nonzero_byte_map(w: u64) -> u8 {
     (t.wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
 }
 
-fn mask_bytes(words: &[u64], m: usize) -> Vec<u8> {
-    let mut b: Vec<u8> = Vec::with_capacity(words.len() * 8);
+thread_local! {
+    /// Masks as bytes for rANS (and a coded mask), reused call after call (fresh buffers would
+    /// page-fault in).
+    static MASK_BYTES: std::cell::RefCell<[Vec<u8>; 3]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+/// The `ceil(m/8)` bytes of the mask into `b`.
+fn fill_bytes(b: &mut Vec<u8>, words: &[u64], m: usize) {
+    b.clear();
+    b.reserve(words.len() * 8);
     for w in words {
         b.extend_from_slice(&w.to_le_bytes());
     }
     b.truncate(m.div_ceil(8));
-    b
+}
+
+/// Run `f` on the `ceil(m/8)` bytes of the mask.
+fn with_mask_bytes<R>(words: &[u64], m: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    MASK_BYTES.with(|c| {
+        let mut bufs = c.take();
+        fill_bytes(&mut bufs[0], words, m);
+        let r = f(&bufs[0]);
+        c.replace(bufs);
+        r
+    })
 }
 
 /// Binary entropy in bits of a bit that is set with probability `p`.
@@ -96,6 +115,8 @@ pub struct MaskPlan {
     pub coding: MaskCoding,
     pub bytes: usize,
     pub ones: usize,
+    /// The rANS table, when the plan chose Rans (`encode_planned` reuses it).
+    pub table: Option<rans::FreqTable>,
 }
 
 /// Pick the coding for `words` (m bits). rANS is only tried when `rans_min_gain` is Some(g), and
@@ -116,6 +137,7 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
             coding: MaskCoding::Zero,
             bytes: 1,
             ones,
+            table: None,
         };
     }
     let flat = 1 + m.div_ceil(8);
@@ -128,19 +150,72 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
     // rANS cannot beat the entropy of independent bits by much; skip the histogram when even
     // that would not save `gain` bytes.
     let iid_bytes = iid_bytes(ones as u64, m as u64) as usize;
+    let mut table = None;
     if let Some(gain) = rans_min_gain.filter(|&g| iid_bytes + g < bytes) {
-        let hist = rans::histogram(&mask_bytes(words, m));
-        let est = 1 + rans::FreqTable::from_histogram(&hist).estimate_bytes(&hist);
+        let hist = with_mask_bytes(words, m, rans::histogram);
+        let t = rans::FreqTable::from_histogram(&hist);
+        let est = 1 + t.estimate_bytes(&hist);
         if est + gain < bytes {
             coding = MaskCoding::Rans;
             bytes = est;
+            table = Some(t);
         }
     }
     MaskPlan {
         coding,
         bytes,
         ones,
+        table,
     }
+}
+
+/// Append the mask as `plan` (of these `words`) chose, to `out`: `encode` without building the
+/// rANS table again.
+pub fn encode_planned(words: &[u64], m: usize, plan: &MaskPlan, out: &mut Vec<u8>) {
+    match (&plan.table, plan.coding) {
+        (Some(table), MaskCoding::Rans) => {
+            out.push(MaskCoding::Rans.code());
+            with_mask_bytes(words, m, |bytes| rans::encode(bytes, table, out));
+        }
+        _ => encode(words, m, plan.coding, out),
+    }
+}
+
+/// `encode_planned` of mask a then mask b onto `out`, returning the bytes of a's; when both are
+/// rANS-coded, their coders run interleaved (`rans::encode_pair`).
+#[allow(clippy::too_many_arguments)] // two masks, their sizes and plans
+pub fn encode_planned_two(
+    wa: &[u64],
+    ma: usize,
+    pa: &MaskPlan,
+    wb: &[u64],
+    mb: usize,
+    pb: &MaskPlan,
+    out: &mut Vec<u8>,
+) -> usize {
+    let start = out.len();
+    let (Some(ta), Some(tb), MaskCoding::Rans, MaskCoding::Rans) =
+        (&pa.table, &pb.table, pa.coding, pb.coding)
+    else {
+        encode_planned(wa, ma, pa, out);
+        let a = out.len() - start;
+        encode_planned(wb, mb, pb, out);
+        return a;
+    };
+    MASK_BYTES.with(|c| {
+        let mut bufs = c.take();
+        let [ba, bb, cb] = &mut bufs;
+        fill_bytes(ba, wa, ma);
+        fill_bytes(bb, wb, mb);
+        cb.clear();
+        cb.push(MaskCoding::Rans.code());
+        out.push(MaskCoding::Rans.code());
+        rans::encode_pair(ba, ta, out, bb, tb, cb);
+        let a = out.len() - start;
+        out.extend_from_slice(cb);
+        c.replace(bufs);
+        a
+    })
 }
 
 /// Append the mask in `coding` to `out`.
@@ -149,7 +224,7 @@ pub fn encode(words: &[u64], m: usize, coding: MaskCoding, out: &mut Vec<u8>) {
     out.push(coding.code());
     match coding {
         MaskCoding::Zero => {}
-        MaskCoding::Flat => out.extend_from_slice(&mask_bytes(words, m)),
+        MaskCoding::Flat => with_mask_bytes(words, m, |b| out.extend_from_slice(b)),
         MaskCoding::Hier => {
             let l1_start = out.len();
             out.resize(l1_start + words.len().div_ceil(8), 0);
@@ -166,9 +241,10 @@ pub fn encode(words: &[u64], m: usize, coding: MaskCoding, out: &mut Vec<u8>) {
             }
         }
         MaskCoding::Rans => {
-            let bytes = mask_bytes(words, m);
-            let table = rans::FreqTable::from_histogram(&rans::histogram(&bytes));
-            rans::encode(&bytes, &table, out);
+            with_mask_bytes(words, m, |bytes| {
+                let table = rans::FreqTable::from_histogram(&rans::histogram(bytes));
+                rans::encode(bytes, &table, out);
+            });
         }
     }
 }
@@ -212,11 +288,75 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
             if nbytes == 0 {
                 return Err(CodecError::corrupt("mask", "rans coding of an empty mask"));
             }
-            let mut bytes = vec![0u8; nbytes];
-            rans::decode(payload, &mut bytes)?;
-            bytes_to_words(&bytes, words);
+            MASK_BYTES.with(|c| {
+                let mut bufs = c.take();
+                let bytes = &mut bufs[0];
+                bytes.clear();
+                bytes.resize(nbytes, 0);
+                let r = rans::decode(payload, bytes);
+                if r.is_ok() {
+                    bytes_to_words(bytes, words);
+                }
+                c.replace(bufs);
+                r
+            })?;
         }
     }
+    check_words(words, m, method)
+}
+
+/// `decode` of mask a (`ma` bits), then of mask b over its set bits (as many bits as a has
+/// set), with the same results and errors; `mb_hint` is what the caller expects that count to
+/// be (from another section's length). When both masks are rANS-coded and the hint is right,
+/// their decoders run interleaved (`rans::decode_pair`).
+pub fn decode_two(
+    in_a: &[u8],
+    ma: usize,
+    wa: &mut Vec<u64>,
+    in_b: &[u8],
+    mb_hint: Option<usize>,
+    wb: &mut Vec<u64>,
+) -> Result<(usize, usize)> {
+    let rans_code = MaskCoding::Rans.code();
+    let Some(mb) = mb_hint.filter(|&mb| {
+        ma > 0 && mb > 0 && in_a.first() == Some(&rans_code) && in_b.first() == Some(&rans_code)
+    }) else {
+        let k = decode(in_a, ma, wa)?;
+        let ke = decode(in_b, k, wb)?;
+        return Ok((k, ke));
+    };
+    MASK_BYTES.with(|c| {
+        let mut bufs = c.take();
+        let [ba, bb, _] = &mut bufs;
+        ba.clear();
+        ba.resize(ma.div_ceil(8), 0);
+        bb.clear();
+        bb.resize(mb.div_ceil(8), 0);
+        let (ra, rb) = rans::decode_pair(&in_a[1..], ba, &in_b[1..], bb);
+        let r = (|| {
+            ra?;
+            wa.clear();
+            wa.resize(words_for(ma), 0);
+            bytes_to_words(ba, wa);
+            let k = check_words(wa, ma, rans_code)?;
+            if k != mb {
+                // Mask b has another length than the caller thought: decode it as `decode`.
+                return Ok((k, decode(in_b, k, wb)?));
+            }
+            rb?;
+            wb.clear();
+            wb.resize(words_for(mb), 0);
+            bytes_to_words(bb, wb);
+            Ok((k, check_words(wb, mb, rans_code)?))
+        })();
+        c.replace(bufs);
+        r
+    })
+}
+
+/// The checks every decoded mask passes (bits past `m` clear, a non-zero coding not of an
+/// all-zero mask); returns its set bits.
+fn check_words(words: &[u64], m: usize, method: u8) -> Result<usize> {
     // Bits past m must be clear.
     if !m.is_multiple_of(64) {
         if let Some(&last) = words.last() {
@@ -324,8 +464,88 @@ mod tests {
         let p = plan(words, m, Some(0));
         let mut out = Vec::new();
         encode(words, m, p.coding, &mut out);
+        let mut planned = Vec::new();
+        encode_planned(words, m, &p, &mut planned);
+        assert_eq!(planned, out, "{:?}", p.coding);
         if p.coding != MaskCoding::Rans {
             assert_eq!(out.len(), p.bytes, "{:?}", p.coding);
+        }
+    }
+
+    /// The two-mask coders give what two single calls give: bytes, masks, counts, errors (also
+    /// with a wrong length hint and with corrupted sections).
+    #[test]
+    fn two_masks_match_single() {
+        let mut s = 7u64;
+        let mut next = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+            s
+        };
+        for (n, dense) in [
+            (1usize, 1u32),
+            (70, 2),
+            (640, 2),
+            (5000, 3),
+            (20_000, 1),
+            (777, 6),
+        ] {
+            let wa: Vec<u64> = (0..words_for(n))
+                .map(|w| {
+                    let r = next() | next() >> (dense as u64);
+                    let r = if dense > 4 { r & next() & next() } else { r };
+                    if (w + 1) * 64 > n && !n.is_multiple_of(64) {
+                        r & ((1u64 << (n % 64)) - 1)
+                    } else {
+                        r
+                    }
+                })
+                .collect();
+            let k: usize = wa.iter().map(|w| w.count_ones() as usize).sum();
+            let wb: Vec<u64> = (0..words_for(k))
+                .map(|w| {
+                    let r = next() & next() & next();
+                    if (w + 1) * 64 > k && !k.is_multiple_of(64) {
+                        r & ((1u64 << (k % 64)) - 1)
+                    } else {
+                        r
+                    }
+                })
+                .collect();
+            let (pa, pb) = (plan(&wa, n, Some(0)), plan(&wb, k, Some(0)));
+            let mut single = Vec::new();
+            encode_planned(&wa, n, &pa, &mut single);
+            let a_len = single.len();
+            encode_planned(&wb, k, &pb, &mut single);
+            let mut two = Vec::new();
+            assert_eq!(
+                encode_planned_two(&wa, n, &pa, &wb, k, &pb, &mut two),
+                a_len
+            );
+            assert_eq!(two, single, "n={n} {:?} {:?}", pa.coding, pb.coding);
+            let (sa, sb) = single.split_at(a_len);
+            let run = |sa: &[u8], sb: &[u8], hint| {
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                let r1 = decode(sa, n, &mut x).and_then(|k| Ok((k, decode(sb, k, &mut y)?)));
+                let (mut x2, mut y2) = (Vec::new(), Vec::new());
+                let r2 = decode_two(sa, n, &mut x2, sb, hint, &mut y2);
+                let (r1, r2) = (r1.map_err(|e| e.to_string()), r2.map_err(|e| e.to_string()));
+                assert_eq!(r1, r2, "n={n} hint={hint:?}");
+                if r1.is_ok() {
+                    assert_eq!((x, y), (x2, y2));
+                }
+            };
+            for hint in [Some(k), Some(k + 1), None] {
+                run(sa, sb, hint);
+            }
+            for _ in 0..30 {
+                let (mut ba, mut bb) = (sa.to_vec(), sb.to_vec());
+                let t = if next() % 2 == 0 { &mut ba } else { &mut bb };
+                let i = 1 + next() as usize % (t.len() - 1).max(1);
+                if i < t.len() {
+                    t[i] ^= 1 << (next() % 8);
+                }
+                run(&ba, &bb, Some(k));
+            }
         }
     }
 

@@ -9,7 +9,7 @@ use super::frame::{self, Frame, Mode};
 use super::kernels::{self, CacheRef};
 use super::scratch::{with_scratch, Scratch};
 use super::slot::{CacheMode, FrameChoice, FrameInfo, LevelBytes};
-use super::{bitmask, simd};
+use super::{bitmask, hybrid_simd, simd};
 use crate::DType;
 
 /// One chunk of a [`CacheSlot`]: encodes or decodes elements `offset..offset+len`.
@@ -284,7 +284,6 @@ fn encode_delta_with<L: Layout>(
         exps,
         changed,
         exp_changed,
-        sm,
         exp_sub,
         vals,
         delta: ds,
@@ -363,22 +362,25 @@ fn encode_delta_with<L: Layout>(
             };
         }
     }
-    sm.clear();
-    kernels::emit_hybrid::<L>(input, changed, exp_changed, sm, exp_sub, exps, vals);
+    // The packed sm goes straight into the frame: s0 comes first.
+    let s0_start = out.len();
+    // The fast path also sets the cache to `input` and hashes the sm on the way.
+    let s0_hash = hybrid_simd::emit::<L>(input, changed, exp_changed, out, exp_sub, exps, c.state);
+    if s0_hash.is_none() {
+        kernels::emit_hybrid::<L>(input, changed, exp_changed, out, exp_sub, exps, vals);
+        c.state.copy_from_slice(input);
+    }
+    let sm_len = out.len() - s0_start;
     let pa = bitmask::plan(changed, n, Some(0));
     let pb = bitmask::plan(exp_sub, k, Some(0));
-    c.state.copy_from_slice(input);
-    out.extend_from_slice(sm);
     let s1 = out.len();
-    bitmask::encode(changed, n, pa.coding, out);
-    let s2 = out.len();
-    bitmask::encode(exp_sub, k, pb.coding, out);
+    let s2 = s1 + bitmask::encode_planned_two(changed, n, &pa, exp_sub, k, &pb, out);
     let s3 = out.len();
     out.extend_from_slice(exps);
     Delta {
         mode: Mode::Hybrid,
-        s0_hash: None,
-        sections: [sm.len(), s2 - s1, s3 - s2, exps.len()],
+        s0_hash,
+        sections: [sm_len, s2 - s1, s3 - s2, exps.len()],
         exp_changes: exps.len(),
         value_changes: Some(k),
         levels,
@@ -504,8 +506,11 @@ fn decode_delta_with<L: Layout>(
                     detail: "hybrid frame for an exponent-only slot (cache modes disagree)".into(),
                 });
             }
-            let k = bitmask::decode(s1, n, masks)?;
-            let ke = bitmask::decode(s2, k, sub)?;
+            // s0's length says how many values changed (bf16, fp32: sm bytes per value), so
+            // both masks can be decoded at once.
+            let per = L::sm_len(1);
+            let k_hint = (L::sm_len(64) == 64 * per && s0.len() % per == 0).then(|| s0.len() / per);
+            let (k, ke) = bitmask::decode_two(s1, n, masks, s2, k_hint, sub)?;
             if s0.len() != L::sm_len(k) {
                 return Err(CodecError::LengthMismatch {
                     what: "sign+mantissa section bytes",
@@ -519,8 +524,19 @@ fn decode_delta_with<L: Layout>(
                     format!("{} exponents for {ke} marked changes", s3.len()),
                 ));
             }
-            f.verify_s0()?;
-            kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
+            // The fast path checks s0 as it decodes (the slot is poisoned if that fails); on
+            // any error a corrupt s0 is what is reported, as the plain path, which checks first.
+            match hybrid_simd::decode::<L>(s0, masks, sub, s3, c.state, out) {
+                Ok(Some(h)) => f.check_s0(h)?,
+                Ok(None) => {
+                    f.verify_s0()?;
+                    kernels::decode_hybrid::<L>(s0, masks, sub, s3, k, c.state, out, vals)?;
+                }
+                Err(e) => {
+                    f.verify_s0()?;
+                    return Err(e);
+                }
+            }
             c.ctx.fill(delta::CONTEXT_NONE);
             Ok((ke, Some(k)))
         }

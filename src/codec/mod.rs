@@ -21,7 +21,7 @@
 //!
 //! Files: [`slot`] (the cache slot, its versions), `chunk` (encoding and decoding one chunk's
 //! frame), `scratch` (coding temporaries per thread), [`frame`] (the 64-byte header),
-//! [`float`] (bit layouts), [`kernels`] (portable kernels) and `simd` (their AVX2 twins),
+//! [`float`] (bit layouts), [`kernels`] (portable kernels), `simd` and `hybrid_simd` (their AVX2 twins),
 //! [`bitmask`], [`rans`], [`checksum`], `error` ([`CodecError`]).
 #![deny(unsafe_code)]
 
@@ -33,6 +33,7 @@ mod delta_simd;
 mod error;
 pub mod float;
 pub mod frame;
+mod hybrid_simd;
 pub mod kernels;
 pub mod rans;
 mod scratch;

@@ -10,7 +10,6 @@ pub(super) struct Scratch {
     pub(super) exps: Vec<u8>,
     pub(super) changed: Vec<u64>,
     pub(super) exp_changed: Vec<u64>,
-    pub(super) sm: Vec<u8>,
     pub(super) exp_sub: Vec<u64>,
     pub(super) vals: Vec<u32>,
     pub(super) delta: super::delta::DeltaScratch,

@@ -200,6 +200,17 @@ fn finish_hash(mut hash: StripeHash, rest: &[u8], len: usize) -> u64 {
     hash.finish(&rest[whole..], len)
 }
 
+/// Absorb whole stripes (`data.len()` a multiple of 32) into `hash`, with AVX2 if available.
+pub(super) fn stripes(data: &[u8], hash: &mut StripeHash) {
+    #[cfg(target_arch = "x86_64")]
+    if enabled() {
+        // SAFETY: AVX2 checked by `enabled()`; the function reads exactly `data`.
+        unsafe { avx2::stripes(data, hash) };
+        return;
+    }
+    hash.update(data);
+}
+
 /// SH64 with AVX2, if available.
 pub fn sh64(data: &[u8]) -> Option<u64> {
     if !enabled() {
