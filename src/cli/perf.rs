@@ -303,11 +303,10 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 );
             }
         }
-        let next = (((bytes as f64) * o.factor) as usize).max(bytes + 1);
-        if next > o.max_bytes {
-            break;
+        match next_size(bytes, o.factor, o.max_bytes) {
+            Some(next) => bytes = next,
+            None => break,
         }
-        bytes = next;
     }
     if print && !o.json {
         println!(
@@ -372,6 +371,12 @@ fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
         .into_iter()
         .map(f64::from_bits)
         .collect())
+}
+
+/// The size after `bytes` in a sweep growing by `factor` (at least one byte) up to `max`.
+pub(super) fn next_size(bytes: usize, factor: f64, max: usize) -> Option<usize> {
+    let next = (((bytes as f64) * factor) as usize).max(bytes + 1);
+    (next <= max).then_some(next)
 }
 
 #[cfg(test)]

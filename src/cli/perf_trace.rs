@@ -498,20 +498,13 @@ fn run_rank(o: &Opts) -> Result<u64> {
                     }
                 }
             }
-            let next = (((bytes as f64) * o.factor) as usize).max(bytes + 1);
-            if next > o.max_bytes {
-                break;
+            match super::perf::next_size(bytes, o.factor, o.max_bytes) {
+                Some(next) => bytes = next,
+                None => break,
             }
-            bytes = next;
         }
     }
-    if print && !o.json {
-        println!(
-            "# wrong elements: {wrong_total} {}",
-            if wrong_total == 0 { "OK" } else { "FAILED" }
-        );
-    }
-    Ok(wrong_total)
+    print_wrong_total(print && !o.json, wrong_total)
 }
 
 /// `--layers L`: every iteration gathers a model, L layers of every trace tensor of the chosen
@@ -739,20 +732,13 @@ fn run_model(o: &Opts, layers: usize) -> Result<u64> {
                     }
                 }
             }
-            let next = (((bytes as f64) * o.factor) as usize).max(bytes + 1);
-            if next > o.max_bytes {
-                break;
+            match super::perf::next_size(bytes, o.factor, o.max_bytes) {
+                Some(next) => bytes = next,
+                None => break,
             }
-            bytes = next;
         }
     }
-    if print && !o.json {
-        println!(
-            "# wrong elements: {wrong_total} {}",
-            if wrong_total == 0 { "OK" } else { "FAILED" }
-        );
-    }
-    Ok(wrong_total)
+    print_wrong_total(print && !o.json, wrong_total)
 }
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -894,6 +880,17 @@ fn gather_f64(comm: &mut Communicator, v: f64) -> Result<Vec<f64>> {
         .chunks_exact(8)
         .map(|c| f64::from_bits(u64::from_le_bytes(c.try_into().unwrap())))
         .collect())
+}
+
+/// The closing line of a table (when printing one), and the total as the run's result.
+fn print_wrong_total(print: bool, wrong_total: u64) -> Result<u64> {
+    if print {
+        println!(
+            "# wrong elements: {wrong_total} {}",
+            if wrong_total == 0 { "OK" } else { "FAILED" }
+        );
+    }
+    Ok(wrong_total)
 }
 
 #[cfg(test)]
