@@ -141,7 +141,8 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mkdir -p /dev/shm /dev/pts
 mount -t tmpfs tmp /dev/shm
-mount -t tmpfs tmp /tmp
+# /tmp stays the initramfs' own (writable RAM already): a tmpfs over it would hide the test
+# binaries and data of a checkout under /tmp, which the image holds at their absolute paths.
 hostname rxe-guest
 ip link set lo up
 echo "RXE-GUEST: booted \$(uname -r) in \$(cut -d' ' -f1 /proc/uptime) s, \$(nproc) CPU(s)"
