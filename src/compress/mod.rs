@@ -154,6 +154,15 @@ impl Policy {
         })
     }
 
+    /// One raw probe in how many calls (see `RAW_PROBE_RARELY`), from agreed times.
+    fn raw_probe_period(&self) -> u64 {
+        let best = self.level_time.iter().flatten().min();
+        match (best, self.raw_time) {
+            (Some(b), Some(r)) if b.as_secs_f64() < 0.5 * r.as_secs_f64() => RAW_PROBE_RARELY,
+            _ => RAW_PROBE_EVERY,
+        }
+    }
+
     /// The least time of a call at each level: the larger of its wire bound and its codec
     /// time as predicted (`predict`), where known.
     fn least_time(&self, raw_bytes: u64) -> [Option<Duration>; 3] {
@@ -236,6 +245,9 @@ const STATUS_LEVEL_BYTES: usize = 5;
 const STATUS_BUDGET_MISS: usize = 8;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
+/// ... and one in this many while its compressed calls take less than half the raw baseline:
+/// far from the verdict, a raw call (the slowest there is on a slow link) buys nothing.
+const RAW_PROBE_RARELY: u64 = 512;
 
 impl Compressor {
     pub fn new(config: CompressConfig) -> Compressor {
@@ -428,7 +440,7 @@ impl Compressor {
         // cache changes on any side.
         let probe = mode == CompressMode::Auto
             && p.pending_raw.is_none()
-            && (p.raw_time.is_none() || p.recalibrate || calls.is_multiple_of(RAW_PROBE_EVERY));
+            && (p.raw_time.is_none() || p.recalibrate || calls.is_multiple_of(p.raw_probe_period()));
         if probe {
             p.stats.raw_calls += 1;
             let calibrate = p.raw_time.is_none() || p.recalibrate;
@@ -544,7 +556,7 @@ fn ring_crosses_network(t: &crate::algo::Topology) -> bool {
 /// (`FAMILY_PROBE_EARLY` in a policy's first `FAMILY_EARLY_CALLS` calls, while one call per
 /// level says little on a noisy host).
 const FAMILY_PROBE_EVERY: u64 = 64;
-const FAMILY_PROBE_EARLY: u64 = 8;
+const FAMILY_PROBE_EARLY: u64 = 32;
 const FAMILY_EARLY_CALLS: u64 = 256;
 
 fn probe_period(calls: u64) -> u64 {
