@@ -243,13 +243,13 @@ struct Delta {
     exp_changes: usize,
     value_changes: Option<usize>,
     /// Estimated frame bytes at each frame level, where this choice computed them.
-    levels: [Option<usize>; 3],
+    levels: LevelBytes,
 }
 
 /// Estimated frame bytes (header included) at the three frame levels from the estimated
 /// payloads of an Exp, a Hybrid and (on a delta cache) a Delta frame: Exp only; the smaller
 /// of Exp and Hybrid; the smallest of all (None without a Delta estimate).
-fn level_estimates(exp: f64, hybrid: f64, delta: Option<f64>) -> [Option<usize>; 3] {
+fn level_estimates(exp: f64, hybrid: f64, delta: Option<f64>) -> LevelBytes {
     let h = frame::HEADER_LEN as f64;
     let l1 = exp.min(hybrid);
     [

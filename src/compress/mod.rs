@@ -45,11 +45,11 @@
 //!   tensor raw at once when even the best choice is predicted 25% slower than raw (then
 //!   recalibrated after the back-off).
 //! - While it runs, every encoder estimates, per chunk, its frames' bytes at each
-//!   frame level (`FrameInfo::level_bytes`, from the counts its choice computes anyway), and
+//!   frame level (`SlotChunk::encode_estimated`, from the counts its choice computes anyway), and
 //!   the status record carries each rank's sums, so every rank knows the wire every level
-//!   would send. A level (or the exponent-cache trial) whose wire alone, the raw baseline
-//!   scaled by its bytes, takes longer than the best level's measured call cannot win and is
-//!   neither timed nor probed (`Policy::hopeless_levels`, `cannot_win`): on a 1 Gbit/s link a
+//!   would send. A level (or the exponent-cache trial) whose least time (its wire, the raw
+//!   baseline scaled by its bytes, or its predicted codec time, the larger) is longer than the
+//!   best level's measured call cannot win and is neither timed nor probed (`Policy::hopeless_levels`, `cannot_win`): on a 1 Gbit/s link a
 //!   delta cache never tries Exp frames (1.9x) against Delta's 5x, while on a fast link,
 //!   where the codec sets the time, every level is still measured.
 //! - A source with no cache of its shard (a buffer that moved, an evicted or reset cache)
@@ -112,7 +112,7 @@ struct Policy {
     call_level: usize,
     /// Agreed wire bytes a call of this policy would send at each frame level: measured at the
     /// level of the last call, predicted for the others from the encoders' estimates (the
-    /// `FrameInfo::level_bytes` every rank reports in its status record).
+    /// `LevelBytes` sums every rank reports in its status record).
     level_wire: [Option<f64>; 3],
     /// The prediction made at the first raw probe (and after each back-off), see `predict`.
     prediction: Option<predict::Prediction>,
@@ -167,19 +167,17 @@ impl Policy {
     /// time as predicted (`predict`), where known.
     fn least_time(&self, raw_bytes: u64) -> [Option<Duration>; 3] {
         let wire = self.wire_bound(raw_bytes);
-        std::array::from_fn(|l| {
-            let codec = self.prediction.and_then(|p| p.codec[l]);
-            match (wire[l], codec) {
-                (Some(w), Some(c)) => Some(w.max(c)),
-                (w, c) => w.or(c),
-            }
-        })
+        std::array::from_fn(|l| self.least_of(wire[l], l))
     }
 
     /// The least time of an exponent cache's calls: the Exp level's wire, its own codec.
     fn exp_cache_least(&self, raw_bytes: u64) -> Option<Duration> {
-        let wire = self.wire_bound(raw_bytes)[0];
-        let codec = self.prediction.and_then(|p| p.codec[predict::EXP_CACHE]);
+        self.least_of(self.wire_bound(raw_bytes)[0], predict::EXP_CACHE)
+    }
+
+    /// The larger of `wire` and the predicted codec time of choice `i`, whichever are known.
+    fn least_of(&self, wire: Option<Duration>, i: usize) -> Option<Duration> {
+        let codec = self.prediction.and_then(|p| p.codec[i]);
         match (wire, codec) {
             (Some(w), Some(c)) => Some(w.max(c)),
             (w, c) => w.or(c),
@@ -196,8 +194,8 @@ impl Policy {
     }
 }
 
-/// Whether a choice whose least possible time is `bound` (`Policy::wire_bound`) cannot beat
-/// `best`, a time measured: its wire alone would take longer. Neither known: it may win.
+/// Whether a choice whose least possible time is `bound` (`Policy::least_time`) cannot beat
+/// `best`, a time measured: even at its least it would take longer. Either unknown: it may win.
 fn cannot_win(bound: Option<Duration>, best: Option<Duration>) -> bool {
     matches!((bound, best), (Some(b), Some(t)) if b > t)
 }
@@ -440,7 +438,9 @@ impl Compressor {
         // cache changes on any side.
         let probe = mode == CompressMode::Auto
             && p.pending_raw.is_none()
-            && (p.raw_time.is_none() || p.recalibrate || calls.is_multiple_of(p.raw_probe_period()));
+            && (p.raw_time.is_none()
+                || p.recalibrate
+                || calls.is_multiple_of(p.raw_probe_period()));
         if probe {
             p.stats.raw_calls += 1;
             let calibrate = p.raw_time.is_none() || p.recalibrate;
