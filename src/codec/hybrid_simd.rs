@@ -9,8 +9,9 @@
 #![allow(unsafe_code)] // the AVX2/BMI2 intrinsics; every block says why it is sound
 
 use super::checksum::StripeHash;
-use super::error::{CodecError, Result};
+use super::error::Result;
 use super::float::{Layout, BLOCK};
+use super::kernels::{bad_exception, repeats_cached};
 use super::simd;
 use crate::DType;
 
@@ -216,31 +217,6 @@ fn bits_at(words: &[u64], idx: usize, cnt: u32) -> u64 {
         v
     } else {
         v & ((1u64 << cnt) - 1)
-    }
-}
-
-fn repeats_cached(i: usize) -> CodecError {
-    CodecError::corrupt(
-        "value section",
-        format!("element {i} is marked changed but repeats the cached value"),
-    )
-}
-
-fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> CodecError {
-    if e > L::EXP_MAX {
-        CodecError::corrupt(
-            "exponent section",
-            format!(
-                "element {i}: exponent {e} exceeds the {} maximum {}",
-                L::DTYPE,
-                L::EXP_MAX
-            ),
-        )
-    } else {
-        CodecError::corrupt(
-            "exponent section",
-            format!("element {i}: exception repeats the cached exponent {cached}"),
-        )
     }
 }
 

@@ -73,7 +73,16 @@ pub fn encode_exp<L: Layout>(
     }
 }
 
-fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> CodecError {
+/// A Hybrid value marked changed that equals the cached one.
+pub(super) fn repeats_cached(i: usize) -> CodecError {
+    CodecError::corrupt(
+        "value section",
+        format!("element {i} is marked changed but repeats the cached value"),
+    )
+}
+
+/// An Exp or Hybrid exception that is out of range or repeats the cached exponent.
+pub(super) fn bad_exception<L: Layout>(i: usize, e: u8, cached: u8) -> CodecError {
     if e > L::EXP_MAX {
         CodecError::corrupt(
             "exponent section",
@@ -274,10 +283,7 @@ pub fn decode_hybrid<L: Layout>(
             } else {
                 let w = L::with_exp(vals[idx], L::exp(p));
                 if w == p {
-                    return Err(CodecError::corrupt(
-                        "value section",
-                        format!("element {i} is marked changed but repeats the cached value"),
-                    ));
+                    return Err(repeats_cached(i));
                 }
                 w
             };
