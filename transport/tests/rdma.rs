@@ -64,6 +64,22 @@ fn endpoints(n: usize) -> (Vec<Endpoint>, Vec<PeerInfo>) {
 
 /// Every rank sends `len` bytes to every other in pieces of odd sizes and checks every byte
 /// it receives.
+/// Receive what rank `p` has sent so far (`got` bytes already), checking every byte against
+/// `pattern`; whether anything came.
+fn recv_checked(ep: &mut Endpoint, me: usize, p: usize, got: &mut usize, inb: &mut [u8]) -> bool {
+    let k = ep.link(p).try_recv(inb).unwrap();
+    for (j, &b) in inb[..k].iter().enumerate() {
+        assert_eq!(
+            b,
+            pattern(p, me, *got + j),
+            "rank {me}: byte {} from rank {p}",
+            *got + j
+        );
+    }
+    *got += k;
+    k > 0
+}
+
 fn exchange(ep: &mut Endpoint, me: usize, n: usize, len: usize) {
     let peers: Vec<usize> = (0..n).filter(|&p| p != me).collect();
     let mut sent = vec![0usize; n];
@@ -91,17 +107,7 @@ fn exchange(ep: &mut Endpoint, me: usize, n: usize, len: usize) {
                 progress |= k > 0;
             }
             if got[p] < len {
-                let k = ep.link(p).try_recv(&mut inb).unwrap();
-                for (j, &b) in inb[..k].iter().enumerate() {
-                    assert_eq!(
-                        b,
-                        pattern(p, me, got[p] + j),
-                        "rank {me}: byte {} from rank {p}",
-                        got[p] + j
-                    );
-                }
-                got[p] += k;
-                progress |= k > 0;
+                progress |= recv_checked(ep, me, p, &mut got[p], &mut inb);
             }
         }
         if !progress {
@@ -370,17 +376,7 @@ fn exchange_from_shared(ep: &mut Endpoint, me: usize, n: usize, len: usize) {
                 progress |= k > 0;
             }
             if got[p] < len {
-                let k = ep.link(p).try_recv(&mut inb).unwrap();
-                for (j, &b) in inb[..k].iter().enumerate() {
-                    assert_eq!(
-                        b,
-                        pattern(p, me, got[p] + j),
-                        "rank {me}: byte {} from rank {p}",
-                        got[p] + j
-                    );
-                }
-                got[p] += k;
-                progress |= k > 0;
+                progress |= recv_checked(ep, me, p, &mut got[p], &mut inb);
             }
         }
         if !progress {
