@@ -36,6 +36,9 @@ up)
         ip link set "cn$i-h" mtu 9000
         ip -n "$ns" link set "cn$i-n" up
         ip -n "$ns" route add default via 10.77.0.254
+        # As on a tuned cluster host: a link idle between collectives (a compute phase) keeps
+        # its congestion window instead of restarting from slow start at every call.
+        ip netns exec "$ns" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0
         if [ -n "$RATE" ]; then
             ip netns exec "$ns" tc qdisc add dev "cn$i-n" root tbf rate "$RATE" burst 64kb latency 10ms
         fi

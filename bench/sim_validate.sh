@@ -18,7 +18,7 @@ RATES=${RATES:-1gbit 2500mbit}
 NRANKS=${NRANKS:-2 4}
 SIZES=${SIZES:-4M 16M 64M}
 MODES=${MODES:-raw,exp-on}
-ITERS=${ITERS:-5}
+ITERS=${ITERS:-20}  # timed calls per row (median): the first calls after warm-up run slower
 ONE_NODE_RUN=${ONE_NODE_RUN:-1}  # 0: skip the one-node rows
 NODES_RUN=${NODES_RUN:-1}        # 0: skip the 2-node rows
 OUT=${OUT:-target/sim-validate}
@@ -53,30 +53,65 @@ sizes_args() { # perf takes -b MIN -e MAX -f FACTOR; run each size on its own
 }
 
 NS=ciera-simval-$$
-# What moving a byte costs this host's cores: one TCP stream, unshaped, on a namespace's
-# loopback (jumbo frames, as shaped below) and between two namespaced nodes.
-probe() { # probe NS_SERVER NS_SENDER HOST
-    ip netns exec "$1" python3 bench/tcp_probe.py serve "$3" 5201 >"$OUT/probe.$1.json" &
+# What moving a byte costs this host's cores: one TCP stream on a namespace's loopback (jumbo
+# frames, as shaped below) and between two namespaced nodes; unshaped (a stream bound by the
+# cores: a byte costs a side 1 / its rate), and shaped to each rate in RATES (bound by the link:
+# the cores' busy time per byte, from /proc/stat, less the busy time at rest). Under tbf a byte
+# costs the cores more than unshaped (more wake-ups and smaller batches per byte).
+probe() { # probe NS_SERVER NS_SENDER HOST OUTFILE
+    ip netns exec "$1" python3 bench/tcp_probe.py serve "$3" 5201 >"$4" &
     local p=$!
     sleep 0.5
     ip netns exec "$2" python3 bench/tcp_probe.py send "$3" 5201 2
     wait $p
 }
-ip netns add "$NS"
-ip netns exec "$NS" ip link set lo up
-ip netns exec "$NS" ip link set lo mtu 9000
-ip netns exec "$NS" ip link set dev lo gso_max_size 9000
-probe "$NS" "$NS" 127.0.0.1
+loopback_ns() { # loopback_ns [RATE]: the one-node namespace, its loopback shaped to RATE
+    ip netns add "$NS"
+    ip netns exec "$NS" ip link set lo up
+    ip netns exec "$NS" ip link set lo mtu 9000
+    ip netns exec "$NS" ip link set dev lo gso_max_size 9000
+    ip netns exec "$NS" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 # as bench/netns_nodes.sh
+    if [ -n "${1:-}" ]; then
+        ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$1" burst 64kb latency 10ms
+    fi
+}
+mkdir -p "$OUT/probe"
+python3 bench/tcp_probe.py idle 2 >"$OUT/probe/idle.json"
+loopback_ns
+probe "$NS" "$NS" 127.0.0.1 "$OUT/probe/loopback.json"
 ip netns del "$NS"
 bench/netns_nodes.sh up 2 >&2
-probe ciera-node1 ciera-node0 10.77.0.2
+probe ciera-node1 ciera-node0 10.77.0.2 "$OUT/probe/veth.json"
 bench/netns_nodes.sh down
-python3 - "$OUT" "$NS" >"$OUT/probe.json" <<'PY'
-import json, sys
-out, ns = sys.argv[1:3]
-lo = json.load(open(f"{out}/probe.{ns}.json"))["tcp_bps"]
-veth = json.load(open(f"{out}/probe.ciera-node1.json"))["tcp_bps"]
-print(json.dumps({"loopback_tcp_bps": lo, "veth_tcp_bps": veth}))
+for RATE in $RATES; do
+    G=$(gbit "$RATE")
+    if [ "$ONE_NODE_RUN" = 1 ]; then
+        loopback_ns "$RATE"
+        probe "$NS" "$NS" 127.0.0.1 "$OUT/probe/loopback@$G.json"
+        ip netns del "$NS"
+    fi
+    if [ "$NODES_RUN" = 1 ]; then
+        bench/netns_nodes.sh up 2 "$RATE" >&2
+        probe ciera-node1 ciera-node0 10.77.0.2 "$OUT/probe/veth@$G.json"
+        bench/netns_nodes.sh down
+    fi
+done
+python3 - "$OUT/probe" >"$OUT/probe.json" <<'PY'
+import glob, json, os, sys
+d = sys.argv[1]
+idle = json.load(open(f"{d}/idle.json"))["busy_per_s"]
+out = {
+    "loopback_tcp_bps": json.load(open(f"{d}/loopback.json"))["tcp_bps"],
+    "veth_tcp_bps": json.load(open(f"{d}/veth.json"))["tcp_bps"],
+    "idle_busy_per_s": idle,
+    "shaped": [],
+}
+for f in sorted(glob.glob(f"{d}/*@*.json")):
+    link, rate = os.path.basename(f)[:-5].split("@")
+    r = json.load(open(f))
+    cpu = max(r["busy_s"] - idle * r["seconds"], 0.0) / r["bytes"]
+    out["shaped"].append({"link": link, "rate_gbit": float(rate), "tcp_bps": r["tcp_bps"], "cpu_s_per_byte": cpu})
+print(json.dumps(out))
 PY
 cat "$OUT/probe.json" >&2
 
@@ -88,11 +123,7 @@ trap cleanup EXIT
 for RATE in $RATES; do
     [ "$ONE_NODE_RUN" = 1 ] || break
     G=$(gbit "$RATE")
-    ip netns add "$NS"
-    ip netns exec "$NS" ip link set lo up
-    ip netns exec "$NS" ip link set lo mtu 9000
-    ip netns exec "$NS" ip link set dev lo gso_max_size 9000
-    ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst 64kb latency 10ms
+    loopback_ns "$RATE"
     for N in $NRANKS; do
         for S in $SIZES; do
             echo "# 1 node, $N ranks, $RATE, $S" >&2

@@ -130,7 +130,40 @@ fn validation_table_on_known_rows() {
         assert!(line.contains(&format!("{err_pct:+.1}%")), "{line}");
     }
     // 2 ranks 4M: 33.8 ms predicted vs 30.0 (+12.7%); 4 ranks 16M: 405.4 vs 406.4.
-    assert!(out.contains("# 1/2 rows within 10%"), "{out}");
+    assert!(
+        out.contains("# 1/2 rows within 10%; link-bound rows"),
+        "{out}"
+    );
+    assert!(out.contains("host-CPU-bound rows: 0/0"), "{out}");
+    // A probe of the loopback shaped to 1 Gbit/s that found 20 ns of busy cores per byte (10 a
+    // side, more than the link's 8 ns) makes the same rows host-CPU-bound and counted apart.
+    std::fs::write(
+        d.join("probe.json"),
+        r#"{"loopback_tcp_bps": 1e9, "veth_tcp_bps": 1e9,
+            "shaped": [{"link": "loopback", "rate_gbit": 1.0, "cpu_s_per_byte": 2e-8}]}"#,
+    )
+    .unwrap();
+    let (ok, out, err) = run(&["--validate", d.to_str().unwrap(), "--cores", "2"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("# a TCP byte on the loopback shaped to 1 Gbit/s costs the cores 20.00 ns"),
+        "{out}"
+    );
+    assert!(out.contains("link-bound rows (cpu < 0.75): 0/0"), "{out}");
+    assert!(out.contains("host-CPU-bound rows: "), "{out}");
+    assert!(!out.contains("host-CPU-bound rows: 0/0"), "{out}");
+    // A shaped entry that is not whole is named.
+    std::fs::write(
+        d.join("probe.json"),
+        r#"{"loopback_tcp_bps": 1e9, "veth_tcp_bps": 1e9,
+            "shaped": [{"link": "loopback", "rate_gbit": 1.0}]}"#,
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["--validate", d.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("shaped[0]") && err.contains("cpu_s_per_byte"),
+        "{err}"
+    );
 }
 
 #[test]
