@@ -45,6 +45,10 @@ Replays a real training trace through the compressed Allgather and checks every 
                        in proportion to theirs). The modes share CIERA_CACHE_MB: to measure a
                        budget, run raw and one compressed mode. Rows add per-call time, the
                        caches' peak bytes, their demand (full, delta, exp) and misses
+  --through            one tensor per size through every window: keys and caches kept from
+                       window to window, so a policy meets each window's regime in turn (as
+                       in a long run, where it must notice the change); default: each window
+                       and size is a new tensor (cold caches, new policies)
   --json               one object per row: size count type time_us algbw busbw wrong mode step
                        wire_ratio speedup window
 The modes take turns call by call (raw, exp, full, raw, ...; the first mode rotates), so a
@@ -69,6 +73,8 @@ struct Opts {
     median: bool,
     /// `--layers`: gather this many layers of every tensor per iteration.
     layers: Option<usize>,
+    /// `--through`: one tensor per size across the windows (no new keys, no cache reset).
+    through: bool,
 }
 
 pub fn main(args: &[String]) -> i32 {
@@ -111,6 +117,7 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
         modes: vec!["raw".into(), "exp".into(), "full".into()],
         json: false,
         median: false,
+        through: false,
         layers: None,
     };
     let mut pass = Vec::new();
@@ -173,6 +180,10 @@ fn parse(args: &[String]) -> std::result::Result<Option<(Opts, Vec<String>)>, St
                     }
                 }
                 Some(v)
+            }
+            "--through" => {
+                o.through = true;
+                None
             }
             "--json" => {
                 o.json = true;
@@ -332,6 +343,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
     let print = rank == 0;
     let mut wrong_total = 0u64;
     let mut header_done = false;
+    let mut tensor_no = 0u64;
     for win in &wins {
         // The window's values of the chosen tensor, one Vec per step.
         let mut dtype = DType::U8;
@@ -381,6 +393,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
         let k = steps.len();
         let order: Vec<usize> = (0..k).chain((1..k - 1).rev()).collect();
         let mut bytes = o.min_bytes;
+        let mut size_no = 0u64;
         loop {
             let count = (bytes / es / n).max(1);
             let size = count * es * n;
@@ -395,14 +408,22 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 wire_bytes: u64,
                 compressed: u64,
             }
-            // Each window and size starts with cold caches, as a new tensor would.
-            comm.reset_caches();
+            // Each window and size gathers a new tensor (keys): cold caches and new policies,
+            // as `--layers` does. A policy's life spans one regime here; a regime's slow drift
+            // over a real run is the policy's own business (recalibration).
+            if o.through {
+                size_no += 1;
+            } else {
+                comm.reset_caches();
+                tensor_no += 1;
+            }
+            let key_base = if o.through { size_no } else { tensor_no };
             let mut runs: Vec<Run> = o
                 .modes
                 .iter()
                 .enumerate()
                 .map(|(m, mode)| Run {
-                    opts: mode_options(mode, m as u64 + 1),
+                    opts: mode_options(mode, key_base * MODES.len() as u64 + m as u64 + 1),
                     recv: vec![0u8; size],
                     timed: Vec::with_capacity(o.iters),
                     wrong: 0,

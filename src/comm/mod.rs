@@ -342,6 +342,28 @@ impl Communicator {
     }
 }
 
+/// Linux restarts a TCP connection's congestion window from scratch after it has been idle for
+/// a retransmission timeout (`net.ipv4.tcp_slow_start_after_idle`, on by default), so every
+/// Allgather after a compute phase starts slow. Measured here (bench/netns_nodes.sh, 2 nodes x
+/// 1 rank, 64 MiB raw at 2.5 Gbit/s): 167 ms with it on, 133 ms off. Says so once per process
+/// at INFO.
+fn hint_tcp_slow_start(rank: usize) {
+    crate::logging::init_from_env();
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let on = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_slow_start_after_idle")
+            .is_ok_and(|v| v.trim() == "1");
+        if on {
+            tracing::info!(
+                rank,
+                "TCP links restart slow after each idle gap (net.ipv4.tcp_slow_start_after_idle=1): \
+                 `sysctl -w net.ipv4.tcp_slow_start_after_idle=0` (per network namespace) makes \
+                 every Allgather start at full window"
+            );
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,26 +389,4 @@ mod tests {
         let s = c.compress_stats();
         assert_eq!((s.calls, s.raw_calls, s.raw_bytes), (1, 1, 6));
     }
-}
-
-/// Linux restarts a TCP connection's congestion window from scratch after it has been idle for
-/// a retransmission timeout (`net.ipv4.tcp_slow_start_after_idle`, on by default), so every
-/// Allgather after a compute phase starts slow. Measured here (bench/netns_nodes.sh, 2 nodes x
-/// 1 rank, 64 MiB raw at 2.5 Gbit/s): 167 ms with it on, 133 ms off. Says so once per process
-/// at INFO.
-fn hint_tcp_slow_start(rank: usize) {
-    crate::logging::init_from_env();
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let on = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_slow_start_after_idle")
-            .is_ok_and(|v| v.trim() == "1");
-        if on {
-            tracing::info!(
-                rank,
-                "TCP links restart slow after each idle gap (net.ipv4.tcp_slow_start_after_idle=1): \
-                 `sysctl -w net.ipv4.tcp_slow_start_after_idle=0` (per network namespace) makes \
-                 every Allgather start at full window"
-            );
-        }
-    });
 }

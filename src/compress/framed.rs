@@ -181,6 +181,16 @@ impl Compressor {
         });
         own.slot.set_frame_choice(choice);
         let own_version = own.slot.version();
+        // The wire drifted (a new regime): calibrate on this call's shard against the cache
+        // before the call replaces it; the ranks predict again after the call.
+        let recalibrate = p
+            .raw_time
+            .filter(|_| mode == CompressMode::Auto && p.drifted);
+        let sample = recalibrate.map(|_| {
+            let input = send.unwrap_or(&recv[me * shard_bytes..(me + 1) * shard_bytes]);
+            let cached = (!own_missed).then(|| own.slot.values()).flatten();
+            self.sample(pkey, new_mode, cached, input, dtype)
+        });
 
         let t0 = Instant::now();
         // Compress once, at the source: the engine's encoder worker encodes this rank's chunks
@@ -418,6 +428,22 @@ impl Compressor {
                 p.level_wire = std::array::from_fn(|l| est[l].map(|x| x * scale));
                 p.level_wire[p.call_level] = Some(wire as f64);
             }
+            if mode == CompressMode::Auto && p.drift(p.call_level, wire as f64) {
+                p.drifted = true;
+                p.stats.recalibrations += 1;
+                tracing::info!(
+                    slot = key.id,
+                    wire_then = p.wire_ref[p.call_level].unwrap_or(0.0),
+                    wire_now = wire,
+                    "this tensor's frames changed size (a new training regime?): predicting again at the next call"
+                );
+            }
+        }
+        if let (Some(raw_time), Some(sample)) = (recalibrate, sample) {
+            // Every rank calibrated before this call (agreed: the drift and the baseline are):
+            // predict afresh; what this call measured belongs to the old prediction.
+            self.predict_from(engine, key, pkey, new_mode, count, dtype, raw_time, &sample)?;
+            return Ok(report(false));
         }
         if mode == CompressMode::Auto && levels.len() > 1 && !all_fill {
             p.level_time[p.call_level] = Some(super::smoothed(p.level_time[p.call_level], slowest));

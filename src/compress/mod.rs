@@ -44,6 +44,10 @@
 //!   picks the level to start at, moves to an exponent cache or skips its trial, and sends a
 //!   tensor raw at once when even the best choice is predicted 25% slower than raw (then
 //!   recalibrated after the back-off).
+//! - A new regime is predicted again (`Policy::drift`): when a level's wire moves more than
+//!   `RECALIBRATE_DRIFT` from its first call after the last prediction (the learning rate fell,
+//!   the ratios rose), the next compressed call codes the sample before it encodes and the
+//!   ranks exchange it after the call, with the raw baseline they hold (no raw call).
 //! - While it runs, every encoder estimates, per chunk, its frames' bytes at each
 //!   frame level (`SlotChunk::encode_estimated`, from the counts its choice computes anyway), and
 //!   the status record carries each rank's sums, so every rank knows the wire every level
@@ -118,6 +122,14 @@ struct Policy {
     prediction: Option<predict::Prediction>,
     /// The next raw probe calibrates a new prediction (after a back-off it decided).
     recalibrate: bool,
+    /// The wire drifted (`drift`): the next compressed call calibrates on its own shard before
+    /// it encodes, and the ranks predict again after it, with the raw baseline they hold (no
+    /// raw call: on a slow link one costs several compressed ones).
+    drifted: bool,
+    /// Per frame level, the agreed wire bytes of its first call after the last prediction, and
+    /// the call number of that prediction: what `drift` compares later calls with.
+    wire_ref: [Option<f64>; 3],
+    predicted_at: u64,
     /// The cache mode was the default's choice (not asked for), so a policy whose every frame
     /// level loses to raw may move to an exponent cache before it goes raw.
     may_demote: bool,
@@ -184,6 +196,24 @@ impl Policy {
         }
     }
 
+    /// After a compressed call at `level` that sent `wire` bytes (agreed): whether the tensor's
+    /// statistics moved so far from those the prediction was made on (a new training regime:
+    /// the learning rate fell, the ratios rose) that it should be made again. Compares with
+    /// the level's first call after the prediction, not with the sample's scaled bytes (a
+    /// tensor's first elements need not be like the rest); at most once in
+    /// `RECALIBRATE_MIN_CALLS` calls.
+    fn drift(&mut self, level: usize, wire: f64) -> bool {
+        if self.prediction.is_none() || self.recalibrate || self.drifted || wire <= 0.0 {
+            return false;
+        }
+        let Some(then) = self.wire_ref[level] else {
+            self.wire_ref[level] = Some(wire);
+            return false;
+        };
+        let moved = (wire / then).max(then / wire);
+        moved > RECALIBRATE_DRIFT && self.stats.calls >= self.predicted_at + RECALIBRATE_MIN_CALLS
+    }
+
     /// The frame levels that cannot win, predicted (see `cannot_win`): not timed, not probed.
     fn hopeless_levels(&self, levels: &[usize], raw_bytes: u64) -> [bool; 3] {
         let bound = self.least_time(raw_bytes);
@@ -241,6 +271,13 @@ pub struct Compressor {
 const STATUS_FIXED_WORDS: usize = 9;
 const STATUS_LEVEL_BYTES: usize = 5;
 const STATUS_BUDGET_MISS: usize = 8;
+/// A frame level's wire that moved by more than this factor (either way) since its first call
+/// after the last prediction makes the policy predict again (`Policy::drift`): between the
+/// peak and the end of a learning-rate schedule Delta frames go from ~5.6x to ~14x, Hybrid
+/// frames from ~2x to ~7x, and which cache and frames are fastest changes with them.
+const RECALIBRATE_DRIFT: f64 = 1.3;
+/// ... but not sooner than this many calls after the last prediction.
+const RECALIBRATE_MIN_CALLS: u64 = 16;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 /// ... and one in this many while its compressed calls take less than half the raw baseline:
@@ -405,6 +442,9 @@ impl Compressor {
                     level_wire: [None, None, None],
                     prediction: None,
                     recalibrate: false,
+                    drifted: false,
+                    wire_ref: [None; 3],
+                    predicted_at: 0,
                     may_demote: asked.is_none(),
                     refill: false,
                     trial: Trial::NotYet,
@@ -795,6 +835,9 @@ mod tests {
             level_wire: [None; 3],
             prediction: None,
             recalibrate: false,
+            drifted: false,
+            wire_ref: [None; 3],
+            predicted_at: 0,
             may_demote: true,
             refill: false,
             trial: Trial::NotYet,
@@ -965,5 +1008,60 @@ mod tests {
             c.mode_for(key(count, dtype), n, Some(CacheMode::FullValue), true),
             Some(CacheMode::FullValue)
         );
+    }
+
+    /// A policy predicts again when a level's wire moves more than 1.3x from its first call
+    /// after the last prediction (either way), not sooner than 16 calls after it, and not
+    /// before it has predicted at all (synthetic values: no clock involved).
+    #[test]
+    fn a_new_regime_is_predicted_again() {
+        let mut p = Policy {
+            mode: Some(CacheMode::Delta),
+            raw_until: 0,
+            backoff: 256,
+            raw_time: Some(Duration::from_millis(400)),
+            pending_raw: None,
+            slow_streak: 0,
+            level: 2,
+            level_time: [None; 3],
+            call_level: 2,
+            level_wire: [None; 3],
+            prediction: None,
+            recalibrate: false,
+            drifted: false,
+            wire_ref: [None; 3],
+            predicted_at: 0,
+            may_demote: true,
+            refill: false,
+            trial: Trial::NotYet,
+            stats: SlotStats::default(),
+        };
+        // No prediction yet: nothing to drift from, nothing recorded.
+        assert!(!p.drift(2, 1000.0));
+        assert_eq!(p.wire_ref, [None; 3]);
+        p.prediction = Some(predict::Prediction {
+            raw: Duration::from_millis(400),
+            wire: [None; 4],
+            codec: [None; 4],
+        });
+        p.predicted_at = 2;
+        p.stats.calls = 3;
+        // The first call at a level sets its reference.
+        assert!(!p.drift(2, 1000.0));
+        assert_eq!(p.wire_ref[2], Some(1000.0));
+        // Within 1.3x: no drift; beyond, but too soon after the prediction: none yet.
+        assert!(!p.drift(2, 1290.0) && !p.drift(2, 775.0));
+        assert!(!p.drift(2, 700.0));
+        p.stats.calls = 18;
+        assert!(p.drift(2, 700.0) && p.drift(2, 1400.0));
+        // Each level against its own reference.
+        assert!(!p.drift(0, 3000.0));
+        assert!(!p.drift(0, 2500.0) && p.drift(0, 2000.0));
+        // Already due to predict again: no second count.
+        p.drifted = true;
+        assert!(!p.drift(2, 700.0));
+        p.drifted = false;
+        p.recalibrate = true;
+        assert!(!p.drift(2, 700.0));
     }
 }

@@ -241,28 +241,72 @@ impl super::Compressor {
         dtype: DType,
         probe: Duration,
     ) -> crate::error::Result<()> {
-        let (me, n) = (engine.rank(), engine.size());
+        let me = engine.rank();
         let shard = count * dtype.size();
         let input = &recv[me * shard..(me + 1) * shard];
-        let levels = super::levels_of(mode);
-        let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
         let own = self.store.take_own(&key);
-        let sample = own
-            .as_ref()
-            .and_then(|l| l.slot.values())
-            .map(|v| calibrate(dtype, mode, levels, exp_cache, v, input))
-            .unwrap_or_default();
+        let sample = self.sample(
+            pkey,
+            mode,
+            own.as_ref().and_then(|l| l.slot.values()),
+            input,
+            dtype,
+        );
         if let Some(l) = own {
             self.store.put(me, l, Some(key));
         }
+        self.predict_from(engine, key, pkey, mode, count, dtype, probe, &sample)
+    }
+
+    /// This rank's calibration for policy `pkey` on a `mode` cache: `input` (this call's shard)
+    /// coded against `cached` (the previous call's, None without a cache: nothing coded).
+    pub(super) fn sample(
+        &self,
+        pkey: super::SlotKey,
+        mode: CacheMode,
+        cached: Option<&[u8]>,
+        input: &[u8],
+        dtype: DType,
+    ) -> Sample {
+        let levels = super::levels_of(mode);
+        let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
+        cached
+            .map(|v| calibrate(dtype, mode, levels, exp_cache, v, input))
+            .unwrap_or_default()
+    }
+
+    /// Exchange every rank's `sample` and its raw time `probe` (a raw probe's, or the agreed
+    /// baseline) and choose from the agreed prediction where to go on, and what not to try.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn predict_from(
+        &mut self,
+        engine: &mut crate::engine::Engine,
+        key: super::SlotKey,
+        pkey: super::SlotKey,
+        mode: CacheMode,
+        count: usize,
+        dtype: DType,
+        probe: Duration,
+        sample: &Sample,
+    ) -> crate::error::Result<()> {
+        let n = engine.size();
+        let shard = count * dtype.size();
+        let levels = super::levels_of(mode);
+        let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let all = super::verify::exchange_words(engine, &words(probe, cores, &sample))?;
+        let all = super::verify::exchange_words(engine, &words(probe, cores, sample))?;
         let pred = Prediction::from_words(&all, 0, engine.topology());
         let raw_bytes = (n * shard) as u64;
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         p.raw_time = Some(pred.raw);
         p.prediction = Some(pred);
         p.recalibrate = false;
+        p.drifted = false;
+        // Times and wire measured in the previous regime no longer compare: every level is
+        // judged afresh from the new prediction.
+        p.level_time = [None; 3];
+        p.wire_ref = [None; 3];
+        p.predicted_at = p.stats.calls;
         for &l in levels {
             p.level_wire[l] = pred.wire[l];
         }

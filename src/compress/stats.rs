@@ -95,6 +95,9 @@ pub struct SlotStats {
     pub predicted_raw: u64,
     /// Moves to smaller caches (or raw) because `CIERA_CACHE_MB` evicted this tensor's.
     pub budget_demotions: u64,
+    /// Predictions made again because a frame level's measured wire moved more than
+    /// `RECALIBRATE_DRIFT` from what it sent after the last one (a new training regime).
+    pub recalibrations: u64,
 }
 
 /// Communicator-wide statistics.
