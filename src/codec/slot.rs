@@ -182,6 +182,19 @@ impl CacheSlot {
         (self.warm && self.mode.holds_values() && self.state.len() == bytes).then_some(&self.state)
     }
 
+    /// The same cache in another mode, at the same version, without a frame: a warm
+    /// full-value or delta slot holds every value, so it makes a warm slot of any mode (a
+    /// delta slot's move contexts start at "no previous move", as after a fill). Every rank
+    /// converts its copy alike, so the next frames decode as against the slot they replace.
+    /// None for exponent and cold slots (they hold no values).
+    pub fn converted(&self, mode: CacheMode) -> Option<CacheSlot> {
+        let values = self.values()?;
+        let mut slot = CacheSlot::with_version(self.dtype, mode, self.len, self.version);
+        slot.choice = self.choice;
+        slot.fill_from(values).ok()?;
+        Some(slot)
+    }
+
     /// Bytes of cache memory this slot holds (or will once filled).
     pub fn memory_bytes(&self) -> usize {
         self.len * self.mode.bytes_per_element(self.dtype)
@@ -374,5 +387,61 @@ impl CacheSlot {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bf16 values near 1.0 that move by a few ulps each step (some elements not at all).
+    fn steps(n: usize, k: usize) -> Vec<Vec<u8>> {
+        let mut v: Vec<u16> = (0..n).map(|i| 0x3f80 + (i % 251) as u16).collect();
+        (0..k)
+            .map(|s| {
+                for (i, x) in v.iter_mut().enumerate() {
+                    let m = ((i * 7 + s * 13) % 5) as u16;
+                    *x = if i % 3 == 0 { *x } else { x.wrapping_add(m) };
+                }
+                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            })
+            .collect()
+    }
+
+    /// A converted cache codes the next step exactly as a cache of that mode filled with the
+    /// same values at the same version would (byte for byte), and decodes it exactly on a
+    /// receiver that converted its copy alike.
+    #[test]
+    fn converted_caches_code_like_filled_ones() {
+        let n = 20_000;
+        let s = steps(n, 5);
+        for to in [CacheMode::FullValue, CacheMode::Exponent, CacheMode::Delta] {
+            let mut tx = CacheSlot::new(DType::BF16, CacheMode::Delta, n);
+            let mut rx = CacheSlot::new(DType::BF16, CacheMode::Delta, n);
+            let mut frame = Vec::new();
+            let mut out = vec![0u8; 2 * n];
+            for x in &s[..4] {
+                frame.clear();
+                tx.encode(x, &mut frame).unwrap();
+                rx.decode(&frame, &mut out).unwrap();
+                assert_eq!(&out, x);
+            }
+            let (mut ctx_, mut crx) = (tx.converted(to).unwrap(), rx.converted(to).unwrap());
+            assert_eq!((ctx_.mode(), ctx_.version()), (to, tx.version()));
+            let mut filled = CacheSlot::with_version(DType::BF16, to, n, tx.version());
+            filled.fill_from(&s[3]).unwrap();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            ctx_.encode(&s[4], &mut a).unwrap();
+            filled.encode(&s[4], &mut b).unwrap();
+            assert_eq!(a, b, "{to:?}");
+            crx.decode(&a, &mut out).unwrap();
+            assert_eq!(out, s[4], "{to:?}");
+        }
+        // Nothing to convert from: an exponent cache, a cold one.
+        let mut e = CacheSlot::new(DType::BF16, CacheMode::Exponent, n);
+        e.fill_from(&s[0]).unwrap();
+        assert!(e.converted(CacheMode::FullValue).is_none());
+        let cold = CacheSlot::new(DType::BF16, CacheMode::Delta, n);
+        assert!(cold.converted(CacheMode::FullValue).is_none());
     }
 }

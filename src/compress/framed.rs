@@ -20,7 +20,7 @@ use crate::DType;
 /// The version of a cache every rank filled from an uncompressed result in call `clock`:
 /// agreed without a message, and unlike the versions of other sources and other calls (a
 /// cache filled by FILL frames takes a random version instead).
-fn agreed_version(clock: u64, src: usize) -> u64 {
+pub(super) fn agreed_version(clock: u64, src: usize) -> u64 {
     let mut z = clock
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add((src as u64).rotate_left(40) ^ 0xC1E5_A000_F111_0000);
@@ -135,6 +135,35 @@ impl Compressor {
         Ok(())
     }
 
+    /// Convert this rank's lineages of the tensor of `pkey` (its own, by `key`, and every
+    /// other source's it held after the last call) to caches of `mode`, at the same versions.
+    /// Every rank holds the same lineages and converts them alike; one that cannot be
+    /// converted (cold) goes, alike everywhere, and its source's next frames fill it (a miss).
+    fn convert_lineages(&mut self, pkey: SlotKey, key: SlotKey, me: usize, mode: CacheMode) {
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        let held = std::mem::take(&mut p.held);
+        let own_held = held.iter().any(|&(src, _)| src == me);
+        let mut kept = Vec::with_capacity(held.len());
+        let own = if own_held { None } else { Some((me, 0)) };
+        for (src, version) in held.into_iter().chain(own) {
+            let lineage = if src == me {
+                self.store.take_own(&key)
+            } else {
+                self.store.take(src, version)
+            };
+            let Some(mut l) = lineage else { continue };
+            if let Some(slot) = l.slot.converted(mode) {
+                l.slot = slot;
+                kept.push((src, l.slot.version()));
+                self.store.put(src, l, (src == me).then_some(key));
+            }
+        }
+        self.policies
+            .get_mut(&pkey)
+            .expect("policy of the call")
+            .held = kept;
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn framed(
         &mut self,
@@ -158,6 +187,15 @@ impl Compressor {
             0
         };
         let clock = self.clock;
+        if let Some(to) = self
+            .policies
+            .get_mut(&pkey)
+            .expect("policy of the call")
+            .convert_to
+            .take()
+        {
+            self.convert_lineages(pkey, key, me, to);
+        }
         // Which frames this call sends on a delta cache (every rank alike: agreed values).
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let levels = super::levels_of(new_mode);
@@ -186,10 +224,16 @@ impl Compressor {
         let recalibrate = p
             .raw_time
             .filter(|_| mode == CompressMode::Auto && p.drifted);
+        // A full-value cache that was a delta cache weighs Delta frames again (`predict_from`).
+        let sample_mode = if p.promotable && new_mode == CacheMode::FullValue {
+            CacheMode::Delta
+        } else {
+            new_mode
+        };
         let sample = recalibrate.map(|_| {
             let input = send.unwrap_or(&recv[me * shard_bytes..(me + 1) * shard_bytes]);
             let cached = (!own_missed).then(|| own.slot.values()).flatten();
-            self.sample(pkey, new_mode, cached, input, dtype)
+            self.sample(pkey, sample_mode, cached, input, dtype)
         });
 
         let t0 = Instant::now();
@@ -365,9 +409,11 @@ impl Compressor {
         let budget_missed = bad.is_empty() && status.iter().any(|s| s[STATUS_BUDGET_MISS] == 1);
         // The caches of the sources that went well everywhere are kept (this rank's own under
         // its key); those of the others are refilled from the repaired result below.
+        p.held.clear();
         for (src, inc) in incoming.into_iter().enumerate() {
             if let Some(mut inc) = inc.filter(|_| !is_bad[src] && !budget_missed) {
                 inc.lineage.last_use = clock;
+                p.held.push((src, inc.lineage.slot.version()));
                 self.store.put(src, inc.lineage, (src == me).then_some(key));
             }
         }
@@ -391,6 +437,9 @@ impl Compressor {
             // verifying: a detected corruption never leaves wrong bytes behind).
             self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
             self.fill_from_result(me, key, new_mode, recv, &bad, count, dtype)?;
+            let p = self.policies.get_mut(&pkey).expect("policy of the call");
+            p.held
+                .extend(bad.iter().map(|&src| (src, agreed_version(clock, src))));
             return Ok(report(true));
         }
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
@@ -424,25 +473,38 @@ impl Compressor {
                 })
             });
             if let Some(e) = est[p.call_level].filter(|&e| e > 0.0) {
-                let scale = wire as f64 / e;
-                p.level_wire = std::array::from_fn(|l| est[l].map(|x| x * scale));
+                // Each level's estimate corrected by its own last measurement, where it has
+                // one: the Delta level's estimate can miss by a fifth where Exp's is close, and
+                // scaling Exp by Delta's miss made an exponent cache look hopeless.
+                p.wire_scale[p.call_level] = Some(wire as f64 / e);
+                let scale = p.wire_scale;
+                p.level_wire = std::array::from_fn(|l| est[l].map(|x| x * scale[l].unwrap_or(1.0)));
                 p.level_wire[p.call_level] = Some(wire as f64);
             }
             if mode == CompressMode::Auto && p.drift(p.call_level, wire as f64) {
-                p.drifted = true;
-                p.stats.recalibrations += 1;
                 tracing::info!(
                     slot = key.id,
                     wire_then = p.wire_ref[p.call_level].unwrap_or(0.0),
                     wire_now = wire,
                     "this tensor's frames changed size (a new training regime?): predicting again at the next call"
                 );
+                p.drifted = true;
+                p.stats.recalibrations += 1;
             }
         }
         if let (Some(raw_time), Some(sample)) = (recalibrate, sample) {
             // Every rank calibrated before this call (agreed: the drift and the baseline are):
             // predict afresh; what this call measured belongs to the old prediction.
-            self.predict_from(engine, key, pkey, new_mode, count, dtype, raw_time, &sample)?;
+            self.predict_from(
+                engine,
+                key,
+                pkey,
+                sample_mode,
+                count,
+                dtype,
+                raw_time,
+                &sample,
+            )?;
             return Ok(report(false));
         }
         if mode == CompressMode::Auto && levels.len() > 1 && !all_fill {
@@ -459,6 +521,32 @@ impl Compressor {
                     super::LEVEL_CHOICES[p.level]
                 );
                 p.level = next;
+            }
+        }
+        if mode == CompressMode::Auto
+            && !all_fill
+            && new_mode == CacheMode::Delta
+            && p.default_mode
+            && !matches!(p.trial, super::Trial::Running { .. })
+        {
+            // A delta cache whose Delta frames lose to its lighter levels keeps move contexts
+            // and checks every level for nothing: a full-value cache sends the same frames
+            // with less upkeep (converted in place; back on a new regime).
+            let hopeless = p.hopeless_levels(levels, raw);
+            let judged = levels
+                .iter()
+                .all(|&l| p.level_time[l].is_some() || hopeless[l]);
+            if judged && p.level != 2 {
+                let ms = |l: usize| p.level_time[l].map_or(0.0, |d| d.as_secs_f64() * 1e3);
+                tracing::info!(
+                    slot = key.id,
+                    delta_frames_ms = ms(2),
+                    best_ms = ms(p.level),
+                    "Delta frames do not pay for this tensor on this link: a full-value cache instead (converted)"
+                );
+                p.convert_cache(CacheMode::FullValue);
+                p.promotable = true;
+                return Ok(report(false));
             }
         }
         if mode == CompressMode::Auto && !all_fill {
@@ -498,7 +586,7 @@ impl Compressor {
                     // Exp frames are cheaper (no full values to keep).
                     p.slow_streak = 0;
                     p.may_demote = false;
-                    p.switch_cache(lighter);
+                    p.convert_cache(lighter);
                     tracing::info!(
                         slot = key.id,
                         delta_ms = t.as_secs_f64() * 1e3,
@@ -603,7 +691,7 @@ impl Compressor {
                     time: None,
                 };
                 p.may_demote = false;
-                p.switch_cache(CacheMode::Exponent);
+                p.convert_cache(CacheMode::Exponent);
                 tracing::info!(
                     slot = key.id,
                     best_ms = best.as_secs_f64() * 1e3,

@@ -48,6 +48,11 @@
 //!   `RECALIBRATE_DRIFT` from its first call after the last prediction (the learning rate fell,
 //!   the ratios rose), the next compressed call codes the sample before it encodes and the
 //!   ranks exchange it after the call, with the raw baseline they hold (no raw call).
+//! - Moves between cache modes convert the tensor's caches in place where they hold values
+//!   (`Policy::convert_cache`, `CacheSlot::converted`): no raw refill. A default delta cache
+//!   whose Delta frames lose to its lighter levels becomes a full-value cache (`promotable`:
+//!   at each new regime it is calibrated as a delta cache and goes back if Delta frames are
+//!   expected fastest).
 //! - While it runs, every encoder estimates, per chunk, its frames' bytes at each
 //!   frame level (`SlotChunk::encode_estimated`, from the counts its choice computes anyway), and
 //!   the status record carries each rank's sums, so every rank knows the wire every level
@@ -118,6 +123,9 @@ struct Policy {
     /// level of the last call, predicted for the others from the encoders' estimates (the
     /// `LevelBytes` sums every rank reports in its status record).
     level_wire: [Option<f64>; 3],
+    /// Per frame level, measured over estimated bytes at its last call (estimates miss
+    /// different overheads at different levels: each level's is corrected by its own).
+    wire_scale: [Option<f64>; 3],
     /// The prediction made at the first raw probe (and after each back-off), see `predict`.
     prediction: Option<predict::Prediction>,
     /// The next raw probe calibrates a new prediction (after a back-off it decided).
@@ -135,6 +143,18 @@ struct Policy {
     may_demote: bool,
     /// The next call fills new caches (after a move to another cache mode).
     refill: bool,
+    /// The next compressed call first converts the tensor's caches, on every rank, to this
+    /// mode (`CacheSlot::converted`): a move from a delta or full-value cache costs a pass
+    /// over the caches, not a raw call.
+    convert_to: Option<CacheMode>,
+    /// (source, version) of the tensor's lineages after its last call: what a conversion
+    /// converts (every rank holds the same).
+    held: Vec<(usize, u64)>,
+    /// The cache mode is the default's (not asked for): a delta cache whose Delta frames lose
+    /// becomes a full-value cache, and goes back when the regime changes (`promotable`).
+    default_mode: bool,
+    /// A full-value cache that was such a delta cache.
+    promotable: bool,
     /// The one trial of an exponent cache a default delta / full-value cache makes.
     trial: Trial,
     stats: SlotStats,
@@ -147,10 +167,52 @@ impl Policy {
     fn switch_cache(&mut self, mode: CacheMode) {
         self.mode = Some(mode);
         self.refill = true;
+        self.convert_to = None;
         self.level = 2;
         self.level_time = [None, None, None];
         self.level_wire = [None, None, None];
+        self.wire_scale = [None; 3];
         self.stats.frame_choice = None;
+    }
+
+    /// Moves from a delta or full-value cache to caches of `mode` converted from it (see
+    /// `convert_to`; no refill). What was measured of each frame level carries over where the
+    /// other mode sends the same frames: a delta cache's Exp-or-Hybrid level is a full-value
+    /// cache's everything level, and the other way round; toward an exponent cache nothing does.
+    fn convert_cache(&mut self, mode: CacheMode) {
+        let from = self.mode;
+        self.mode = Some(mode);
+        self.refill = false;
+        self.convert_to = Some(mode);
+        self.stats.frame_choice = None;
+        self.wire_ref = [None; 3];
+        // Level l of the old mode is level map[l] of the new one.
+        let map: [Option<usize>; 3] = match (from, mode) {
+            (Some(CacheMode::Delta), CacheMode::FullValue) => [Some(0), Some(2), None],
+            (Some(CacheMode::FullValue), CacheMode::Delta) => [Some(0), None, Some(1)],
+            _ => [None; 3],
+        };
+        fn remap<T: Copy>(old: [Option<T>; 3], map: [Option<usize>; 3]) -> [Option<T>; 3] {
+            let mut new = [None; 3];
+            for (l, to) in map.iter().enumerate() {
+                if let Some(t) = to {
+                    new[*t] = old[l];
+                }
+            }
+            new
+        }
+        self.level = map[self.level].unwrap_or(2);
+        self.level_time = remap(self.level_time, map);
+        self.level_wire = remap(self.level_wire, map);
+        self.wire_scale = remap(self.wire_scale, map);
+        if let Some(p) = self.prediction.as_mut() {
+            let (w, c) = (
+                remap([p.wire[0], p.wire[1], p.wire[2]], map),
+                remap([p.codec[0], p.codec[1], p.codec[2]], map),
+            );
+            p.wire[..3].copy_from_slice(&w);
+            p.codec[..3].copy_from_slice(&c);
+        }
     }
 
     /// The least time a call at each frame level can take, predicted before it is tried: the
@@ -171,6 +233,7 @@ impl Policy {
         let best = self.level_time.iter().flatten().min();
         match (best, self.raw_time) {
             (Some(b), Some(r)) if b.as_secs_f64() < 0.5 * r.as_secs_f64() => RAW_PROBE_RARELY,
+            (Some(b), Some(r)) if b.as_secs_f64() > RAW_CLOSE * r.as_secs_f64() => RAW_PROBE_CLOSE,
             _ => RAW_PROBE_EVERY,
         }
     }
@@ -277,12 +340,17 @@ const STATUS_BUDGET_MISS: usize = 8;
 /// frames from ~2x to ~7x, and which cache and frames are fastest changes with them.
 const RECALIBRATE_DRIFT: f64 = 1.3;
 /// ... but not sooner than this many calls after the last prediction.
-const RECALIBRATE_MIN_CALLS: u64 = 16;
+const RECALIBRATE_MIN_CALLS: u64 = 4;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 /// ... and one in this many while its compressed calls take less than half the raw baseline:
 /// far from the verdict, a raw call (the slowest there is on a slow link) buys nothing.
 const RAW_PROBE_RARELY: u64 = 512;
+/// ... and one in this many while they take more than `RAW_CLOSE` of it: a close call, where a
+/// baseline timed once on a busy host (too slow by a tenth, say) keeps a losing compression
+/// going for a whole period; there a raw call costs about what a compressed one does.
+const RAW_PROBE_CLOSE: u64 = 8;
+const RAW_CLOSE: f64 = 0.8;
 
 impl Compressor {
     pub fn new(config: CompressConfig) -> Compressor {
@@ -440,6 +508,7 @@ impl Compressor {
                     level_time: [None, None, None],
                     call_level: 2,
                     level_wire: [None, None, None],
+                    wire_scale: [None; 3],
                     prediction: None,
                     recalibrate: false,
                     drifted: false,
@@ -447,6 +516,10 @@ impl Compressor {
                     predicted_at: 0,
                     may_demote: asked.is_none(),
                     refill: false,
+                    convert_to: None,
+                    held: Vec::new(),
+                    default_mode: asked.is_none(),
+                    promotable: false,
                     trial: Trial::NotYet,
                     stats: SlotStats::default(),
                 },
@@ -464,8 +537,16 @@ impl Compressor {
             // copy each shard through the codec on both sides. So does the first call after a
             // move to another cache mode.
             p.refill = false;
+            p.convert_to = None;
             p.stats.fill_calls += 1;
-            return self.raw_fill(engine, key, new_mode, send, recv, count, dtype);
+            let r = self.raw_fill(engine, key, new_mode, send, recv, count, dtype)?;
+            // Every rank filled every source's cache at the version agreed for this call.
+            let clock = self.clock;
+            let p = self.policies.get_mut(&pkey).expect("policy of the call");
+            p.held = (0..n)
+                .map(|src| (src, framed::agreed_version(clock, src)))
+                .collect();
+            return Ok(r);
         }
         if calls < p.raw_until {
             p.stats.raw_calls += 1;
@@ -833,6 +914,7 @@ mod tests {
             level_time: [None, None, ms(85)],
             call_level: 2,
             level_wire: [None; 3],
+            wire_scale: [None; 3],
             prediction: None,
             recalibrate: false,
             drifted: false,
@@ -840,6 +922,10 @@ mod tests {
             predicted_at: 0,
             may_demote: true,
             refill: false,
+            convert_to: None,
+            held: Vec::new(),
+            default_mode: true,
+            promotable: false,
             trial: Trial::NotYet,
             stats: SlotStats::default(),
         };
@@ -1011,7 +1097,7 @@ mod tests {
     }
 
     /// A policy predicts again when a level's wire moves more than 1.3x from its first call
-    /// after the last prediction (either way), not sooner than 16 calls after it, and not
+    /// after the last prediction (either way), not sooner than 4 calls after it, and not
     /// before it has predicted at all (synthetic values: no clock involved).
     #[test]
     fn a_new_regime_is_predicted_again() {
@@ -1026,6 +1112,7 @@ mod tests {
             level_time: [None; 3],
             call_level: 2,
             level_wire: [None; 3],
+            wire_scale: [None; 3],
             prediction: None,
             recalibrate: false,
             drifted: false,
@@ -1033,6 +1120,10 @@ mod tests {
             predicted_at: 0,
             may_demote: true,
             refill: false,
+            convert_to: None,
+            held: Vec::new(),
+            default_mode: true,
+            promotable: false,
             trial: Trial::NotYet,
             stats: SlotStats::default(),
         };
