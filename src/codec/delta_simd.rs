@@ -10,7 +10,7 @@
 //! rows plainly.
 #![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
 
-use super::delta::{Reader, Words, CLIP, NCTX, PROB_SCALE};
+use super::delta::{Reader, Words, CLIP, HIST, NCTX, PROB_SCALE};
 use super::float::Layout;
 
 /// The outcome of the rows a vector decoder did.
@@ -130,7 +130,7 @@ static COMPRESS_DESC: [[i32; 8]; 256] = compress_desc_table();
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Reader, RowCounts, Words, CLIP, COMPRESS_DESC, EXPAND};
+    use super::{Reader, RowCounts, Words, CLIP, COMPRESS_DESC, EXPAND, HIST};
     use crate::codec::delta::{PROB_BITS, PROB_SCALE, RANS_L};
     use crate::codec::float::Layout;
 
@@ -339,64 +339,80 @@ mod avx2 {
         }
     }
 
+    /// The moves of eight 16-bit values from `a` to `b` (zero-extended to 32 bits): the move
+    /// as a signed number, its zigzag value, its token, and the token's extra bit count (0
+    /// for the direct tokens).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn moves16(a: __m256i, b: __m256i) -> [__m256i; 4] {
+        let one = _mm256_set1_epi32(1);
+        let mffff = _mm256_set1_epi32(0xffff);
+        let d = _mm256_and_si256(_mm256_sub_epi32(key16(b), key16(a)), mffff);
+        let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
+        let zz = _mm256_and_si256(
+            _mm256_xor_si256(_mm256_slli_epi32(sd, 1), _mm256_srai_epi32(sd, 31)),
+            mffff,
+        );
+        // floor(log2 z) from the float exponent (exact below 2^24).
+        let lg = _mm256_sub_epi32(
+            _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(zz)), 23),
+            _mm256_set1_epi32(127),
+        );
+        let big = _mm256_cmpgt_epi32(zz, _mm256_set1_epi32(31));
+        let bm1 = _mm256_sub_epi32(lg, one);
+        let tb = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_slli_epi32(lg, 1), _mm256_set1_epi32(22)),
+            _mm256_and_si256(_mm256_srlv_epi32(zz, bm1), one),
+        );
+        let t = _mm256_blendv_epi8(zz, tb, big);
+        [sd, zz, t, _mm256_and_si256(bm1, big)]
+    }
+
+    /// The context byte a move leaves (`delta::context_of`), as eight 32-bit lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn context16(sd: __m256i) -> __m256i {
+        let (clo, chi) = (_mm256_set1_epi32(-CLIP), _mm256_set1_epi32(CLIP));
+        _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(sd, clo), chi), chi)
+    }
+
+    /// Pass one over the first `n / 8 * 8` elements: the (context, token) counts into four
+    /// histograms of HIST entries each (`hist`), element j of each eight into histogram j % 4.
     #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn scan<L: Layout>(
         input: &[u8],
         old: &[u8],
         ctx: &[u8],
-        z: &mut [u32],
-        tok: &mut [u8],
-        idx: &mut [u16],
-        next: &mut [u8],
+        hist: &mut [u32],
     ) -> super::ScanCounts {
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
-        let (clo, chi) = (_mm256_set1_epi32(-CLIP), _mm256_set1_epi32(CLIP));
         let n = input.len() / 2;
         let zero = _mm256_setzero_si256();
-        let one = _mm256_set1_epi32(1);
-        let mffff = _mm256_set1_epi32(0xffff);
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
         let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
+        let h = hist.as_mut_ptr();
         let mut extra = zero;
         let (mut same, mut exp_same) = (0usize, 0usize);
         let full = n / 8 * 8;
+        let mut ks = [0u32; 8];
         let mut i = 0;
         while i < full {
             let a =
                 _mm256_cvtepu16_epi32(_mm_loadu_si128(old.as_ptr().add(2 * i) as *const __m128i));
             let b =
                 _mm256_cvtepu16_epi32(_mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i));
-            let d = _mm256_and_si256(_mm256_sub_epi32(key16(b), key16(a)), mffff);
-            let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
-            let zz = _mm256_and_si256(
-                _mm256_xor_si256(_mm256_slli_epi32(sd, 1), _mm256_srai_epi32(sd, 31)),
-                mffff,
-            );
-            // floor(log2 z) from the float exponent (exact below 2^24).
-            let lg = _mm256_sub_epi32(
-                _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(zz)), 23),
-                _mm256_set1_epi32(127),
-            );
-            let big = _mm256_cmpgt_epi32(zz, _mm256_set1_epi32(31));
-            let bm1 = _mm256_sub_epi32(lg, one);
-            let tb = _mm256_add_epi32(
-                _mm256_add_epi32(_mm256_slli_epi32(lg, 1), _mm256_set1_epi32(22)),
-                _mm256_and_si256(_mm256_srlv_epi32(zz, bm1), one),
-            );
-            let t = _mm256_blendv_epi8(zz, tb, big);
-            extra = _mm256_add_epi32(extra, _mm256_and_si256(bm1, big));
-            _mm256_storeu_si256(z.as_mut_ptr().add(i) as *mut __m256i, zz);
-            _mm_storel_epi64(tok.as_mut_ptr().add(i) as *mut __m128i, pack8(t));
+            let [_, _, t, eb] = moves16(a, b);
+            extra = _mm256_add_epi32(extra, eb);
             let c = _mm256_min_epu32(
                 _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
                 cmax,
             );
             let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
-            _mm_storeu_si128(idx.as_mut_ptr().add(i) as *mut __m128i, pack16(k));
-            // The context this move leaves (`delta::context_of`).
-            let cl = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(sd, clo), chi), chi);
-            _mm_storel_epi64(next.as_mut_ptr().add(i) as *mut __m128i, pack8(cl));
+            _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, k);
+            for (j, &kj) in ks.iter().enumerate() {
+                *h.add((j & 3) * HIST + kj as usize) += 1;
+            }
             same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
                 .count_ones() as usize;
             let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
@@ -435,9 +451,9 @@ mod avx2 {
     #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn encode_rows(
         table: &super::EncTable,
-        z: &[u32],
-        tok: &[u8],
-        idx: &[u16],
+        input: &[u8],
+        state: &mut [u8],
+        ctx: &mut [u8],
         xl: &mut [u32],
         words: &mut Words<'_>,
         base: usize,
@@ -453,28 +469,44 @@ mod avx2 {
         let m12 = _mm256_set1_epi32(0xfff);
         let zero = _mm256_setzero_si256();
         let scale = _mm256_set1_epi32(PROB_SCALE as i32);
+        let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
+        let cmax = _mm256_set1_epi32(2 * CLIP);
         for k in (0..rows).rev() {
             let row = base + k * 32;
+            // The row's moves, from the cached values and contexts, which then take the new
+            // values and the contexts the moves leave.
+            let (mut zs, mut ebs, mut ks) = ([zero; 4], [zero; 4], [zero; 4]);
+            for v in 0..4 {
+                let i = row + 8 * v;
+                let a16 = _mm_loadu_si128(state.as_ptr().add(2 * i) as *const __m128i);
+                let b16 = _mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i);
+                let [sd, zz, t, eb] =
+                    moves16(_mm256_cvtepu16_epi32(a16), _mm256_cvtepu16_epi32(b16));
+                let c = _mm256_min_epu32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
+                    cmax,
+                );
+                ks[v] = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
+                zs[v] = zz;
+                ebs[v] = eb;
+                _mm_storel_epi64(
+                    ctx.as_mut_ptr().add(i) as *mut __m128i,
+                    pack8(context16(sd)),
+                );
+                _mm_storeu_si128(state.as_mut_ptr().add(2 * i) as *mut __m128i, b16);
+            }
             // Extra bits (the decoder reads them after every lane's token), lanes downwards.
             for v in (0..4).rev() {
-                let i = row + 8 * v;
-                let zz = _mm256_loadu_si256(z.as_ptr().add(i) as *const __m256i);
-                let t =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(tok.as_ptr().add(i) as *const __m128i));
-                let (bm1, big) = token_bits(t);
-                let eb = _mm256_and_si256(bm1, big);
+                let eb = ebs[v];
                 let lim = _mm256_sub_epi32(_mm256_srlv_epi32(top, eb), one);
                 let over = _mm256_cmpgt_epi32(x[v], lim);
                 emit(&mut x[v], over, words);
                 let low = _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one);
-                x[v] = _mm256_or_si256(_mm256_sllv_epi32(x[v], eb), _mm256_and_si256(zz, low));
+                x[v] = _mm256_or_si256(_mm256_sllv_epi32(x[v], eb), _mm256_and_si256(zs[v], low));
             }
             // Tokens, lanes downwards.
             for v in (0..4).rev() {
-                let i = row + 8 * v;
-                let k =
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(idx.as_ptr().add(i) as *const __m128i));
-                let p = _mm256_i32gather_epi32::<4>(pk, k);
+                let p = _mm256_i32gather_epi32::<4>(pk, ks[v]);
                 let cum = _mm256_and_si256(p, m12);
                 let cmpl = _mm256_srli_epi32(p, 12);
                 let freq = _mm256_sub_epi32(scale, cmpl);
@@ -500,18 +532,14 @@ mod avx2 {
     }
 }
 
-/// Pass one for the 16-bit types: zigzag moves into `z`, tokens into `tok`, symbol indices
-/// into `idx`, the contexts the moves leave into `next`, and the counts.
-/// Returns false (and does nothing) when this path does not apply; else `z` and `tok` hold
-/// `input.len() / 2` entries.
+/// Pass one for the 16-bit types: the (context, token) counts into `hist` (four histograms of
+/// `delta::HIST` entries, zeroed by the caller) and the counts. Returns None (and does nothing)
+/// when this path does not apply.
 pub(super) fn scan16<L: Layout>(
     input: &[u8],
     old: &[u8],
     ctx: &[u8],
-    z: &mut Vec<u32>,
-    tok: &mut Vec<u8>,
-    idx: &mut Vec<u16>,
-    next: &mut Vec<u8>,
+    hist: &mut [u32],
 ) -> Option<ScanCounts> {
     if L::BYTES != 2 || !on() {
         return None;
@@ -525,25 +553,22 @@ pub(super) fn scan16<L: Layout>(
         ctx.len() == n,
         "delta avx2 scan: contexts and input differ in size"
     );
-    // Every entry is written below: keep what is there (no zeroing pass).
-    z.resize(n, 0);
-    tok.resize(n, 0);
-    idx.resize(n, 0);
-    next.resize(n, 0);
+    assert!(
+        hist.len() >= 4 * HIST,
+        "delta avx2 scan: histograms too short"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: AVX2 is present; the loop reads 8 elements at a time below n / 8 * 8 of
-        // input/old (2n bytes each) and writes the same elements of z and tok (n entries).
-        // ctx (n bytes) is read and idx and next (n entries each) written like z and tok.
-        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, z, tok, idx, next) };
+        // input/old (2n bytes each) and ctx (n bytes). Histogram indices are
+        // (j & 3) * HIST + min(ctx, 16) * tokens(16) + token, with token < tokens(16), so
+        // below 3 * HIST + NCTX * tokens(16) <= 4 * HIST (asserted above).
+        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, hist) };
         let full = n / 8 * 8;
         for i in full..n {
             let (a, b) = (L::load(old, i), L::load(input, i));
-            let (zi, t, e) = super::delta::token_of(a, b, 16);
-            z[i] = zi;
-            tok[i] = t;
-            idx[i] = super::delta::sym_index(ctx[i], t, 16);
-            next[i] = super::delta::context_of(super::delta::ulp_move(a, b, 16), 16);
+            let (_, t, e) = super::delta::token_of(a, b, 16);
+            hist[(i & 3) * HIST + super::delta::sym_index(ctx[i], t, 16) as usize] += 1;
             c.extra_bits += e as u64;
             c.changed += (a != b) as usize;
             c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
@@ -573,41 +598,43 @@ pub(super) struct EncTable {
 }
 
 /// Encode `rows` full rows of 32 elements of a group starting at element `base`, backwards
-/// (the last row first), with 32 lane states `x` into the group's `words`. Returns false (and
-/// does nothing) when this path does not apply.
+/// (the last row first), with 32 lane states `x` into the group's `words`: the moves from the
+/// cached values `state` and contexts `ctx` to `input`, updating both (the rows' values become
+/// `input`'s, their contexts those the moves leave). Returns false (and does nothing) when this
+/// path does not apply.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn encode_rows(
-    width: u32,
+pub(super) fn encode_rows<L: Layout>(
     table: &EncTable,
     ntok: usize,
-    z: &[u32],
-    tok: &[u8],
-    idx: &[u16],
+    input: &[u8],
+    state: &mut [u8],
+    ctx: &mut [u8],
     x: &mut [u32],
     words: &mut Words<'_>,
     base: usize,
     rows: usize,
 ) -> bool {
-    if width != 16 || x.len() != 32 || !on() {
+    if L::BYTES != 2 || x.len() != 32 || !on() {
         return false;
     }
     let end = base + rows * 32;
     assert!(
-        z.len() >= end
-            && tok.len() >= end
-            && idx.len() >= end
+        input.len() >= 2 * end
+            && state.len() >= 2 * end
+            && ctx.len() >= end
+            && ntok == super::delta::tokens(16)
             && table.packed.len() == NCTX * ntok
             && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
         "delta avx2 encode: inconsistent buffers"
     );
     #[cfg(target_arch = "x86_64")]
     {
-        debug_assert!(idx[base..end].iter().all(|&k| (k as usize) < NCTX * ntok));
-        // SAFETY: AVX2 is present; reads of z/tok/idx stay below `end` (asserted); gather
-        // indices are pass one's min(ctx, 16) * ntok + tok < NCTX * ntok, the table's length
-        // (asserted), tokens being < tokens(16) = ntok; word stores are 8 words at pos,
-        // bounds-checked as a slice (at most two words per element are emitted).
-        unsafe { avx2::encode_rows(table, z, tok, idx, x, words, base, rows) };
+        // SAFETY: AVX2 is present; reads of input/state/ctx and writes of state/ctx stay below
+        // element `end` (asserted); gather indices are min(ctx, 16) * ntok + token with
+        // token < tokens(16) = ntok, so below NCTX * ntok, the table's length (asserted); word
+        // stores are 8 words at pos, bounds-checked as a slice (at most two words per element
+        // are emitted).
+        unsafe { avx2::encode_rows(table, input, state, ctx, x, words, base, rows) };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
