@@ -273,11 +273,18 @@ mod avx2 {
             for xv in x.iter_mut() {
                 refill(xv, rd, s0, limit);
             }
-            let mut zs = [zero; 4];
+            // Direct tokens are their zigzag values. A vector without extra bits skips its
+            // extra step, which would change nothing (its states are >= RANS_L after the
+            // refill, so it takes no word either); the words go to the vectors in lane order
+            // as before.
+            let mut zs = t;
             for v in 0..4 {
                 // Token -> zigzag high part and extra bit count (at most 14 for 16 bits).
                 let tv = t[v];
                 let (bm1, big) = token_bits(tv);
+                if _mm256_testz_si256(big, big) != 0 {
+                    continue;
+                }
                 let eb = _mm256_and_si256(bm1, big);
                 let zb = _mm256_sllv_epi32(
                     _mm256_or_si256(_mm256_set1_epi32(2), _mm256_and_si256(tv, one)),
@@ -287,9 +294,7 @@ mod avx2 {
                 let low = _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one);
                 zs[v] = _mm256_or_si256(z, _mm256_and_si256(x[v], low));
                 x[v] = _mm256_srlv_epi32(x[v], eb);
-            }
-            for xv in x.iter_mut() {
-                refill(xv, rd, s0, limit);
+                refill(&mut x[v], rd, s0, limit);
             }
             for (v, &z) in zs.iter().enumerate() {
                 let i = row + 8 * v;
@@ -498,6 +503,10 @@ mod avx2 {
             // Extra bits (the decoder reads them after every lane's token), lanes downwards.
             for v in (0..4).rev() {
                 let eb = ebs[v];
+                // Without extra bits the step changes nothing (x < 2^31: no word either).
+                if _mm256_testz_si256(eb, eb) != 0 {
+                    continue;
+                }
                 let lim = _mm256_sub_epi32(_mm256_srlv_epi32(top, eb), one);
                 let over = _mm256_cmpgt_epi32(x[v], lim);
                 emit(&mut x[v], over, words);
