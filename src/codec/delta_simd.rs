@@ -135,7 +135,7 @@ mod avx2 {
     use crate::codec::float::Layout;
 
     /// The total-order key of eight 16-bit values (`delta::key`): `u ^ 0xffff` when the sign
-    /// bit is set, else `u ^ 0x8000`; `unkey16` is its inverse.
+    /// bit is set, else `u ^ 0x8000`.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
     fn key16(u: __m256i) -> __m256i {
@@ -144,19 +144,6 @@ mod avx2 {
             u,
             _mm256_or_si256(
                 _mm256_set1_epi32(0x8000),
-                _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
-            ),
-        )
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn unkey16(k: __m256i) -> __m256i {
-        let sign = _mm256_srai_epi32(_mm256_slli_epi32(k, 16), 31);
-        _mm256_xor_si256(
-            k,
-            _mm256_xor_si256(
-                _mm256_set1_epi32(0xffff),
                 _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
             ),
         )
@@ -238,10 +225,10 @@ mod avx2 {
         let one = _mm256_set1_epi32(1);
         let mslot = _mm256_set1_epi32(PROB_SCALE as i32 - 1);
         let m4095 = _mm256_set1_epi32(4095);
-        let mffff = _mm256_set1_epi32(0xffff);
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
-        let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
-        let (mut unchanged, mut exp_changed) = (0u32, 0u32);
+        let exp_max16 = _mm256_set1_epi16(L::EXP_MAX as i16);
+        let (h8000, h7fff) = (_mm256_set1_epi16(i16::MIN), _mm256_set1_epi16(0x7fff));
+        let (mut unchanged, mut exp_same) = (0u32, 0u32);
         let mut no_table = zero;
         // Each phase runs over the four vectors before the next one starts, so that their
         // gathers are in flight together (the lanes are independent).
@@ -296,48 +283,56 @@ mod avx2 {
                 x[v] = _mm256_srlv_epi32(x[v], eb);
                 refill(&mut x[v], rd, s0, limit);
             }
-            for (v, &z) in zs.iter().enumerate() {
-                let i = row + 8 * v;
-                // Move -> new value.
-                let d = _mm256_and_si256(
-                    _mm256_xor_si256(
-                        _mm256_srli_epi32(z, 1),
-                        _mm256_sub_epi32(zero, _mm256_and_si256(z, one)),
-                    ),
-                    mffff,
-                );
-                let old = _mm256_cvtepu16_epi32(_mm_loadu_si128(
-                    state.as_ptr().add(2 * i) as *const __m128i
+            // Moves -> new values, sixteen 16-bit lanes at a time (the zigzag values are below
+            // 2^16).
+            for h in 0..2 {
+                let i = row + 16 * h;
+                let z = _mm256_permute4x64_epi64::<0b11011000>(_mm256_packus_epi32(
+                    zs[2 * h],
+                    zs[2 * h + 1],
                 ));
-                let new = unkey16(_mm256_and_si256(_mm256_add_epi32(key16(old), d), mffff));
-                let lo = pack16(new);
-                _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
-                _mm_storeu_si128(state.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
+                let d = _mm256_xor_si256(
+                    _mm256_srli_epi16(z, 1),
+                    _mm256_srai_epi16(_mm256_slli_epi16(z, 15), 15),
+                );
+                let old = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
+                // key: u ^ 0xffff with the sign bit set, else u ^ 0x8000; unkey inverts it.
+                let k = _mm256_xor_si256(old, _mm256_or_si256(_mm256_srai_epi16(old, 15), h8000));
+                let k = _mm256_add_epi16(k, d);
+                let new = _mm256_xor_si256(
+                    k,
+                    _mm256_or_si256(_mm256_andnot_si256(_mm256_srai_epi16(k, 15), h7fff), h8000),
+                );
+                _mm256_storeu_si256(out.as_mut_ptr().add(2 * i) as *mut __m256i, new);
+                _mm256_storeu_si256(state.as_mut_ptr().add(2 * i) as *mut __m256i, new);
                 // Context byte: the move clipped to -CLIP..CLIP, plus CLIP.
-                let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
-                let cl = _mm256_add_epi32(
-                    _mm256_min_epi32(
-                        _mm256_max_epi32(sd, _mm256_set1_epi32(-CLIP)),
-                        _mm256_set1_epi32(CLIP),
+                let cl = _mm256_add_epi16(
+                    _mm256_min_epi16(
+                        _mm256_max_epi16(d, _mm256_set1_epi16(-CLIP as i16)),
+                        _mm256_set1_epi16(CLIP as i16),
                     ),
-                    _mm256_set1_epi32(CLIP),
+                    _mm256_set1_epi16(CLIP as i16),
                 );
-                _mm_storel_epi64(ctx.as_mut_ptr().add(i) as *mut __m128i, pack8(cl));
-                unchanged += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, zero)))
-                    as u32)
-                    .count_ones();
+                let cb = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi16(cl, cl));
+                _mm_storeu_si128(
+                    ctx.as_mut_ptr().add(i) as *mut __m128i,
+                    _mm256_castsi256_si128(cb),
+                );
+                // Two mask bits per element.
+                unchanged +=
+                    (_mm256_movemask_epi8(_mm256_cmpeq_epi16(d, zero)) as u32).count_ones();
                 let ex = _mm256_and_si256(
-                    _mm256_srl_epi32(_mm256_xor_si256(old, new), exp_shift),
-                    exp_max,
+                    _mm256_srl_epi16(_mm256_xor_si256(old, new), exp_shift),
+                    exp_max16,
                 );
-                exp_changed += 8
-                    - (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
-                        as u32)
-                        .count_ones();
+                exp_same +=
+                    (_mm256_movemask_epi8(_mm256_cmpeq_epi16(ex, zero)) as u32).count_ones();
             }
         }
+        let (unchanged, exp_same) = (unchanged / 2, exp_same / 2);
+        let exp_changed = rows * 32 - exp_same as usize;
         counts.changed += rows * 32 - unchanged as usize;
-        counts.exp_changed += exp_changed as usize;
+        counts.exp_changed += exp_changed;
         counts.no_table |= _mm256_movemask_ps(_mm256_castsi256_ps(no_table)) != 0;
         for (v, xv) in x.iter().enumerate() {
             _mm256_storeu_si256(xl.as_mut_ptr().add(8 * v) as *mut __m256i, *xv);
