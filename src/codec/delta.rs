@@ -70,12 +70,10 @@ fn mask(w: u32) -> u32 {
 /// The total-order key of a W-bit value: monotone in the value, -0 just below +0.
 #[inline(always)]
 pub fn key(u: u32, w: u32) -> u32 {
+    // Sign set: !u (u ^ mask), else u | sign (u ^ sign); without a branch (signs are random).
     let sign = 1u32 << (w - 1);
-    if u & sign != 0 {
-        !u & mask(w)
-    } else {
-        u | sign
-    }
+    let neg = (((u << (32 - w)) as i32) >> 31) as u32;
+    u ^ (sign | (neg & (mask(w) ^ sign)))
 }
 
 #[inline(always)]
