@@ -134,21 +134,6 @@ mod avx2 {
     use crate::codec::delta::{PROB_BITS, PROB_SCALE, RANS_L};
     use crate::codec::float::Layout;
 
-    /// The total-order key of eight 16-bit values (`delta::key`): `u ^ 0xffff` when the sign
-    /// bit is set, else `u ^ 0x8000`.
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn key16(u: __m256i) -> __m256i {
-        let sign = _mm256_srai_epi32(_mm256_slli_epi32(u, 16), 31);
-        _mm256_xor_si256(
-            u,
-            _mm256_or_si256(
-                _mm256_set1_epi32(0x8000),
-                _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
-            ),
-        )
-    }
-
     /// A token's extra bit count less one where it has extra bits (`b - 1` of `detokenize`,
     /// garbage below 32), and the mask of the lanes that have them.
     #[inline]
@@ -169,18 +154,6 @@ mod avx2 {
         _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(
             v, v,
         )))
-    }
-
-    /// Eight lanes' values below 2^8 as eight bytes (the low 64 bits).
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn pack8(v: __m256i) -> __m128i {
-        let p16 = _mm256_packus_epi32(v, v);
-        let p8 = _mm256_packus_epi16(p16, p16);
-        _mm_unpacklo_epi32(
-            _mm256_castsi256_si128(p8),
-            _mm256_extracti128_si256::<1>(p8),
-        )
     }
 
     /// Refill the lanes of `x` that are below RANS_L with the next words of the stream, in
@@ -339,20 +312,40 @@ mod avx2 {
         }
     }
 
-    /// The moves of eight 16-bit values from `a` to `b` (zero-extended to 32 bits): the move
-    /// as a signed number, its zigzag value, its token, and the token's extra bit count (0
-    /// for the direct tokens).
+    /// The moves of sixteen 16-bit values from `a` to `b`: the move as a signed 16-bit number
+    /// (`key(b) - key(a)` wraps like the move), and its zigzag value.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
-    fn moves16(a: __m256i, b: __m256i) -> [__m256i; 4] {
-        let one = _mm256_set1_epi32(1);
-        let mffff = _mm256_set1_epi32(0xffff);
-        let d = _mm256_and_si256(_mm256_sub_epi32(key16(b), key16(a)), mffff);
-        let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
-        let zz = _mm256_and_si256(
-            _mm256_xor_si256(_mm256_slli_epi32(sd, 1), _mm256_srai_epi32(sd, 31)),
-            mffff,
+    fn moves16(a: __m256i, b: __m256i) -> (__m256i, __m256i) {
+        // key: u ^ 0xffff with the sign bit set, else u ^ 0x8000.
+        let h8000 = _mm256_set1_epi16(i16::MIN);
+        let ka = _mm256_xor_si256(a, _mm256_or_si256(_mm256_srai_epi16(a, 15), h8000));
+        let kb = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi16(b, 15), h8000));
+        let d = _mm256_sub_epi16(kb, ka);
+        let zz = _mm256_xor_si256(_mm256_slli_epi16(d, 1), _mm256_srai_epi16(d, 15));
+        (d, zz)
+    }
+
+    /// The context bytes sixteen 16-bit moves leave (`delta::context_of`), in the low 128 bits.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn contexts16(d: __m256i) -> __m128i {
+        let chi = _mm256_set1_epi16(CLIP as i16);
+        let cl = _mm256_add_epi16(
+            _mm256_min_epi16(_mm256_max_epi16(d, _mm256_set1_epi16(-CLIP as i16)), chi),
+            chi,
         );
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi16(
+            cl, cl,
+        )))
+    }
+
+    /// Eight zigzag values (32-bit lanes, below 2^16): their tokens, and the tokens' extra bit
+    /// counts (0 for the direct tokens).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn tokens8(zz: __m256i) -> (__m256i, __m256i) {
+        let one = _mm256_set1_epi32(1);
         // floor(log2 z) from the float exponent (exact below 2^24).
         let lg = _mm256_sub_epi32(
             _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(zz)), 23),
@@ -364,19 +357,20 @@ mod avx2 {
             _mm256_add_epi32(_mm256_slli_epi32(lg, 1), _mm256_set1_epi32(22)),
             _mm256_and_si256(_mm256_srlv_epi32(zz, bm1), one),
         );
-        let t = _mm256_blendv_epi8(zz, tb, big);
-        [sd, zz, t, _mm256_and_si256(bm1, big)]
+        (_mm256_blendv_epi8(zz, tb, big), _mm256_and_si256(bm1, big))
     }
 
-    /// The context byte a move leaves (`delta::context_of`), as eight 32-bit lanes.
+    /// Sixteen 16-bit lanes as two vectors of eight 32-bit lanes (elements 0..8, 8..16).
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
-    fn context16(sd: __m256i) -> __m256i {
-        let (clo, chi) = (_mm256_set1_epi32(-CLIP), _mm256_set1_epi32(CLIP));
-        _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(sd, clo), chi), chi)
+    fn widen16(v: __m256i) -> [__m256i; 2] {
+        [
+            _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)),
+            _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(v)),
+        ]
     }
 
-    /// Pass one over the first `n / 8 * 8` elements: the (context, token) counts into four
+    /// Pass one over the first `n / 16 * 16` elements: the (context, token) counts into four
     /// histograms of HIST entries each (`hist`), element j of each eight into histogram j % 4.
     #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn scan<L: Layout>(
@@ -390,37 +384,41 @@ mod avx2 {
         let n = input.len() / 2;
         let zero = _mm256_setzero_si256();
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
-        let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
+        let exp_max = _mm256_set1_epi16(L::EXP_MAX as i16);
         let h = hist.as_mut_ptr();
         let mut extra = zero;
-        let (mut same, mut exp_same) = (0usize, 0usize);
-        let full = n / 8 * 8;
+        let (mut same2, mut exp_same2) = (0usize, 0usize);
+        let full = n / 16 * 16;
         let mut ks = [0u32; 8];
         let mut i = 0;
-        while i < full {
-            let a =
-                _mm256_cvtepu16_epi32(_mm_loadu_si128(old.as_ptr().add(2 * i) as *const __m128i));
-            let b =
-                _mm256_cvtepu16_epi32(_mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i));
-            let [_, _, t, eb] = moves16(a, b);
-            extra = _mm256_add_epi32(extra, eb);
-            let c = _mm256_min_epu32(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
-                cmax,
-            );
-            let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
-            _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, k);
-            for (j, &kj) in ks.iter().enumerate() {
-                *h.add((j & 3) * HIST + kj as usize) += 1;
+        while i + 16 <= full {
+            let a = _mm256_loadu_si256(old.as_ptr().add(2 * i) as *const __m256i);
+            let b = _mm256_loadu_si256(input.as_ptr().add(2 * i) as *const __m256i);
+            let (_, zz) = moves16(a, b);
+            for (hf, z8) in widen16(zz).into_iter().enumerate() {
+                let (t, eb) = tokens8(z8);
+                extra = _mm256_add_epi32(extra, eb);
+                let c = _mm256_min_epu32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        ctx.as_ptr().add(i + 8 * hf) as *const __m128i
+                    )),
+                    cmax,
+                );
+                let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
+                _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, k);
+                for (j, &kj) in ks.iter().enumerate() {
+                    *h.add((j & 3) * HIST + kj as usize) += 1;
+                }
             }
-            same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
-                .count_ones() as usize;
-            let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
-            exp_same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
-                as u32)
-                .count_ones() as usize;
-            i += 8;
+            // Two mask bits per element.
+            same2 += (_mm256_movemask_epi8(_mm256_cmpeq_epi16(a, b)) as u32).count_ones() as usize;
+            let ex = _mm256_and_si256(_mm256_srl_epi16(_mm256_xor_si256(a, b), exp_shift), exp_max);
+            exp_same2 +=
+                (_mm256_movemask_epi8(_mm256_cmpeq_epi16(ex, zero)) as u32).count_ones() as usize;
+            i += 16;
         }
+        let (same, exp_same) = (same2 / 2, exp_same2 / 2);
+        let full = i;
         let mut e = [0u32; 8];
         _mm256_storeu_si256(e.as_mut_ptr() as *mut __m256i, extra);
         super::ScanCounts {
@@ -476,24 +474,26 @@ mod avx2 {
             // The row's moves, from the cached values and contexts, which then take the new
             // values and the contexts the moves leave.
             let (mut zs, mut ebs, mut ks) = ([zero; 4], [zero; 4], [zero; 4]);
-            for v in 0..4 {
-                let i = row + 8 * v;
-                let a16 = _mm_loadu_si128(state.as_ptr().add(2 * i) as *const __m128i);
-                let b16 = _mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i);
-                let [sd, zz, t, eb] =
-                    moves16(_mm256_cvtepu16_epi32(a16), _mm256_cvtepu16_epi32(b16));
-                let c = _mm256_min_epu32(
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
-                    cmax,
-                );
-                ks[v] = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
-                zs[v] = zz;
-                ebs[v] = eb;
-                _mm_storel_epi64(
-                    ctx.as_mut_ptr().add(i) as *mut __m128i,
-                    pack8(context16(sd)),
-                );
-                _mm_storeu_si128(state.as_mut_ptr().add(2 * i) as *mut __m128i, b16);
+            for hf in 0..2 {
+                let i = row + 16 * hf;
+                let a = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
+                let b = _mm256_loadu_si256(input.as_ptr().add(2 * i) as *const __m256i);
+                let (d, zz) = moves16(a, b);
+                for (q, z8) in widen16(zz).into_iter().enumerate() {
+                    let v = 2 * hf + q;
+                    let (t, eb) = tokens8(z8);
+                    let c = _mm256_min_epu32(
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                            ctx.as_ptr().add(i + 8 * q) as *const __m128i
+                        )),
+                        cmax,
+                    );
+                    ks[v] = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
+                    zs[v] = z8;
+                    ebs[v] = eb;
+                }
+                _mm_storeu_si128(ctx.as_mut_ptr().add(i) as *mut __m128i, contexts16(d));
+                _mm256_storeu_si256(state.as_mut_ptr().add(2 * i) as *mut __m256i, b);
             }
             // Extra bits (the decoder reads them after every lane's token), lanes downwards.
             for v in (0..4).rev() {
@@ -563,12 +563,12 @@ pub(super) fn scan16<L: Layout>(
     );
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX2 is present; the loop reads 8 elements at a time below n / 8 * 8 of
+        // SAFETY: AVX2 is present; the loop reads 16 elements at a time below n / 16 * 16 of
         // input/old (2n bytes each) and ctx (n bytes). Histogram indices are
         // (j & 3) * HIST + min(ctx, 16) * tokens(16) + token, with token < tokens(16), so
         // below 3 * HIST + NCTX * tokens(16) <= 4 * HIST (asserted above).
         let mut c = unsafe { avx2::scan::<L>(input, old, ctx, hist) };
-        let full = n / 8 * 8;
+        let full = n / 16 * 16;
         for i in full..n {
             let (a, b) = (L::load(old, i), L::load(input, i));
             let (_, t, e) = super::delta::token_of(a, b, 16);
