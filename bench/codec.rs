@@ -169,10 +169,15 @@ fn main() {
                         let info = tx.encode(&x1, &mut frame).unwrap();
                         enc = enc.min(t.elapsed().as_secs_f64());
                         let t = Instant::now();
-                        rx.decode(&frame, &mut out).unwrap();
+                        let dinfo = rx.decode(&frame, &mut out).unwrap();
                         dec = dec.min(t.elapsed().as_secs_f64());
                         assert!(out == x1, "decoded bits differ");
                         assert_eq!(info.mode, ciera::codec::Mode::Delta);
+                        assert_eq!(
+                            (dinfo.exp_changes, dinfo.value_changes),
+                            (info.exp_changes, info.value_changes),
+                            "decoder and encoder count different changes"
+                        );
                         ratio = info.raw_bytes as f64 / info.frame_bytes as f64;
                         tx.poison();
                     }

@@ -311,8 +311,7 @@ fn encode_delta_with<L: Layout>(
                 };
             }
             if choice == FrameChoice::Delta {
-                let (s0, s1) = delta::write::<L>(&sc, c.ctx, ds, out);
-                c.state.copy_from_slice(input);
+                let (s0, s1) = delta::write::<L>(&sc, input, c.state, c.ctx, ds, out);
                 return Delta {
                     mode: Mode::Delta,
                     s0_hash: None,

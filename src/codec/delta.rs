@@ -50,7 +50,7 @@ pub const fn tokens(width: u32) -> usize {
 }
 const MAX_TOKENS: usize = tokens(32);
 /// Entries of one histogram of pass one: a power of two above every symbol index.
-const HIST: usize = 2048;
+pub(super) const HIST: usize = 2048;
 const _: () = assert!(NCTX * MAX_TOKENS <= HIST);
 
 /// Bits of a type's ordered key.
@@ -70,12 +70,10 @@ fn mask(w: u32) -> u32 {
 /// The total-order key of a W-bit value: monotone in the value, -0 just below +0.
 #[inline(always)]
 pub fn key(u: u32, w: u32) -> u32 {
+    // Sign set: !u (u ^ mask), else u | sign (u ^ sign); without a branch (signs are random).
     let sign = 1u32 << (w - 1);
-    if u & sign != 0 {
-        !u & mask(w)
-    } else {
-        u | sign
-    }
+    let neg = (((u << (32 - w)) as i32) >> 31) as u32;
+    u ^ (sign | (neg & (mask(w) ^ sign)))
 }
 
 #[inline(always)]
@@ -143,11 +141,6 @@ fn detokenize(t: u32) -> (u32, u32) {
 /// The coding temporaries of Delta frames.
 #[derive(Default)]
 pub(super) struct DeltaScratch {
-    /// Zigzag move of every element, and its token.
-    z: Vec<u32>,
-    tok: Vec<u8>,
-    /// Its symbol index (context and token, see `sym_index`).
-    idx: Vec<u16>,
     /// The symbol table as the vector encoder gathers it.
     enc: super::delta_simd::EncTable,
     /// Four histograms of pass one.
@@ -158,9 +151,6 @@ pub(super) struct DeltaScratch {
     pad: Vec<u8>,
     /// The words of the group being encoded.
     words: Vec<u16>,
-    /// The context every element's move leaves (pass one), for the slot once the frame is
-    /// written.
-    next_ctx: Vec<u8>,
 }
 
 /// What pass one of the encoder learned about a chunk.
@@ -186,7 +176,9 @@ pub(super) fn token_of(a: u32, b: u32, w: u32) -> (u32, u8, u32) {
     (z, t, e)
 }
 
-/// Pass one: moves, tokens and their histograms per context.
+/// Pass one: the histograms of (context, token) and the counts. Nothing per element is kept:
+/// the writer (pass two) computes the moves again from the same values and contexts, which
+/// costs less than storing and reloading them.
 pub(super) fn scan<L: Layout>(
     input: &[u8],
     old: &[u8],
@@ -194,65 +186,34 @@ pub(super) fn scan<L: Layout>(
     s: &mut DeltaScratch,
 ) -> Box<Scan> {
     let w = width::<L>();
-    let n = ctx.len();
     let mut sc = Box::new(Scan {
         hist: [[0; MAX_TOKENS]; NCTX],
         extra_bits: 0,
         changed: 0,
         exp_changed: 0,
     });
-    let counts = match super::delta_simd::scan16::<L>(
-        input,
-        old,
-        ctx,
-        &mut s.z,
-        &mut s.tok,
-        &mut s.idx,
-        &mut s.next_ctx,
-    ) {
+    // Four histograms in turn, so that runs of one (context, token) do not wait on each other;
+    // indexed by the symbol index (below HIST).
+    s.hist.clear();
+    s.hist.resize(4 * HIST, 0);
+    let counts = match super::delta_simd::scan16::<L>(input, old, ctx, &mut s.hist) {
         Some(c) => c,
         None => {
-            s.z.clear();
-            s.tok.clear();
-            s.idx.clear();
-            s.next_ctx.clear();
-            s.z.reserve(n);
-            s.tok.reserve(n);
-            s.idx.reserve(n);
-            s.next_ctx.reserve(n);
             let mut c = super::delta_simd::ScanCounts::default();
             for (i, &cx) in ctx.iter().enumerate() {
                 let (a, b) = (L::load(old, i), L::load(input, i));
-                let (z, t, e) = token_of(a, b, w);
+                let (_, t, e) = token_of(a, b, w);
                 c.extra_bits += e as u64;
                 c.changed += (a != b) as usize;
                 c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
-                s.z.push(z);
-                s.tok.push(t);
-                s.idx.push(sym_index(cx, t, w));
-                s.next_ctx.push(context_of(unzigzag(z, w), w));
+                s.hist[(i & 3) * HIST + sym_index(cx, t, w) as usize] += 1;
             }
             c
         }
     };
-    // Four histograms in turn, so that runs of one (context, token) do not wait on each other;
-    // indexed by the symbol index (below HIST, masked so that no index needs a bounds check).
-    s.hist.clear();
-    s.hist.resize(4 * HIST, 0);
-    let (h0, rest) = s.hist.split_at_mut(HIST);
-    let (h1, rest) = rest.split_at_mut(HIST);
-    let (h2, h3) = rest.split_at_mut(HIST);
-    let idx4 = s.idx.chunks_exact(4);
-    let rest = idx4.remainder();
-    for k in idx4 {
-        h0[k[0] as usize & (HIST - 1)] += 1;
-        h1[k[1] as usize & (HIST - 1)] += 1;
-        h2[k[2] as usize & (HIST - 1)] += 1;
-        h3[k[3] as usize & (HIST - 1)] += 1;
-    }
-    for &k in rest {
-        h0[k as usize & (HIST - 1)] += 1;
-    }
+    let (h0, rest) = s.hist.split_at(HIST);
+    let (h1, rest) = rest.split_at(HIST);
+    let (h2, h3) = rest.split_at(HIST);
     let ntok = tokens(w);
     for (c, acc) in sc.hist.iter_mut().enumerate() {
         for (t, a) in acc.iter_mut().enumerate().take(ntok) {
@@ -372,10 +333,13 @@ impl Words<'_> {
     }
 }
 
-/// Write a Delta frame's sections for the chunk scanned into `sc` / `s` (values `input`);
-/// returns the lengths of s0 and s1. Updates the contexts; the caller updates the values.
+/// Write a Delta frame's sections for the chunk scanned into `sc` (values `input` against the
+/// cached `state` and contexts `ctx`); returns the lengths of s0 and s1. Updates the contexts
+/// and the values (`state` ends equal to `input`).
 pub(super) fn write<L: Layout>(
     sc: &Scan,
+    input: &[u8],
+    state: &mut [u8],
     ctx: &mut [u8],
     s: &mut DeltaScratch,
     out: &mut Vec<u8>,
@@ -421,9 +385,43 @@ pub(super) fn write<L: Layout>(
     // lane, then their extra bits; lanes in order).
     let s0_start = out.len();
     let syms = &syms[..];
-    let (z, idx, enc_table) = (&s.z[..], &s.idx[..], &s.enc);
-    let tok = &s.tok[..];
+    let enc_table = &s.enc;
     let two_steps = w > EXTRA_STEP + DIRECT_BITS;
+    // The row of `m` elements from `first`: their moves from the cached values and contexts
+    // (which it then updates), coded into the lane states.
+    let row = |first: usize,
+               m: usize,
+               x: &mut [u32],
+               words: &mut Words<'_>,
+               state: &mut [u8],
+               ctx: &mut [u8]| {
+        let mut zs = [0u32; MAX_LANES];
+        let mut ks = [0u16; MAX_LANES];
+        for l in 0..m {
+            let i = first + l;
+            let (a, b) = (L::load(state, i), L::load(input, i));
+            let (z, t, _) = token_of(a, b, w);
+            zs[l] = z;
+            ks[l] = sym_index(ctx[i], t, w);
+            ctx[i] = context_of(ulp_move(a, b, w), w);
+            L::store(state, i, b);
+        }
+        if two_steps {
+            for l in (0..m).rev() {
+                let zi = zs[l];
+                let hi = tokenize(zi).1.saturating_sub(EXTRA_STEP);
+                words.put_bits(&mut x[l], (zi >> EXTRA_STEP) & mask(hi), hi);
+            }
+        }
+        for l in (0..m).rev() {
+            let zi = zs[l];
+            let lo = tokenize(zi).1.min(EXTRA_STEP);
+            words.put_bits(&mut x[l], zi & mask(lo), lo);
+        }
+        for l in (0..m).rev() {
+            words.put(&mut x[l], &syms[ks[l] as usize]);
+        }
+    };
     let mut x = vec![RANS_L; lanes];
     let mut base = 0;
     while base < n {
@@ -435,34 +433,17 @@ pub(super) fn write<L: Layout>(
         };
         x.fill(RANS_L);
         let (rows, rem) = (cnt / lanes, cnt % lanes);
-        let row = |first: usize, m: usize, x: &mut [u32], words: &mut Words<'_>| {
-            if two_steps {
-                for l in (0..m).rev() {
-                    let zi = z[first + l];
-                    let hi = tokenize(zi).1.saturating_sub(EXTRA_STEP);
-                    words.put_bits(&mut x[l], (zi >> EXTRA_STEP) & mask(hi), hi);
-                }
-            }
-            for l in (0..m).rev() {
-                let zi = z[first + l];
-                let lo = tokenize(zi).1.min(EXTRA_STEP);
-                words.put_bits(&mut x[l], zi & mask(lo), lo);
-            }
-            for l in (0..m).rev() {
-                words.put(&mut x[l], &syms[idx[first + l] as usize]);
-            }
-        };
-        row(base + rows * lanes, rem, &mut x, &mut words);
+        row(base + rows * lanes, rem, &mut x, &mut words, state, ctx);
         let plain_rows = if vector
-            && super::delta_simd::encode_rows(
-                w, enc_table, ntok, z, tok, idx, &mut x, &mut words, base, rows,
+            && super::delta_simd::encode_rows::<L>(
+                enc_table, ntok, input, state, ctx, &mut x, &mut words, base, rows,
             ) {
             0
         } else {
             rows
         };
         for k in (0..plain_rows).rev() {
-            row(base + k * lanes, lanes, &mut x, &mut words);
+            row(base + k * lanes, lanes, &mut x, &mut words, state, ctx);
         }
         for xl in &x {
             out.extend_from_slice(&xl.to_le_bytes());
@@ -480,7 +461,6 @@ pub(super) fn write<L: Layout>(
     }
     let s0 = out.len() - s0_start;
     out.extend_from_slice(&model);
-    ctx.copy_from_slice(&s.next_ctx);
     (s0, model.len())
 }
 
@@ -601,6 +581,7 @@ pub(super) fn decode<L: Layout>(
         no_table: false,
         _l: std::marker::PhantomData,
     };
+    // The vector decoder takes two whole groups at a time (their steps overlap).
     let mut x = vec![0u32; lanes];
     let mut p = 0usize;
     for g in 0..groups {

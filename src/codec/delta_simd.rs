@@ -10,7 +10,7 @@
 //! rows plainly.
 #![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
 
-use super::delta::{Reader, Words, CLIP, NCTX, PROB_SCALE};
+use super::delta::{Reader, Words, CLIP, HIST, NCTX, PROB_SCALE};
 use super::float::Layout;
 
 /// The outcome of the rows a vector decoder did.
@@ -130,37 +130,9 @@ static COMPRESS_DESC: [[i32; 8]; 256] = compress_desc_table();
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Reader, RowCounts, Words, CLIP, COMPRESS_DESC, EXPAND};
+    use super::{Reader, RowCounts, Words, CLIP, COMPRESS_DESC, EXPAND, HIST};
     use crate::codec::delta::{PROB_BITS, PROB_SCALE, RANS_L};
     use crate::codec::float::Layout;
-
-    /// The total-order key of eight 16-bit values (`delta::key`): `u ^ 0xffff` when the sign
-    /// bit is set, else `u ^ 0x8000`; `unkey16` is its inverse.
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn key16(u: __m256i) -> __m256i {
-        let sign = _mm256_srai_epi32(_mm256_slli_epi32(u, 16), 31);
-        _mm256_xor_si256(
-            u,
-            _mm256_or_si256(
-                _mm256_set1_epi32(0x8000),
-                _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
-            ),
-        )
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn unkey16(k: __m256i) -> __m256i {
-        let sign = _mm256_srai_epi32(_mm256_slli_epi32(k, 16), 31);
-        _mm256_xor_si256(
-            k,
-            _mm256_xor_si256(
-                _mm256_set1_epi32(0xffff),
-                _mm256_and_si256(sign, _mm256_set1_epi32(0x7fff)),
-            ),
-        )
-    }
 
     /// A token's extra bit count less one where it has extra bits (`b - 1` of `detokenize`,
     /// garbage below 32), and the mask of the lanes that have them.
@@ -182,18 +154,6 @@ mod avx2 {
         _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(
             v, v,
         )))
-    }
-
-    /// Eight lanes' values below 2^8 as eight bytes (the low 64 bits).
-    #[inline]
-    #[target_feature(enable = "avx2,popcnt")]
-    fn pack8(v: __m256i) -> __m128i {
-        let p16 = _mm256_packus_epi32(v, v);
-        let p8 = _mm256_packus_epi16(p16, p16);
-        _mm_unpacklo_epi32(
-            _mm256_castsi256_si128(p8),
-            _mm256_extracti128_si256::<1>(p8),
-        )
     }
 
     /// Refill the lanes of `x` that are below RANS_L with the next words of the stream, in
@@ -238,10 +198,10 @@ mod avx2 {
         let one = _mm256_set1_epi32(1);
         let mslot = _mm256_set1_epi32(PROB_SCALE as i32 - 1);
         let m4095 = _mm256_set1_epi32(4095);
-        let mffff = _mm256_set1_epi32(0xffff);
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
-        let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
-        let (mut unchanged, mut exp_changed) = (0u32, 0u32);
+        let exp_max16 = _mm256_set1_epi16(L::EXP_MAX as i16);
+        let (h8000, h7fff) = (_mm256_set1_epi16(i16::MIN), _mm256_set1_epi16(0x7fff));
+        let (mut unchanged, mut exp_same) = (0u32, 0u32);
         let mut no_table = zero;
         // Each phase runs over the four vectors before the next one starts, so that their
         // gathers are in flight together (the lanes are independent).
@@ -273,11 +233,18 @@ mod avx2 {
             for xv in x.iter_mut() {
                 refill(xv, rd, s0, limit);
             }
-            let mut zs = [zero; 4];
+            // Direct tokens are their zigzag values. A vector without extra bits skips its
+            // extra step, which would change nothing (its states are >= RANS_L after the
+            // refill, so it takes no word either); the words go to the vectors in lane order
+            // as before.
+            let mut zs = t;
             for v in 0..4 {
                 // Token -> zigzag high part and extra bit count (at most 14 for 16 bits).
                 let tv = t[v];
                 let (bm1, big) = token_bits(tv);
+                if _mm256_testz_si256(big, big) != 0 {
+                    continue;
+                }
                 let eb = _mm256_and_si256(bm1, big);
                 let zb = _mm256_sllv_epi32(
                     _mm256_or_si256(_mm256_set1_epi32(2), _mm256_and_si256(tv, one)),
@@ -287,124 +254,171 @@ mod avx2 {
                 let low = _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one);
                 zs[v] = _mm256_or_si256(z, _mm256_and_si256(x[v], low));
                 x[v] = _mm256_srlv_epi32(x[v], eb);
+                refill(&mut x[v], rd, s0, limit);
             }
-            for xv in x.iter_mut() {
-                refill(xv, rd, s0, limit);
-            }
-            for (v, &z) in zs.iter().enumerate() {
-                let i = row + 8 * v;
-                // Move -> new value.
-                let d = _mm256_and_si256(
-                    _mm256_xor_si256(
-                        _mm256_srli_epi32(z, 1),
-                        _mm256_sub_epi32(zero, _mm256_and_si256(z, one)),
-                    ),
-                    mffff,
-                );
-                let old = _mm256_cvtepu16_epi32(_mm_loadu_si128(
-                    state.as_ptr().add(2 * i) as *const __m128i
+            // Moves -> new values, sixteen 16-bit lanes at a time (the zigzag values are below
+            // 2^16).
+            for h in 0..2 {
+                let i = row + 16 * h;
+                let z = _mm256_permute4x64_epi64::<0b11011000>(_mm256_packus_epi32(
+                    zs[2 * h],
+                    zs[2 * h + 1],
                 ));
-                let new = unkey16(_mm256_and_si256(_mm256_add_epi32(key16(old), d), mffff));
-                let lo = pack16(new);
-                _mm_storeu_si128(out.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
-                _mm_storeu_si128(state.as_mut_ptr().add(2 * i) as *mut __m128i, lo);
+                let d = _mm256_xor_si256(
+                    _mm256_srli_epi16(z, 1),
+                    _mm256_srai_epi16(_mm256_slli_epi16(z, 15), 15),
+                );
+                let old = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
+                // key: u ^ 0xffff with the sign bit set, else u ^ 0x8000; unkey inverts it.
+                let k = _mm256_xor_si256(old, _mm256_or_si256(_mm256_srai_epi16(old, 15), h8000));
+                let k = _mm256_add_epi16(k, d);
+                let new = _mm256_xor_si256(
+                    k,
+                    _mm256_or_si256(_mm256_andnot_si256(_mm256_srai_epi16(k, 15), h7fff), h8000),
+                );
+                _mm256_storeu_si256(out.as_mut_ptr().add(2 * i) as *mut __m256i, new);
+                _mm256_storeu_si256(state.as_mut_ptr().add(2 * i) as *mut __m256i, new);
                 // Context byte: the move clipped to -CLIP..CLIP, plus CLIP.
-                let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
-                let cl = _mm256_add_epi32(
-                    _mm256_min_epi32(
-                        _mm256_max_epi32(sd, _mm256_set1_epi32(-CLIP)),
-                        _mm256_set1_epi32(CLIP),
+                let cl = _mm256_add_epi16(
+                    _mm256_min_epi16(
+                        _mm256_max_epi16(d, _mm256_set1_epi16(-CLIP as i16)),
+                        _mm256_set1_epi16(CLIP as i16),
                     ),
-                    _mm256_set1_epi32(CLIP),
+                    _mm256_set1_epi16(CLIP as i16),
                 );
-                _mm_storel_epi64(ctx.as_mut_ptr().add(i) as *mut __m128i, pack8(cl));
-                unchanged += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, zero)))
-                    as u32)
-                    .count_ones();
+                let cb = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi16(cl, cl));
+                _mm_storeu_si128(
+                    ctx.as_mut_ptr().add(i) as *mut __m128i,
+                    _mm256_castsi256_si128(cb),
+                );
+                // Two mask bits per element.
+                unchanged +=
+                    (_mm256_movemask_epi8(_mm256_cmpeq_epi16(d, zero)) as u32).count_ones();
                 let ex = _mm256_and_si256(
-                    _mm256_srl_epi32(_mm256_xor_si256(old, new), exp_shift),
-                    exp_max,
+                    _mm256_srl_epi16(_mm256_xor_si256(old, new), exp_shift),
+                    exp_max16,
                 );
-                exp_changed += 8
-                    - (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
-                        as u32)
-                        .count_ones();
+                exp_same +=
+                    (_mm256_movemask_epi8(_mm256_cmpeq_epi16(ex, zero)) as u32).count_ones();
             }
         }
+        let (unchanged, exp_same) = (unchanged / 2, exp_same / 2);
+        let exp_changed = rows * 32 - exp_same as usize;
         counts.changed += rows * 32 - unchanged as usize;
-        counts.exp_changed += exp_changed as usize;
+        counts.exp_changed += exp_changed;
         counts.no_table |= _mm256_movemask_ps(_mm256_castsi256_ps(no_table)) != 0;
         for (v, xv) in x.iter().enumerate() {
             _mm256_storeu_si256(xl.as_mut_ptr().add(8 * v) as *mut __m256i, *xv);
         }
     }
 
+    /// The moves of sixteen 16-bit values from `a` to `b`: the move as a signed 16-bit number
+    /// (`key(b) - key(a)` wraps like the move), and its zigzag value.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn moves16(a: __m256i, b: __m256i) -> (__m256i, __m256i) {
+        // key: u ^ 0xffff with the sign bit set, else u ^ 0x8000.
+        let h8000 = _mm256_set1_epi16(i16::MIN);
+        let ka = _mm256_xor_si256(a, _mm256_or_si256(_mm256_srai_epi16(a, 15), h8000));
+        let kb = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi16(b, 15), h8000));
+        let d = _mm256_sub_epi16(kb, ka);
+        let zz = _mm256_xor_si256(_mm256_slli_epi16(d, 1), _mm256_srai_epi16(d, 15));
+        (d, zz)
+    }
+
+    /// The context bytes sixteen 16-bit moves leave (`delta::context_of`), in the low 128 bits.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn contexts16(d: __m256i) -> __m128i {
+        let chi = _mm256_set1_epi16(CLIP as i16);
+        let cl = _mm256_add_epi16(
+            _mm256_min_epi16(_mm256_max_epi16(d, _mm256_set1_epi16(-CLIP as i16)), chi),
+            chi,
+        );
+        _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi16(
+            cl, cl,
+        )))
+    }
+
+    /// Eight zigzag values (32-bit lanes, below 2^16): their tokens, and the tokens' extra bit
+    /// counts (0 for the direct tokens).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn tokens8(zz: __m256i) -> (__m256i, __m256i) {
+        let one = _mm256_set1_epi32(1);
+        // floor(log2 z) from the float exponent (exact below 2^24).
+        let lg = _mm256_sub_epi32(
+            _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(zz)), 23),
+            _mm256_set1_epi32(127),
+        );
+        let big = _mm256_cmpgt_epi32(zz, _mm256_set1_epi32(31));
+        let bm1 = _mm256_sub_epi32(lg, one);
+        let tb = _mm256_add_epi32(
+            _mm256_add_epi32(_mm256_slli_epi32(lg, 1), _mm256_set1_epi32(22)),
+            _mm256_and_si256(_mm256_srlv_epi32(zz, bm1), one),
+        );
+        (_mm256_blendv_epi8(zz, tb, big), _mm256_and_si256(bm1, big))
+    }
+
+    /// Sixteen 16-bit lanes as two vectors of eight 32-bit lanes (elements 0..8, 8..16).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn widen16(v: __m256i) -> [__m256i; 2] {
+        [
+            _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)),
+            _mm256_cvtepu16_epi32(_mm256_extracti128_si256::<1>(v)),
+        ]
+    }
+
+    /// Pass one over the first `n / 16 * 16` elements: the (context, token) counts into four
+    /// histograms of HIST entries each (`hist`), element j of each eight into histogram j % 4.
     #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn scan<L: Layout>(
         input: &[u8],
         old: &[u8],
         ctx: &[u8],
-        z: &mut [u32],
-        tok: &mut [u8],
-        idx: &mut [u16],
-        next: &mut [u8],
+        hist: &mut [u32],
     ) -> super::ScanCounts {
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
-        let (clo, chi) = (_mm256_set1_epi32(-CLIP), _mm256_set1_epi32(CLIP));
         let n = input.len() / 2;
         let zero = _mm256_setzero_si256();
-        let one = _mm256_set1_epi32(1);
-        let mffff = _mm256_set1_epi32(0xffff);
         let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
-        let exp_max = _mm256_set1_epi32(L::EXP_MAX as i32);
+        let exp_max = _mm256_set1_epi16(L::EXP_MAX as i16);
+        let h = hist.as_mut_ptr();
         let mut extra = zero;
-        let (mut same, mut exp_same) = (0usize, 0usize);
-        let full = n / 8 * 8;
+        let (mut same2, mut exp_same2) = (0usize, 0usize);
+        let full = n / 16 * 16;
+        let mut ks = [0u32; 8];
         let mut i = 0;
-        while i < full {
-            let a =
-                _mm256_cvtepu16_epi32(_mm_loadu_si128(old.as_ptr().add(2 * i) as *const __m128i));
-            let b =
-                _mm256_cvtepu16_epi32(_mm_loadu_si128(input.as_ptr().add(2 * i) as *const __m128i));
-            let d = _mm256_and_si256(_mm256_sub_epi32(key16(b), key16(a)), mffff);
-            let sd = _mm256_srai_epi32(_mm256_slli_epi32(d, 16), 16);
-            let zz = _mm256_and_si256(
-                _mm256_xor_si256(_mm256_slli_epi32(sd, 1), _mm256_srai_epi32(sd, 31)),
-                mffff,
-            );
-            // floor(log2 z) from the float exponent (exact below 2^24).
-            let lg = _mm256_sub_epi32(
-                _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(zz)), 23),
-                _mm256_set1_epi32(127),
-            );
-            let big = _mm256_cmpgt_epi32(zz, _mm256_set1_epi32(31));
-            let bm1 = _mm256_sub_epi32(lg, one);
-            let tb = _mm256_add_epi32(
-                _mm256_add_epi32(_mm256_slli_epi32(lg, 1), _mm256_set1_epi32(22)),
-                _mm256_and_si256(_mm256_srlv_epi32(zz, bm1), one),
-            );
-            let t = _mm256_blendv_epi8(zz, tb, big);
-            extra = _mm256_add_epi32(extra, _mm256_and_si256(bm1, big));
-            _mm256_storeu_si256(z.as_mut_ptr().add(i) as *mut __m256i, zz);
-            _mm_storel_epi64(tok.as_mut_ptr().add(i) as *mut __m128i, pack8(t));
-            let c = _mm256_min_epu32(
-                _mm256_cvtepu8_epi32(_mm_loadl_epi64(ctx.as_ptr().add(i) as *const __m128i)),
-                cmax,
-            );
-            let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
-            _mm_storeu_si128(idx.as_mut_ptr().add(i) as *mut __m128i, pack16(k));
-            // The context this move leaves (`delta::context_of`).
-            let cl = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(sd, clo), chi), chi);
-            _mm_storel_epi64(next.as_mut_ptr().add(i) as *mut __m128i, pack8(cl));
-            same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
-                .count_ones() as usize;
-            let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
-            exp_same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
-                as u32)
-                .count_ones() as usize;
-            i += 8;
+        while i + 16 <= full {
+            let a = _mm256_loadu_si256(old.as_ptr().add(2 * i) as *const __m256i);
+            let b = _mm256_loadu_si256(input.as_ptr().add(2 * i) as *const __m256i);
+            let (_, zz) = moves16(a, b);
+            for (hf, z8) in widen16(zz).into_iter().enumerate() {
+                let (t, eb) = tokens8(z8);
+                extra = _mm256_add_epi32(extra, eb);
+                let c = _mm256_min_epu32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        ctx.as_ptr().add(i + 8 * hf) as *const __m128i
+                    )),
+                    cmax,
+                );
+                let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
+                _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, k);
+                for (j, &kj) in ks.iter().enumerate() {
+                    *h.add((j & 3) * HIST + kj as usize) += 1;
+                }
+            }
+            // Two mask bits per element.
+            same2 += (_mm256_movemask_epi8(_mm256_cmpeq_epi16(a, b)) as u32).count_ones() as usize;
+            let ex = _mm256_and_si256(_mm256_srl_epi16(_mm256_xor_si256(a, b), exp_shift), exp_max);
+            exp_same2 +=
+                (_mm256_movemask_epi8(_mm256_cmpeq_epi16(ex, zero)) as u32).count_ones() as usize;
+            i += 16;
         }
+        let (same, exp_same) = (same2 / 2, exp_same2 / 2);
+        let full = i;
         let mut e = [0u32; 8];
         _mm256_storeu_si256(e.as_mut_ptr() as *mut __m256i, extra);
         super::ScanCounts {
@@ -435,9 +449,9 @@ mod avx2 {
     #[target_feature(enable = "avx2,popcnt")]
     pub(super) unsafe fn encode_rows(
         table: &super::EncTable,
-        z: &[u32],
-        tok: &[u8],
-        idx: &[u16],
+        input: &[u8],
+        state: &mut [u8],
+        ctx: &mut [u8],
         xl: &mut [u32],
         words: &mut Words<'_>,
         base: usize,
@@ -453,28 +467,50 @@ mod avx2 {
         let m12 = _mm256_set1_epi32(0xfff);
         let zero = _mm256_setzero_si256();
         let scale = _mm256_set1_epi32(PROB_SCALE as i32);
+        let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
+        let cmax = _mm256_set1_epi32(2 * CLIP);
         for k in (0..rows).rev() {
             let row = base + k * 32;
+            // The row's moves, from the cached values and contexts, which then take the new
+            // values and the contexts the moves leave.
+            let (mut zs, mut ebs, mut ks) = ([zero; 4], [zero; 4], [zero; 4]);
+            for hf in 0..2 {
+                let i = row + 16 * hf;
+                let a = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
+                let b = _mm256_loadu_si256(input.as_ptr().add(2 * i) as *const __m256i);
+                let (d, zz) = moves16(a, b);
+                for (q, z8) in widen16(zz).into_iter().enumerate() {
+                    let v = 2 * hf + q;
+                    let (t, eb) = tokens8(z8);
+                    let c = _mm256_min_epu32(
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                            ctx.as_ptr().add(i + 8 * q) as *const __m128i
+                        )),
+                        cmax,
+                    );
+                    ks[v] = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
+                    zs[v] = z8;
+                    ebs[v] = eb;
+                }
+                _mm_storeu_si128(ctx.as_mut_ptr().add(i) as *mut __m128i, contexts16(d));
+                _mm256_storeu_si256(state.as_mut_ptr().add(2 * i) as *mut __m256i, b);
+            }
             // Extra bits (the decoder reads them after every lane's token), lanes downwards.
             for v in (0..4).rev() {
-                let i = row + 8 * v;
-                let zz = _mm256_loadu_si256(z.as_ptr().add(i) as *const __m256i);
-                let t =
-                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(tok.as_ptr().add(i) as *const __m128i));
-                let (bm1, big) = token_bits(t);
-                let eb = _mm256_and_si256(bm1, big);
+                let eb = ebs[v];
+                // Without extra bits the step changes nothing (x < 2^31: no word either).
+                if _mm256_testz_si256(eb, eb) != 0 {
+                    continue;
+                }
                 let lim = _mm256_sub_epi32(_mm256_srlv_epi32(top, eb), one);
                 let over = _mm256_cmpgt_epi32(x[v], lim);
                 emit(&mut x[v], over, words);
                 let low = _mm256_sub_epi32(_mm256_sllv_epi32(one, eb), one);
-                x[v] = _mm256_or_si256(_mm256_sllv_epi32(x[v], eb), _mm256_and_si256(zz, low));
+                x[v] = _mm256_or_si256(_mm256_sllv_epi32(x[v], eb), _mm256_and_si256(zs[v], low));
             }
             // Tokens, lanes downwards.
             for v in (0..4).rev() {
-                let i = row + 8 * v;
-                let k =
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(idx.as_ptr().add(i) as *const __m128i));
-                let p = _mm256_i32gather_epi32::<4>(pk, k);
+                let p = _mm256_i32gather_epi32::<4>(pk, ks[v]);
                 let cum = _mm256_and_si256(p, m12);
                 let cmpl = _mm256_srli_epi32(p, 12);
                 let freq = _mm256_sub_epi32(scale, cmpl);
@@ -500,18 +536,14 @@ mod avx2 {
     }
 }
 
-/// Pass one for the 16-bit types: zigzag moves into `z`, tokens into `tok`, symbol indices
-/// into `idx`, the contexts the moves leave into `next`, and the counts.
-/// Returns false (and does nothing) when this path does not apply; else `z` and `tok` hold
-/// `input.len() / 2` entries.
+/// Pass one for the 16-bit types: the (context, token) counts into `hist` (four histograms of
+/// `delta::HIST` entries, zeroed by the caller) and the counts. Returns None (and does nothing)
+/// when this path does not apply.
 pub(super) fn scan16<L: Layout>(
     input: &[u8],
     old: &[u8],
     ctx: &[u8],
-    z: &mut Vec<u32>,
-    tok: &mut Vec<u8>,
-    idx: &mut Vec<u16>,
-    next: &mut Vec<u8>,
+    hist: &mut [u32],
 ) -> Option<ScanCounts> {
     if L::BYTES != 2 || !on() {
         return None;
@@ -525,25 +557,22 @@ pub(super) fn scan16<L: Layout>(
         ctx.len() == n,
         "delta avx2 scan: contexts and input differ in size"
     );
-    // Every entry is written below: keep what is there (no zeroing pass).
-    z.resize(n, 0);
-    tok.resize(n, 0);
-    idx.resize(n, 0);
-    next.resize(n, 0);
+    assert!(
+        hist.len() >= 4 * HIST,
+        "delta avx2 scan: histograms too short"
+    );
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX2 is present; the loop reads 8 elements at a time below n / 8 * 8 of
-        // input/old (2n bytes each) and writes the same elements of z and tok (n entries).
-        // ctx (n bytes) is read and idx and next (n entries each) written like z and tok.
-        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, z, tok, idx, next) };
-        let full = n / 8 * 8;
+        // SAFETY: AVX2 is present; the loop reads 16 elements at a time below n / 16 * 16 of
+        // input/old (2n bytes each) and ctx (n bytes). Histogram indices are
+        // (j & 3) * HIST + min(ctx, 16) * tokens(16) + token, with token < tokens(16), so
+        // below 3 * HIST + NCTX * tokens(16) <= 4 * HIST (asserted above).
+        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, hist) };
+        let full = n / 16 * 16;
         for i in full..n {
             let (a, b) = (L::load(old, i), L::load(input, i));
-            let (zi, t, e) = super::delta::token_of(a, b, 16);
-            z[i] = zi;
-            tok[i] = t;
-            idx[i] = super::delta::sym_index(ctx[i], t, 16);
-            next[i] = super::delta::context_of(super::delta::ulp_move(a, b, 16), 16);
+            let (_, t, e) = super::delta::token_of(a, b, 16);
+            hist[(i & 3) * HIST + super::delta::sym_index(ctx[i], t, 16) as usize] += 1;
             c.extra_bits += e as u64;
             c.changed += (a != b) as usize;
             c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
@@ -573,41 +602,43 @@ pub(super) struct EncTable {
 }
 
 /// Encode `rows` full rows of 32 elements of a group starting at element `base`, backwards
-/// (the last row first), with 32 lane states `x` into the group's `words`. Returns false (and
-/// does nothing) when this path does not apply.
+/// (the last row first), with 32 lane states `x` into the group's `words`: the moves from the
+/// cached values `state` and contexts `ctx` to `input`, updating both (the rows' values become
+/// `input`'s, their contexts those the moves leave). Returns false (and does nothing) when this
+/// path does not apply.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn encode_rows(
-    width: u32,
+pub(super) fn encode_rows<L: Layout>(
     table: &EncTable,
     ntok: usize,
-    z: &[u32],
-    tok: &[u8],
-    idx: &[u16],
+    input: &[u8],
+    state: &mut [u8],
+    ctx: &mut [u8],
     x: &mut [u32],
     words: &mut Words<'_>,
     base: usize,
     rows: usize,
 ) -> bool {
-    if width != 16 || x.len() != 32 || !on() {
+    if L::BYTES != 2 || x.len() != 32 || !on() {
         return false;
     }
     let end = base + rows * 32;
     assert!(
-        z.len() >= end
-            && tok.len() >= end
-            && idx.len() >= end
+        input.len() >= 2 * end
+            && state.len() >= 2 * end
+            && ctx.len() >= end
+            && ntok == super::delta::tokens(16)
             && table.packed.len() == NCTX * ntok
             && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
         "delta avx2 encode: inconsistent buffers"
     );
     #[cfg(target_arch = "x86_64")]
     {
-        debug_assert!(idx[base..end].iter().all(|&k| (k as usize) < NCTX * ntok));
-        // SAFETY: AVX2 is present; reads of z/tok/idx stay below `end` (asserted); gather
-        // indices are pass one's min(ctx, 16) * ntok + tok < NCTX * ntok, the table's length
-        // (asserted), tokens being < tokens(16) = ntok; word stores are 8 words at pos,
-        // bounds-checked as a slice (at most two words per element are emitted).
-        unsafe { avx2::encode_rows(table, z, tok, idx, x, words, base, rows) };
+        // SAFETY: AVX2 is present; reads of input/state/ctx and writes of state/ctx stay below
+        // element `end` (asserted); gather indices are min(ctx, 16) * ntok + token with
+        // token < tokens(16) = ntok, so below NCTX * ntok, the table's length (asserted); word
+        // stores are 8 words at pos, bounds-checked as a slice (at most two words per element
+        // are emitted).
+        unsafe { avx2::encode_rows(table, input, state, ctx, x, words, base, rows) };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
