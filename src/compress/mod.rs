@@ -161,6 +161,36 @@ struct Policy {
 }
 
 impl Policy {
+    /// A new policy of caches of `mode` (None: raw), the default's choice or asked for.
+    fn new(mode: Option<CacheMode>, default_mode: bool) -> Policy {
+        Policy {
+            mode,
+            raw_until: 0,
+            backoff: 256,
+            raw_time: None,
+            pending_raw: None,
+            slow_streak: 0,
+            level: 2,
+            level_time: [None; 3],
+            call_level: 2,
+            level_wire: [None; 3],
+            wire_scale: [None; 3],
+            prediction: None,
+            recalibrate: false,
+            drifted: false,
+            wire_ref: [None; 3],
+            predicted_at: 0,
+            may_demote: default_mode,
+            refill: false,
+            convert_to: None,
+            held: Vec::new(),
+            default_mode,
+            promotable: false,
+            trial: Trial::NotYet,
+            stats: SlotStats::default(),
+        }
+    }
+
     /// Moves to caches of `mode`: the next call refills them (the old ones are no longer used
     /// and leave by the budget's least-recently-used eviction, alike on every rank), and its
     /// frame levels are timed afresh.
@@ -495,35 +525,8 @@ impl Compressor {
         if !self.policies.contains_key(&pkey) {
             let asked = opts.cache_mode.or(self.config.cache_mode);
             let new_mode = self.mode_for(key, n, asked, ring_crosses_network(engine.topology()));
-            self.policies.insert(
-                pkey,
-                Policy {
-                    mode: new_mode,
-                    raw_until: 0,
-                    backoff: 256,
-                    raw_time: None,
-                    pending_raw: None,
-                    slow_streak: 0,
-                    level: 2,
-                    level_time: [None, None, None],
-                    call_level: 2,
-                    level_wire: [None, None, None],
-                    wire_scale: [None; 3],
-                    prediction: None,
-                    recalibrate: false,
-                    drifted: false,
-                    wire_ref: [None; 3],
-                    predicted_at: 0,
-                    may_demote: asked.is_none(),
-                    refill: false,
-                    convert_to: None,
-                    held: Vec::new(),
-                    default_mode: asked.is_none(),
-                    promotable: false,
-                    trial: Trial::NotYet,
-                    stats: SlotStats::default(),
-                },
-            );
+            self.policies
+                .insert(pkey, Policy::new(new_mode, asked.is_none()));
         }
         let p = self.policies.get_mut(&pkey).expect("inserted above");
         let Some(new_mode) = p.mode else {
@@ -904,30 +907,9 @@ mod tests {
     fn levels_that_cannot_win_are_not_tried() {
         let ms = |v: u64| Some(Duration::from_millis(v));
         let mut p = Policy {
-            mode: Some(CacheMode::Delta),
-            raw_until: 0,
-            backoff: 256,
             raw_time: ms(400),
-            pending_raw: None,
-            slow_streak: 0,
-            level: 2,
             level_time: [None, None, ms(85)],
-            call_level: 2,
-            level_wire: [None; 3],
-            wire_scale: [None; 3],
-            prediction: None,
-            recalibrate: false,
-            drifted: false,
-            wire_ref: [None; 3],
-            predicted_at: 0,
-            may_demote: true,
-            refill: false,
-            convert_to: None,
-            held: Vec::new(),
-            default_mode: true,
-            promotable: false,
-            trial: Trial::NotYet,
-            stats: SlotStats::default(),
+            ..Policy::new(Some(CacheMode::Delta), true)
         };
         let raw = 64 << 20;
         // Nothing known of the other levels' wire: nothing is hopeless.
@@ -1102,30 +1084,8 @@ mod tests {
     #[test]
     fn a_new_regime_is_predicted_again() {
         let mut p = Policy {
-            mode: Some(CacheMode::Delta),
-            raw_until: 0,
-            backoff: 256,
             raw_time: Some(Duration::from_millis(400)),
-            pending_raw: None,
-            slow_streak: 0,
-            level: 2,
-            level_time: [None; 3],
-            call_level: 2,
-            level_wire: [None; 3],
-            wire_scale: [None; 3],
-            prediction: None,
-            recalibrate: false,
-            drifted: false,
-            wire_ref: [None; 3],
-            predicted_at: 0,
-            may_demote: true,
-            refill: false,
-            convert_to: None,
-            held: Vec::new(),
-            default_mode: true,
-            promotable: false,
-            trial: Trial::NotYet,
-            stats: SlotStats::default(),
+            ..Policy::new(Some(CacheMode::Delta), true)
         };
         // No prediction yet: nothing to drift from, nothing recorded.
         assert!(!p.drift(2, 1000.0));

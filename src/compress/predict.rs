@@ -512,36 +512,22 @@ mod tests {
         // of wire; the raw verdict still weighs least times.
         let least_5g = [ms(43), ms(43), ms(31), ms(43)];
         let expected_5g = [ms(43), ms(43), ms(46), ms(43)];
-        assert_eq!(
-            decide(&least_5g, &expected_5g, all, true, raw),
-            Decision::Level {
-                level: 1,
-                skip_trial: false
-            }
-        );
-        assert_eq!(
-            decide(
-                &least_5g,
-                &expected_5g,
-                all,
-                true,
-                Duration::from_millis(36)
-            ),
-            Decision::Level {
-                level: 1,
-                skip_trial: false
-            }
-        );
-        assert_eq!(
-            decide(
-                &least_5g,
-                &expected_5g,
-                all,
-                true,
-                Duration::from_millis(24)
-            ),
-            Decision::Raw(Duration::from_millis(31))
-        );
+        let start_at_hybrid = Decision::Level {
+            level: 1,
+            skip_trial: false,
+        };
+        for (raw_ms, want) in [
+            (400, start_at_hybrid),
+            (36, start_at_hybrid),
+            (24, Decision::Raw(Duration::from_millis(31))),
+        ] {
+            let r = Duration::from_millis(raw_ms);
+            assert_eq!(
+                decide(&least_5g, &expected_5g, all, true, r),
+                want,
+                "{raw_ms}"
+            );
+        }
         // Ties: the heavier level.
         let tie = [ms(50), None, ms(50), None];
         assert_eq!(
