@@ -156,12 +156,15 @@ impl Communicator {
         let shm_within_host = (0..nranks)
             .filter(|&p| p != rank && table[p].host_id == me.host_id)
             .all(|p| ep.link(p).kind() == ciera_transport::Kind::Shm);
-        if (0..nranks).any(|p| p != rank && ep.link(p).kind() == ciera_transport::Kind::Tcp) {
-            hint_tcp_slow_start(rank);
-        }
+        let tcp = (0..nranks).any(|p| p != rank && ep.link(p).kind() == ciera_transport::Kind::Tcp);
         let hosts: Vec<&str> = table.iter().map(|p| p.host_id.as_str()).collect();
         let topology = Topology::new(&hosts, shm_within_host);
-        Ok(Communicator::assemble(rank, topology, config, Some(ep)))
+        // After `assemble`: its compressor installs the CIERA_DEBUG subscriber.
+        let comm = Communicator::assemble(rank, topology, config, Some(ep));
+        if tcp {
+            hint_tcp_slow_start(rank);
+        }
+        Ok(comm)
     }
 
     fn assemble(
@@ -348,7 +351,6 @@ impl Communicator {
 /// 1 rank, 64 MiB raw at 2.5 Gbit/s): 167 ms with it on, 133 ms off. Says so once per process
 /// at INFO.
 fn hint_tcp_slow_start(rank: usize) {
-    crate::logging::init_from_env();
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let on = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_slow_start_after_idle")
