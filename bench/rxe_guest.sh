@@ -35,7 +35,8 @@ command -v cpio >/dev/null 2>&1 || need+=(cpio)
 command -v rdma >/dev/null 2>&1 || need+=(iproute2)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+# bindgen loads libclang.so itself (libclang-cpp, which llvm-N-dev brings, is another library).
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
