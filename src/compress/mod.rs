@@ -138,6 +138,10 @@ struct Policy {
     /// the call number of that prediction: what `drift` compares later calls with.
     wire_ref: [Option<f64>; 3],
     predicted_at: u64,
+    /// Calls after a prediction before the wire may call for another: doubles with each one
+    /// the wire called for (a tensor whose ratios swing from step to step settles), up to
+    /// `RECALIBRATE_MAX_CALLS`.
+    drift_spacing: u64,
     /// The cache mode was the default's choice (not asked for), so a policy whose every frame
     /// level loses to raw may move to an exponent cache before it goes raw.
     may_demote: bool,
@@ -180,6 +184,7 @@ impl Policy {
             drifted: false,
             wire_ref: [None; 3],
             predicted_at: 0,
+            drift_spacing: RECALIBRATE_MIN_CALLS,
             may_demote: default_mode,
             refill: false,
             convert_to: None,
@@ -293,8 +298,8 @@ impl Policy {
     /// statistics moved so far from those the prediction was made on (a new training regime:
     /// the learning rate fell, the ratios rose) that it should be made again. Compares with
     /// the level's first call after the prediction, not with the sample's scaled bytes (a
-    /// tensor's first elements need not be like the rest); at most once in
-    /// `RECALIBRATE_MIN_CALLS` calls.
+    /// tensor's first elements need not be like the rest); not sooner than
+    /// `drift_spacing` calls after the last prediction.
     fn drift(&mut self, level: usize, wire: f64) -> bool {
         if self.prediction.is_none() || self.recalibrate || self.drifted || wire <= 0.0 {
             return false;
@@ -304,7 +309,12 @@ impl Policy {
             return false;
         };
         let moved = (wire / then).max(then / wire);
-        moved > RECALIBRATE_DRIFT && self.stats.calls >= self.predicted_at + RECALIBRATE_MIN_CALLS
+        let due =
+            moved > RECALIBRATE_DRIFT && self.stats.calls >= self.predicted_at + self.drift_spacing;
+        if due {
+            self.drift_spacing = (self.drift_spacing * 2).min(RECALIBRATE_MAX_CALLS);
+        }
+        due
     }
 
     /// The frame levels that cannot win, predicted (see `cannot_win`): not timed, not probed.
@@ -369,8 +379,10 @@ const STATUS_BUDGET_MISS: usize = 8;
 /// peak and the end of a learning-rate schedule Delta frames go from ~5.6x to ~14x, Hybrid
 /// frames from ~2x to ~7x, and which cache and frames are fastest changes with them.
 const RECALIBRATE_DRIFT: f64 = 1.3;
-/// ... but not sooner than this many calls after the last prediction.
+/// ... but not sooner than this many calls after the last prediction, twice as many after each
+/// such prediction, up to `RECALIBRATE_MAX_CALLS`.
 const RECALIBRATE_MIN_CALLS: u64 = 4;
+const RECALIBRATE_MAX_CALLS: u64 = 256;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 /// ... and one in this many while its compressed calls take less than half the raw baseline:
@@ -1079,7 +1091,7 @@ mod tests {
     }
 
     /// A policy predicts again when a level's wire moves more than 1.3x from its first call
-    /// after the last prediction (either way), not sooner than 4 calls after it, and not
+    /// after the last prediction (either way), not sooner than 4 calls after it (then 8, 16, ...), and not
     /// before it has predicted at all (synthetic values: no clock involved).
     #[test]
     fn a_new_regime_is_predicted_again() {
@@ -1104,7 +1116,14 @@ mod tests {
         assert!(!p.drift(2, 1290.0) && !p.drift(2, 775.0));
         assert!(!p.drift(2, 700.0));
         p.stats.calls = 18;
-        assert!(p.drift(2, 700.0) && p.drift(2, 1400.0));
+        assert!(p.drift(2, 700.0));
+        // Each time the wire calls for one, the next waits twice as long (here 8, then 16).
+        assert_eq!(p.drift_spacing, 8);
+        assert!(p.drift(2, 1400.0));
+        assert_eq!(p.drift_spacing, 16);
+        assert!(p.drift(2, 1400.0), "18 calls >= 2 + 16");
+        assert!(!p.drift(2, 1400.0), "18 calls < 2 + 32");
+        p.drift_spacing = 4;
         // Each level against its own reference.
         assert!(!p.drift(0, 3000.0));
         assert!(!p.drift(0, 2500.0) && p.drift(0, 2000.0));
