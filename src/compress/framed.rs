@@ -20,7 +20,7 @@ use crate::DType;
 /// The version of a cache every rank filled from an uncompressed result in call `clock`:
 /// agreed without a message, and unlike the versions of other sources and other calls (a
 /// cache filled by FILL frames takes a random version instead).
-pub(super) fn agreed_version(clock: u64, src: usize) -> u64 {
+fn agreed_version(clock: u64, src: usize) -> u64 {
     let mut z = clock
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         .wrapping_add((src as u64).rotate_left(40) ^ 0xC1E5_A000_F111_0000);
@@ -37,7 +37,7 @@ fn agreed_slot(clock: u64, src: usize, dtype: DType, mode: CacheMode, count: usi
 impl Compressor {
     /// The first call of a policy: an uncompressed allgather, then every rank fills its cache
     /// of every source from the result (the caches of the call are made room for first, by
-    /// the same rule on every rank).
+    /// the same rule on every rank). Also returns the (source, version) of each cache filled.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn raw_fill(
         &mut self,
@@ -48,7 +48,7 @@ impl Compressor {
         recv: &mut [u8],
         count: usize,
         dtype: DType,
-    ) -> Result<CallReport> {
+    ) -> Result<(CallReport, Vec<(usize, u64)>)> {
         let n = engine.size();
         let need = caches_bytes(n, count, dtype, mode);
         self.stats.evictions += self
@@ -79,7 +79,8 @@ impl Compressor {
         });
         let report = raw?;
         let raw_time = t.elapsed();
-        self.fill_slots_from_result(engine.rank(), key, recv, slots.into_iter().enumerate())?;
+        let held =
+            self.fill_slots_from_result(engine.rank(), key, recv, slots.into_iter().enumerate())?;
         tracing::info!(
             slot = key.id,
             count,
@@ -90,11 +91,12 @@ impl Compressor {
             cache_bytes = need,
             "first call of a tensor: raw, then every cache filled from the result"
         );
-        Ok(report)
+        Ok((report, held))
     }
 
     /// Fill this rank's cache of each of `srcs` from their blocks of `recv` (a result every rank
-    /// holds alike), replacing any it held; then evict to the budget.
+    /// holds alike), replacing any it held; then evict to the budget. Returns the (source,
+    /// version) of each cache filled.
     #[allow(clippy::too_many_arguments)]
     fn fill_from_result(
         &mut self,
@@ -105,7 +107,7 @@ impl Compressor {
         srcs: &[usize],
         count: usize,
         dtype: DType,
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, u64)>> {
         let clock = self.clock;
         let slots = srcs
             .iter()
@@ -114,14 +116,15 @@ impl Compressor {
     }
 
     /// Fill each (source, new slot) from the source's block of `recv`, at the slot's (agreed)
-    /// version, and keep it; then evict to the budget.
+    /// version, and keep it; then evict to the budget. Returns each (source, version) filled.
     fn fill_slots_from_result(
         &mut self,
         me: usize,
         key: SlotKey,
         recv: &[u8],
         slots: impl Iterator<Item = (usize, CacheSlot)>,
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, u64)>> {
+        let mut filled = Vec::new();
         for (src, mut slot) in slots {
             let shard = slot.len() * slot.dtype().size();
             slot.fill_from(&recv[src * shard..(src + 1) * shard])?;
@@ -129,10 +132,11 @@ impl Compressor {
                 slot,
                 last_use: self.clock,
             };
+            filled.push((src, lineage.slot.version()));
             self.store.put(src, lineage, (src == me).then_some(key));
         }
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);
-        Ok(())
+        Ok(filled)
     }
 
     /// Convert this rank's lineages of the tensor of `pkey` (its own, by `key`, and every
@@ -436,10 +440,9 @@ impl Compressor {
             // decoder writes), so the result is exact on every rank (and checked again when
             // verifying: a detected corruption never leaves wrong bytes behind).
             self.all_gather_uncompressed(engine, send, recv, count, dtype)?;
-            self.fill_from_result(me, key, new_mode, recv, &bad, count, dtype)?;
+            let filled = self.fill_from_result(me, key, new_mode, recv, &bad, count, dtype)?;
             let p = self.policies.get_mut(&pkey).expect("policy of the call");
-            p.held
-                .extend(bad.iter().map(|&src| (src, agreed_version(clock, src))));
+            p.held.extend(filled);
             return Ok(report(true));
         }
         self.stats.evictions += self.store.evict_to(self.config.cache_bytes);

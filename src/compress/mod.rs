@@ -554,13 +554,11 @@ impl Compressor {
             p.refill = false;
             p.convert_to = None;
             p.stats.fill_calls += 1;
-            let r = self.raw_fill(engine, key, new_mode, send, recv, count, dtype)?;
-            // Every rank filled every source's cache at the version agreed for this call.
-            let clock = self.clock;
-            let p = self.policies.get_mut(&pkey).expect("policy of the call");
-            p.held = (0..n)
-                .map(|src| (src, framed::agreed_version(clock, src)))
-                .collect();
+            let (r, held) = self.raw_fill(engine, key, new_mode, send, recv, count, dtype)?;
+            self.policies
+                .get_mut(&pkey)
+                .expect("policy of the call")
+                .held = held;
             return Ok(r);
         }
         if calls < p.raw_until {

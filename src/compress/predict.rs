@@ -172,8 +172,18 @@ impl Prediction {
     /// The least time of a call at choice `i` whose raw bytes (every rank's shard) are `raw`:
     /// the larger of its wire, scaled from the raw baseline, and its codec.
     pub fn least(&self, i: usize, raw_bytes: u64) -> Option<Duration> {
+        self.bound(i, raw_bytes, |c| c)
+    }
+
+    /// The larger of choice `i`'s wire and `codec` of its codec time.
+    fn bound(
+        &self,
+        i: usize,
+        raw_bytes: u64,
+        codec: impl Fn(Duration) -> Duration,
+    ) -> Option<Duration> {
         let wire = self.raw.mul_f64(self.wire[i]? / raw_bytes.max(1) as f64);
-        Some(wire.max(self.codec[i]?))
+        Some(wire.max(codec(self.codec[i]?)))
     }
 
     /// The time a call at choice `i` is expected to take, for choosing where to start: as
@@ -183,8 +193,7 @@ impl Prediction {
     /// frames predicted at 31 ms took 50-55 ms, while Exp frames, bound by the wire, took what
     /// their wire said).
     pub fn expected(&self, i: usize, raw_bytes: u64) -> Option<Duration> {
-        let wire = self.raw.mul_f64(self.wire[i]? / raw_bytes.max(1) as f64);
-        Some(wire.max(self.codec[i]?.mul_f64(CODEC_SLACK)))
+        self.bound(i, raw_bytes, |c| c.mul_f64(CODEC_SLACK))
     }
 }
 
