@@ -4,10 +4,11 @@
 #
 #   . bench/shaped_lo.sh
 #   shaped_lo_up NS 1gbit     # then: ip netns exec NS ...
+#   shaped_lo_up NS           # the same loopback, unshaped
 #   shaped_lo_down NS
 
 shaped_lo_up() {
-    local ns=$1 rate=$2
+    local ns=$1 rate=${2:-}
     ip netns add "$ns"
     ip netns exec "$ns" ip link set lo up
     # Packets as a real link carries them: jumbo frames, no 64-512 KiB GSO super-packets (with
@@ -17,7 +18,9 @@ shaped_lo_up() {
     ip netns exec "$ns" ip link set dev lo gso_max_size 9000
     # burst: a few packets' worth (tbf drops packets larger than the burst); latency bounds the
     # queue (10 ms).
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst 64kb latency 10ms
+    if [ -n "$rate" ]; then
+        ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst 64kb latency 10ms
+    fi
 }
 
 shaped_lo_down() {

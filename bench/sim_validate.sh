@@ -65,15 +65,10 @@ probe() { # probe NS_SERVER NS_SENDER HOST OUTFILE
     ip netns exec "$2" python3 bench/tcp_probe.py send "$3" 5201 2
     wait $p
 }
+. bench/shaped_lo.sh
 loopback_ns() { # loopback_ns [RATE]: the one-node namespace, its loopback shaped to RATE
-    ip netns add "$NS"
-    ip netns exec "$NS" ip link set lo up
-    ip netns exec "$NS" ip link set lo mtu 9000
-    ip netns exec "$NS" ip link set dev lo gso_max_size 9000
+    shaped_lo_up "$NS" "${1:-}"
     ip netns exec "$NS" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 # as bench/netns_nodes.sh
-    if [ -n "${1:-}" ]; then
-        ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$1" burst 64kb latency 10ms
-    fi
 }
 mkdir -p "$OUT/probe"
 python3 bench/tcp_probe.py idle 2 >"$OUT/probe/idle.json"

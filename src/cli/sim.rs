@@ -702,6 +702,15 @@ struct HostRates {
 }
 
 impl HostRates {
+    /// One unshaped stream's rate on `link` ("loopback", else between nodes).
+    fn unshaped_bps(&self, link: &str) -> f64 {
+        if link == "loopback" {
+            self.loopback_tcp_bps
+        } else {
+            self.veth_tcp_bps
+        }
+    }
+
     /// CPU seconds a side spends per TCP byte on `link` at `rate_gbit`: half the cores' busy
     /// time per byte of a stream shaped to that rate where probed, else 1 / the unshaped rate
     /// (a stream bound by the cores).
@@ -710,13 +719,7 @@ impl HostRates {
             .iter()
             .find(|(l, g, _)| l == link && (g - rate_gbit).abs() <= 1e-9 * rate_gbit.max(1.0))
             .map(|(_, _, cpu)| cpu / 2.0)
-            .unwrap_or_else(|| {
-                1.0 / if link == "loopback" {
-                    self.loopback_tcp_bps
-                } else {
-                    self.veth_tcp_bps
-                }
-            })
+            .unwrap_or_else(|| 1.0 / self.unshaped_bps(link))
     }
 }
 
@@ -843,11 +846,7 @@ fn validate(o: &Opts, dir: &Path) -> Result<()> {
         println!(
             "# a TCP byte on the {link} shaped to {g} Gbit/s costs the cores {:.2} ns (both sides; unshaped: {:.2})",
             cpu * 1e9,
-            2e9 / if link == "loopback" {
-                rates.loopback_tcp_bps
-            } else {
-                rates.veth_tcp_bps
-            }
+            2e9 / rates.unshaped_bps(link)
         );
     }
     println!("# codec throughput measured here, one core, on each run's trace window tiled to the run's block; ratio likewise (the run's measured wire ratio beside it)");
