@@ -1,7 +1,11 @@
-//! AVX2 fast path for the exponent-cache kernels: the hot loop of the exponent mode (split 32
+//! AVX2 fast path for the Exp frame kernels: the hot loop of the exponent mode (split 32
 //! values into their low (sent) and high (cached) bytes, compare with the cache, build the
-//! change mask) for bf16 and fp32, and its inverse for bf16. Everything else, and every CPU without AVX2, uses the
-//! plain kernels in `kernels.rs`; `tests` below check both paths bit for bit on the same data.
+//! change mask) for bf16 and fp32, and its inverse. The cache is an exponent cache (one field
+//! byte per value) or a full-value one (the previous values: the fields are read from them and
+//! the new values stored back in the same pass, so an Exp frame on a full-value or delta cache
+//! costs about what it costs on an exponent cache). Everything else, and every CPU without
+//! AVX2, uses the plain kernels in `kernels.rs`; `tests` below check both paths bit for bit on
+//! the same data.
 //!
 //! Dispatch returns `false` when this path does not apply, so callers fall back to the plain
 //! kernel. `CIERA_NO_SIMD=1` disables it (for diff-testing and for bisecting a suspected bug).
@@ -39,35 +43,11 @@ fn exp_fast_path<L: Layout>() -> Option<bool> {
     enabled().then_some(f32)
 }
 
-thread_local! {
-    /// The exponents of a full-value cache, for the Exp fast paths (reused call after call).
-    static FULL_EXPS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Run `f` on the exponents of the values `prev` as an exponent cache would hold them.
-fn with_exponents_of<L: Layout, R>(prev: &[u8], f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let mut ce = FULL_EXPS.with(|c| c.take());
-    ce.clear();
-    // Per width, so that the compiler vectorises the shifts.
-    match L::BYTES {
-        2 => ce.extend(
-            prev.chunks_exact(2)
-                .map(|c| L::exp(u16::from_le_bytes([c[0], c[1]]) as u32)),
-        ),
-        _ => ce.extend(
-            prev.chunks_exact(4)
-                .map(|c| L::exp(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        ),
-    }
-    let r = f(&mut ce);
-    FULL_EXPS.with(|c| c.replace(ce));
-    r
-}
-
 /// Encode with the fast path if it applies (bf16 or fp32, AVX2): appends the dense
 /// sign+mantissa section (`L::sm_len(n)` bytes) to `out` and returns its SH64. Otherwise
-/// `None`, and the caller uses `kernels::encode_exp`. A full-value cache is coded through the
-/// exponents of its values (the same frame), then takes the new values.
+/// `None`, and the caller uses `kernels::encode_exp`. A full-value cache is read and updated in
+/// the same pass: its values' cached fields are taken from the values as they are loaded (the
+/// same frame as an exponent cache of them), and the new values are stored in their place.
 pub fn encode_exp<L: Layout>(
     input: &[u8],
     cache: &mut CacheRef<'_>,
@@ -76,19 +56,31 @@ pub fn encode_exp<L: Layout>(
     exps: &mut Vec<u8>,
 ) -> Option<u64> {
     let f32 = exp_fast_path::<L>()?;
-    match cache {
-        CacheRef::Exp(ce) => Some(encode_exp_cache::<L>(f32, input, ce, out, masks, exps)),
-        CacheRef::Full(prev) => {
-            let h = with_exponents_of::<L, _>(prev, |ce| {
-                encode_exp_cache::<L>(f32, input, ce, out, masks, exps)
-            });
-            prev.copy_from_slice(input);
-            Some(h)
-        }
+    Some(match cache {
+        CacheRef::Exp(ce) => encode_exp_cache::<L, false>(f32, input, ce, out, masks, exps),
+        CacheRef::Full(prev) => encode_exp_cache::<L, true>(f32, input, prev, out, masks, exps),
+    })
+}
+
+/// Bytes of cache per value: one field byte, or (FULL) the whole value.
+fn cache_width<L: Layout, const FULL: bool>() -> usize {
+    if FULL {
+        L::BYTES
+    } else {
+        1
     }
 }
 
-fn encode_exp_cache<L: Layout>(
+/// The cache of `n` values as the plain kernels take it.
+fn cache_ref<const FULL: bool>(c: &mut [u8]) -> CacheRef<'_> {
+    if FULL {
+        CacheRef::Full(c)
+    } else {
+        CacheRef::Exp(c)
+    }
+}
+
+fn encode_exp_cache<L: Layout, const FULL: bool>(
     f32: bool,
     input: &[u8],
     ce: &mut [u8],
@@ -97,10 +89,11 @@ fn encode_exp_cache<L: Layout>(
     exps: &mut Vec<u8>,
 ) -> u64 {
     let n = input.len() / L::BYTES;
+    let cw = cache_width::<L, FULL>();
     let mut hash = StripeHash::default();
     assert!(
-        ce.len() == n,
-        "{} exp encode: cache {} for {n} values",
+        ce.len() == cw * n,
+        "{} exp encode: cache {} bytes for {n} values",
         L::DTYPE,
         ce.len()
     );
@@ -119,11 +112,11 @@ fn encode_exp_cache<L: Layout>(
     // those are initialised when `set_len` exposes them.
     unsafe {
         let dense = out.as_mut_ptr().add(d0);
-        let (inp, c) = (&input[..L::BYTES * full], &mut ce[..full]);
+        let (inp, c) = (&input[..L::BYTES * full], &mut ce[..cw * full]);
         if f32 {
-            avx2::encode_f32(inp, c, dense, masks, exps, &mut hash);
+            avx2::encode_f32::<FULL>(inp, c, dense, masks, exps, &mut hash);
         } else {
-            avx2::encode_bf16(inp, c, dense, masks, exps, &mut hash);
+            avx2::encode_bf16::<FULL>(inp, c, dense, masks, exps, &mut hash);
         }
         out.set_len(d0 + dense_full);
     }
@@ -132,7 +125,7 @@ fn encode_exp_cache<L: Layout>(
         let mut tail = Vec::new();
         kernels::encode_exp::<L>(
             &input[L::BYTES * full..],
-            CacheRef::Exp(&mut ce[full..]),
+            cache_ref::<FULL>(&mut ce[cw * full..]),
             &mut out[d0 + dense_full..],
             &mut tail,
             exps,
@@ -238,21 +231,19 @@ pub fn decode_exp<L: Layout>(
     let Some(f32) = exp_fast_path::<L>() else {
         return Ok(None);
     };
+    // A full-value cache takes the decoded values in the same pass (on error it holds some of
+    // them, and the caller poisons the slot).
     match cache {
-        CacheRef::Exp(ce) => decode_exp_cache::<L>(f32, dense, masks, exps, ce, out).map(Some),
+        CacheRef::Exp(ce) => {
+            decode_exp_cache::<L, false>(f32, dense, masks, exps, ce, out).map(Some)
+        }
         CacheRef::Full(prev) => {
-            // A full-value cache decodes through the exponents of its values, then takes the
-            // decoded values (on error the caller poisons the slot).
-            let h = with_exponents_of::<L, _>(prev, |ce| {
-                decode_exp_cache::<L>(f32, dense, masks, exps, ce, out)
-            })?;
-            prev.copy_from_slice(out);
-            Ok(Some(h))
+            decode_exp_cache::<L, true>(f32, dense, masks, exps, prev, out).map(Some)
         }
     }
 }
 
-fn decode_exp_cache<L: Layout>(
+fn decode_exp_cache<L: Layout, const FULL: bool>(
     f32: bool,
     dense: &[u8],
     masks: &[u64],
@@ -262,7 +253,8 @@ fn decode_exp_cache<L: Layout>(
 ) -> Result<u64> {
     let mut hash = StripeHash::default();
     let n = out.len() / L::BYTES;
-    assert!(ce.len() == n && dense.len() == L::sm_len(n) && masks.len() == n.div_ceil(BLOCK));
+    let cw = cache_width::<L, FULL>();
+    assert!(ce.len() == cw * n && dense.len() == L::sm_len(n) && masks.len() == n.div_ceil(BLOCK));
     let full = n / BLOCK * BLOCK;
     let (nb, dense_full) = (full / BLOCK, L::sm_len(full));
     #[cfg(target_arch = "x86_64")]
@@ -271,13 +263,13 @@ fn decode_exp_cache<L: Layout>(
         let (d, m, c, o) = (
             &dense[..dense_full],
             &masks[..nb],
-            &mut ce[..full],
+            &mut ce[..cw * full],
             &mut out[..L::BYTES * full],
         );
         if f32 {
-            avx2::decode_f32(d, m, exps, c, o, &mut hash)?
+            avx2::decode_f32::<FULL>(d, m, exps, c, o, &mut hash)?
         } else {
-            avx2::decode_bf16(d, m, exps, c, o, &mut hash)?
+            avx2::decode_bf16::<FULL>(d, m, exps, c, o, &mut hash)?
         }
     };
     #[cfg(not(target_arch = "x86_64"))]
@@ -287,7 +279,7 @@ fn decode_exp_cache<L: Layout>(
             &dense[dense_full..],
             &masks[nb..],
             &exps[used..],
-            CacheRef::Exp(&mut ce[full..]),
+            cache_ref::<FULL>(&mut ce[cw * full..]),
             &mut out[L::BYTES * full..],
         )?;
     }
@@ -433,14 +425,61 @@ mod avx2 {
         }
     }
 
-    /// Encode `cache.len()` (a multiple of 64) bf16 values, writing one sign+mantissa byte per
-    /// value at `dense`.
+    /// The high bytes of 32 bf16 values (two vectors of 16), in order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn high_bytes16(xa: __m256i, xb: __m256i) -> __m256i {
+        // packus works per 128-bit lane; the permute restores element order.
+        _mm256_permute4x64_epi64(
+            _mm256_packus_epi16(_mm256_srli_epi16(xa, 8), _mm256_srli_epi16(xb, 8)),
+            0b11_01_10_00,
+        )
+    }
+
+    /// The top bytes of 32 fp32 values (four vectors of 8), in order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn high_bytes32(x: [__m256i; 4]) -> __m256i {
+        // packus per lane leaves dwords a0-3 b0-3 c0-3 d0-3 a4-7 b4-7 c4-7 d4-7.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let e01 = _mm256_packus_epi32(_mm256_srli_epi32(x[0], 24), _mm256_srli_epi32(x[1], 24));
+        let e23 = _mm256_packus_epi32(_mm256_srli_epi32(x[2], 24), _mm256_srli_epi32(x[3], 24));
+        _mm256_permutevar8x32_epi32(_mm256_packus_epi16(e01, e23), order)
+    }
+
+    /// Load `k` vectors of 32 bytes from `p`.
     ///
     /// # Safety
-    /// The CPU must support AVX2. `input` holds 2 bytes per value of `cache`, and `dense` is
-    /// valid for writes of `cache.len()` bytes (it may be uninitialised).
+    /// `p` is valid for reads of `32 * K` bytes.
+    #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn encode_bf16(
+    unsafe fn load<const K: usize>(p: *const u8) -> [__m256i; K] {
+        // SAFETY: the caller's contract; unaligned loads.
+        std::array::from_fn(|i| unsafe { _mm256_loadu_si256(p.add(32 * i) as *const __m256i) })
+    }
+
+    /// Store `K` vectors of 32 bytes at `p`.
+    ///
+    /// # Safety
+    /// `p` is valid for writes of `32 * K` bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store<const K: usize>(p: *mut u8, x: [__m256i; K]) {
+        for (i, v) in x.into_iter().enumerate() {
+            // SAFETY: the caller's contract; unaligned stores.
+            unsafe { _mm256_storeu_si256(p.add(32 * i) as *mut __m256i, v) };
+        }
+    }
+
+    /// Encode `input.len() / 2` (a multiple of 64) bf16 values, writing one sign+mantissa byte
+    /// per value at `dense`. The cache holds one field byte per value, or with FULL the values
+    /// themselves (their high bytes are the fields; the new values replace them).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `cache` holds 1 (FULL: 2) bytes per value of `input`, and
+    /// `dense` is valid for writes of `input.len() / 2` bytes (it may be uninitialised).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn encode_bf16<const FULL: bool>(
         input: &[u8],
         cache: &mut [u8],
         dense: *mut u8,
@@ -448,32 +487,35 @@ mod avx2 {
         exps: &mut Vec<u8>,
         hash: &mut StripeHash,
     ) {
-        let n = cache.len();
+        let n = input.len() / 2;
         let mut acc = load_acc(hash);
         let base = hash.stripes;
-        debug_assert!(n.is_multiple_of(64) && input.len() == 2 * n);
+        debug_assert!(n.is_multiple_of(64) && cache.len() == if FULL { 2 * n } else { n });
         let ff = _mm256_set1_epi16(0xff);
         let mut tmp = [0u8; 32];
         for b in (0..n).step_by(64) {
             let mut m = 0u64;
             for h in 0..2 {
                 let v = b + 32 * h;
-                // SAFETY: v + 32 <= n, so bytes [2v, 2v+64) of input and [v, v+32) of cache and
-                // dense (by the caller's contract) are in bounds; unaligned intrinsics.
-                let (xa, xb, c) = unsafe {
-                    (
-                        _mm256_loadu_si256(input.as_ptr().add(2 * v) as *const __m256i),
-                        _mm256_loadu_si256(input.as_ptr().add(2 * v + 32) as *const __m256i),
-                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
-                    )
+                // SAFETY: v + 32 <= n, so bytes [2v, 2v+64) of input, [v, v+32) of dense (by the
+                // caller's contract) and of a field cache, [2v, 2v+64) of a FULL one are in
+                // bounds; unaligned intrinsics.
+                let ([xa, xb], c) = unsafe {
+                    let x = load::<2>(input.as_ptr().add(2 * v));
+                    let c = if FULL {
+                        let [pa, pb] = load::<2>(cache.as_ptr().add(2 * v));
+                        store::<2>(cache.as_mut_ptr().add(2 * v), x);
+                        high_bytes16(pa, pb)
+                    } else {
+                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i)
+                    };
+                    (x, c)
                 };
                 // Cached field: the high byte; always sent: the low byte.
-                let ea = _mm256_srli_epi16(xa, 8);
-                let eb = _mm256_srli_epi16(xb, 8);
+                let e = high_bytes16(xa, xb);
                 let sa = _mm256_and_si256(xa, ff);
                 let sb = _mm256_and_si256(xb, ff);
                 // packus works per 128-bit lane; the permute restores element order.
-                let e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0b11_01_10_00);
                 let s = _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0b11_01_10_00);
                 // SAFETY: as above.
                 unsafe { _mm256_storeu_si256(dense.add(v) as *mut __m256i, s) };
@@ -482,7 +524,9 @@ mod avx2 {
                 if diff != 0 {
                     // SAFETY: as above; tmp is 32 bytes.
                     unsafe {
-                        _mm256_storeu_si256(cache.as_mut_ptr().add(v) as *mut __m256i, e);
+                        if !FULL {
+                            _mm256_storeu_si256(cache.as_mut_ptr().add(v) as *mut __m256i, e);
+                        }
                         _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, e);
                     }
                     let mut t = diff;
@@ -498,15 +542,18 @@ mod avx2 {
         store_acc(acc, hash, (n / 32) as u64);
     }
 
-    /// Encode `cache.len()` (a multiple of 64) fp32 values, writing three sign+mantissa bytes
-    /// per value at `dense` (bits 23..0, little-endian) and the high byte to the cache.
+    /// Encode `input.len() / 4` (a multiple of 64) fp32 values, writing three sign+mantissa
+    /// bytes per value at `dense` (bits 23..0, little-endian) and the high byte to the cache
+    /// (FULL: the cache holds the values, whose high bytes are the fields; the new values
+    /// replace them).
     ///
     /// # Safety
-    /// The CPU must support AVX2. `input` holds 4 bytes per value of `cache`, and `dense` is
-    /// valid for writes of `3 * cache.len() + 4` bytes (it may be uninitialised): groups of 12
-    /// bytes are written with 16-byte stores, the next one overwriting the 4 extra.
+    /// The CPU must support AVX2. `cache` holds 1 (FULL: 4) bytes per value of `input`, and
+    /// `dense` is valid for writes of `3 * input.len() / 4 + 4` bytes (it may be
+    /// uninitialised): groups of 12 bytes are written with 16-byte stores, the next one
+    /// overwriting the 4 extra.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn encode_f32(
+    pub unsafe fn encode_f32<const FULL: bool>(
         input: &[u8],
         cache: &mut [u8],
         dense: *mut u8,
@@ -514,38 +561,36 @@ mod avx2 {
         exps: &mut Vec<u8>,
         hash: &mut StripeHash,
     ) {
-        let n = cache.len();
+        let n = input.len() / 4;
         let mut acc = load_acc(hash);
         let base = hash.stripes;
-        debug_assert!(n.is_multiple_of(64) && input.len() == 4 * n);
+        debug_assert!(n.is_multiple_of(64) && cache.len() == if FULL { 4 * n } else { n });
         // Per 128-bit lane: the low three bytes of its four values, then nothing.
         let low3 = _mm256_setr_epi8(
             0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12,
             13, 14, -1, -1, -1, -1,
         );
-        // packus per lane leaves dwords a0-3 b0-3 c0-3 d0-3 a4-7 b4-7 c4-7 d4-7.
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let mut tmp = [0u8; 32];
         for b in (0..n).step_by(64) {
             let mut m = 0u64;
             for h in 0..2 {
                 let v = b + 32 * h;
-                // SAFETY: v + 32 <= n, so bytes [4v, 4v+128) of input and [v, v+32) of cache
-                // are in bounds; unaligned loads.
-                let (x0, x1, x2, x3, c) = unsafe {
-                    let p = input.as_ptr().add(4 * v);
-                    (
-                        _mm256_loadu_si256(p as *const __m256i),
-                        _mm256_loadu_si256(p.add(32) as *const __m256i),
-                        _mm256_loadu_si256(p.add(64) as *const __m256i),
-                        _mm256_loadu_si256(p.add(96) as *const __m256i),
-                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
-                    )
+                // SAFETY: v + 32 <= n, so bytes [4v, 4v+128) of input and of a FULL cache, and
+                // [v, v+32) of a field cache are in bounds; unaligned loads.
+                let (x, c) = unsafe {
+                    let x = load::<4>(input.as_ptr().add(4 * v));
+                    let c = if FULL {
+                        let p = load::<4>(cache.as_ptr().add(4 * v));
+                        store::<4>(cache.as_mut_ptr().add(4 * v), x);
+                        high_bytes32(p)
+                    } else {
+                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i)
+                    };
+                    (x, c)
                 };
+                let [x0, x1, x2, x3] = x;
                 // Cached field: the high byte of each value, 32 of them in order.
-                let e01 = _mm256_packus_epi32(_mm256_srli_epi32(x0, 24), _mm256_srli_epi32(x1, 24));
-                let e23 = _mm256_packus_epi32(_mm256_srli_epi32(x2, 24), _mm256_srli_epi32(x3, 24));
-                let e = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(e01, e23), order);
+                let e = high_bytes32(x);
                 // Always sent: the low three bytes, 96 for 32 values, 12 per lane.
                 let d = dense.add(3 * v);
                 for (k, x) in [x0, x1, x2, x3].into_iter().enumerate() {
@@ -567,9 +612,11 @@ mod avx2 {
                 }
                 let diff = !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(e, c)) as u32);
                 if diff != 0 {
-                    // SAFETY: [v, v+32) of cache is in bounds; tmp is 32 bytes.
+                    // SAFETY: [v, v+32) of a field cache is in bounds; tmp is 32 bytes.
                     unsafe {
-                        _mm256_storeu_si256(cache.as_mut_ptr().add(v) as *mut __m256i, e);
+                        if !FULL {
+                            _mm256_storeu_si256(cache.as_mut_ptr().add(v) as *mut __m256i, e);
+                        }
                         _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, e);
                     }
                     let mut t = diff;
@@ -585,14 +632,14 @@ mod avx2 {
         store_acc(acc, hash, (3 * n / 32) as u64);
     }
 
-    /// The exceptions of one 64-value block `b` (mask word `mask`) into the cache, from
-    /// `exps[*k..]`: each must differ from the cached field.
+    /// The exceptions of one 64-value block `b` (mask word `mask`) into its 64 cached fields,
+    /// from `exps[*k..]`: each must differ from the cached field.
     fn patch_exceptions(
         mask: u64,
         b: usize,
         exps: &[u8],
         k: &mut usize,
-        cache: &mut [u8],
+        fields: &mut [u8],
     ) -> Result<()> {
         let mut t = mask;
         while t != 0 {
@@ -600,7 +647,7 @@ mod avx2 {
             t &= t - 1;
             let e = exps[*k];
             *k += 1;
-            if e == cache[b + j] {
+            if e == fields[j] {
                 return Err(CodecError::corrupt(
                     "exponent section",
                     format!(
@@ -609,19 +656,58 @@ mod avx2 {
                     ),
                 ));
             }
-            cache[b + j] = e;
+            fields[j] = e;
         }
         Ok(())
     }
 
-    /// Decode `dense.len() / 3` (a multiple of 64) fp32 values; returns how many exponents it
-    /// used.
+    /// Patch block `b`'s fields (`mask`, `exps[*k..]`): in a field cache in place; for a FULL
+    /// cache (the values) into `local`, from the high bytes (`high`) of the values' 32-byte
+    /// vectors (`per` of them per 32 values). Returns the block's 64 fields.
     ///
     /// # Safety
-    /// The CPU must support AVX2. `cache` holds one byte and `out` four bytes per value;
-    /// `masks` one word per 64 values; `exps` at least as many bytes as mask bits.
+    /// The CPU must support AVX2; the cache holds block `b` whole (64 values).
+    #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn decode_f32(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block_fields<const FULL: bool>(
+        mask: u64,
+        b: usize,
+        exps: &[u8],
+        k: &mut usize,
+        cache: &mut [u8],
+        local: &mut [u8; 64],
+        per: usize,
+        high: impl Fn(*const u8) -> __m256i,
+    ) -> Result<*const u8> {
+        if FULL {
+            for h in 0..2 {
+                let v = b + 32 * h;
+                // SAFETY: the values v..v+32 are in the cache (`per` vectors of 32 bytes each
+                // hold them); local is 64 bytes.
+                unsafe {
+                    let c = high(cache.as_ptr().add(per * v));
+                    _mm256_storeu_si256(local.as_mut_ptr().add(32 * h) as *mut __m256i, c);
+                }
+            }
+            patch_exceptions(mask, b, exps, k, local)?;
+            Ok(local.as_ptr())
+        } else {
+            patch_exceptions(mask, b, exps, k, &mut cache[b..b + 64])?;
+            // SAFETY: b + 64 <= cache.len() (the slice above).
+            Ok(unsafe { cache.as_ptr().add(b) })
+        }
+    }
+
+    /// Decode `dense.len() / 3` (a multiple of 64) fp32 values; returns how many exponents it
+    /// used. FULL: the cache holds the values (the fields are their high bytes) and takes the
+    /// decoded ones.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `cache` holds one byte (FULL: four) and `out` four bytes per
+    /// value; `masks` one word per 64 values; `exps` at least as many bytes as mask bits.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn decode_f32<const FULL: bool>(
         dense: &[u8],
         masks: &[u64],
         exps: &[u8],
@@ -629,12 +715,12 @@ mod avx2 {
         out: &mut [u8],
         hash: &mut StripeHash,
     ) -> Result<usize> {
-        let n = cache.len();
+        let n = dense.len() / 3;
         let mut acc = load_acc(hash);
         let base = hash.stripes;
         debug_assert!(
             n.is_multiple_of(64)
-                && dense.len() == 3 * n
+                && cache.len() == if FULL { 4 * n } else { n }
                 && out.len() == 4 * n
                 && masks.len() == n / 64
         );
@@ -645,9 +731,16 @@ mod avx2 {
             12, -1, 13, 14, 15, -1,
         );
         let mut k = 0usize;
+        let mut local = [0u8; 64];
         for (bi, &mask) in masks.iter().enumerate() {
             let b = bi * 64;
-            patch_exceptions(mask, b, exps, &mut k, cache)?;
+            // SAFETY: AVX2; the cache holds the block (n is a multiple of 64); the closure
+            // reads 128 bytes of values (4 per value, 32 values).
+            let fields = unsafe {
+                block_fields::<FULL>(mask, b, exps, &mut k, cache, &mut local, 4, |p| {
+                    high_bytes32(load::<4>(p))
+                })?
+            };
             for h in 0..2 {
                 let v = b + 32 * h;
                 let d = dense.as_ptr().add(3 * v);
@@ -658,8 +751,8 @@ mod avx2 {
                 }
                 for g in 0..4 {
                     // SAFETY: the loads cover [3v + 24g, 3v + 24g + 24) within the 96 bytes
-                    // above; the cache's [v + 8g, v + 8g + 8) and out's [4v + 32g, +32) are in
-                    // bounds as v + 32 <= n.
+                    // above; the block's fields [32h + 8g, +8) (64 of them), out's and a FULL
+                    // cache's [4v + 32g, +32) are in bounds as v + 32 <= n.
                     unsafe {
                         let lo = _mm_loadu_si128(d.add(24 * g) as *const __m128i);
                         let hi = _mm_loadu_si128(d.add(24 * g + 8) as *const __m128i);
@@ -667,12 +760,16 @@ mod avx2 {
                             _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1),
                             spread,
                         );
-                        let e8 = _mm_loadl_epi64(cache.as_ptr().add(v + 8 * g) as *const __m128i);
+                        let e8 = _mm_loadl_epi64(fields.add(32 * h + 8 * g) as *const __m128i);
                         let e = _mm256_slli_epi32(_mm256_cvtepu8_epi32(e8), 24);
+                        let x = _mm256_or_si256(sm, e);
                         _mm256_storeu_si256(
                             out.as_mut_ptr().add(4 * (v + 8 * g)) as *mut __m256i,
-                            _mm256_or_si256(sm, e),
+                            x,
                         );
+                        if FULL {
+                            store::<1>(cache.as_mut_ptr().add(4 * (v + 8 * g)), [x]);
+                        }
                     }
                 }
             }
@@ -682,12 +779,15 @@ mod avx2 {
     }
 
     /// Decode `dense.len()` (a multiple of 64) bf16 values; returns how many exponents it used.
+    /// FULL: the cache holds the values (the fields are their high bytes) and takes the decoded
+    /// ones.
     ///
     /// # Safety
-    /// The CPU must support AVX2. `cache` holds one byte and `out` two bytes per value of
-    /// `dense`; `masks` one word per 64 values; `exps` at least as many bytes as mask bits.
+    /// The CPU must support AVX2. `cache` holds one byte (FULL: two) and `out` two bytes per
+    /// value of `dense`; `masks` one word per 64 values; `exps` at least as many bytes as mask
+    /// bits.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn decode_bf16(
+    pub unsafe fn decode_bf16<const FULL: bool>(
         dense: &[u8],
         masks: &[u64],
         exps: &[u8],
@@ -699,35 +799,47 @@ mod avx2 {
         let mut acc = load_acc(hash);
         let base = hash.stripes;
         debug_assert!(
-            n.is_multiple_of(64) && out.len() == 2 * n && cache.len() == n && masks.len() == n / 64
+            n.is_multiple_of(64)
+                && out.len() == 2 * n
+                && cache.len() == if FULL { 2 * n } else { n }
+                && masks.len() == n / 64
         );
         let mut k = 0usize;
+        let mut local = [0u8; 64];
         for (bi, &mask) in masks.iter().enumerate() {
             let b = bi * 64;
-            patch_exceptions(mask, b, exps, &mut k, cache)?;
+            // SAFETY: AVX2; the cache holds the block (n is a multiple of 64); the closure
+            // reads 64 bytes of values (2 per value, 32 values).
+            let fields = unsafe {
+                block_fields::<FULL>(mask, b, exps, &mut k, cache, &mut local, 2, |p| {
+                    let [a, b] = load::<2>(p);
+                    high_bytes16(a, b)
+                })?
+            };
             for h in 0..2 {
                 let v = b + 32 * h;
-                // SAFETY: v + 32 <= n: bytes [v, v+32) of dense and cache, [2v, 2v+64) of out.
+                // SAFETY: v + 32 <= n: bytes [v, v+32) of dense, [2v, 2v+64) of out and of a
+                // FULL cache; the block's fields [32h, 32h+32) of 64.
                 let (s, e) = unsafe {
                     (
                         _mm256_loadu_si256(dense.as_ptr().add(v) as *const __m256i),
-                        _mm256_loadu_si256(cache.as_ptr().add(v) as *const __m256i),
+                        _mm256_loadu_si256(fields.add(32 * h) as *const __m256i),
                     )
                 };
                 acc = stripe_step(acc, s, base + (v / 32) as u64);
                 // value = cached byte << 8 | sent byte.
                 let lo = _mm256_unpacklo_epi8(s, e);
                 let hi = _mm256_unpackhi_epi8(s, e);
+                let x = [
+                    _mm256_permute2x128_si256(lo, hi, 0x20),
+                    _mm256_permute2x128_si256(lo, hi, 0x31),
+                ];
                 // SAFETY: as above.
                 unsafe {
-                    _mm256_storeu_si256(
-                        out.as_mut_ptr().add(2 * v) as *mut __m256i,
-                        _mm256_permute2x128_si256(lo, hi, 0x20),
-                    );
-                    _mm256_storeu_si256(
-                        out.as_mut_ptr().add(2 * v + 32) as *mut __m256i,
-                        _mm256_permute2x128_si256(lo, hi, 0x31),
-                    );
+                    store::<2>(out.as_mut_ptr().add(2 * v), x);
+                    if FULL {
+                        store::<2>(cache.as_mut_ptr().add(2 * v), x);
+                    }
                 }
             }
         }
@@ -843,9 +955,77 @@ mod tests {
         }
     }
 
+    /// The same on a full-value cache (the cache holds the previous values, fields their high
+    /// bytes): the AVX2 coders read the fields from the values and store the new values in the
+    /// same pass, as the plain ones do.
+    fn full_cache_coders_match_plain<L: crate::codec::float::Layout>(seed: u64) {
+        if !enabled() {
+            eprintln!("skipping: no AVX2 on this CPU (or CIERA_NO_SIMD set)");
+            return;
+        }
+        let mut s = seed;
+        let size = L::BYTES;
+        for n in [0usize, 1, 31, 63, 64, 65, 127, 128, 1000, 4096 + 17] {
+            let input: Vec<u8> = (0..size * n).map(|_| lcg(&mut s) as u8).collect();
+            // Previous values: the same, with a new top byte (the field) for about a quarter,
+            // and new low bytes for about half.
+            let mut prev0 = input.clone();
+            for v in prev0.chunks_exact_mut(size) {
+                if lcg(&mut s).is_multiple_of(4) {
+                    v[size - 1] = lcg(&mut s) as u8;
+                }
+                if lcg(&mut s).is_multiple_of(2) {
+                    v[0] = lcg(&mut s) as u8;
+                }
+            }
+            let (mut c1, mut c2) = (prev0.clone(), prev0.clone());
+            let (mut d1, mut d2) = (vec![0u8; L::sm_len(n)], Vec::new());
+            let (mut m1, mut m2, mut e1, mut e2) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            kernels::encode_exp::<L>(&input, CacheRef::Full(&mut c1), &mut d1, &mut m1, &mut e1);
+            let h = encode_exp::<L>(
+                &input,
+                &mut CacheRef::Full(&mut c2),
+                &mut d2,
+                &mut m2,
+                &mut e2,
+            );
+            assert_eq!(
+                h,
+                Some(crate::codec::checksum::sh64_plain(&d1)),
+                "hash n={n}"
+            );
+            assert_eq!((&d1, &m1, &e1), (&d2, &m2, &e2), "full encode n={n}");
+            assert_eq!(
+                (&c1, &c2),
+                (&input, &input),
+                "full caches take the values n={n}"
+            );
+            let (mut r1, mut r2) = (prev0.clone(), prev0.clone());
+            let (mut o1, mut o2) = (vec![0u8; size * n], vec![0u8; size * n]);
+            kernels::decode_exp::<L>(&d1, &m1, &e1, CacheRef::Full(&mut r1), &mut o1).unwrap();
+            decode_exp::<L>(&d1, &m1, &e1, &mut CacheRef::Full(&mut r2), &mut o2).unwrap();
+            assert_eq!((&o1, &o2), (&input, &input), "full decode n={n}");
+            assert_eq!((&r1, &r2), (&input, &input), "full decode caches n={n}");
+            // An exception that repeats the cached field is refused.
+            if let Some(first) = (0..n).find(|&i| m1[i / 64] >> (i % 64) & 1 == 1) {
+                let mut bad = e1.clone();
+                bad[0] = prev0[size * first + size - 1];
+                let mut r = prev0.clone();
+                let got = decode_exp::<L>(&d1, &m1, &bad, &mut CacheRef::Full(&mut r), &mut o2);
+                assert!(got.is_err(), "n={n}: a repeated field accepted");
+            }
+        }
+    }
+
     #[test]
     fn avx2_matches_plain() {
         coders_match_plain::<Bf16>(7);
+    }
+
+    #[test]
+    fn avx2_full_cache_matches_plain() {
+        full_cache_coders_match_plain::<Bf16>(13);
+        full_cache_coders_match_plain::<crate::codec::float::F32>(17);
     }
 
     #[test]
