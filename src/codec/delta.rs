@@ -147,7 +147,8 @@ pub(super) struct DeltaScratch {
     hist: Vec<u32>,
     /// Decoder lookup: per context PROB_SCALE entries.
     dec: Vec<u32>,
-    /// The lane section and 16 zero bytes (the vector decoder reads 8 words at a time).
+    /// The lane section and 64 zero bytes (the vector decoders read 8 (AVX2) or 32 (AVX-512)
+    /// words at a time).
     pad: Vec<u8>,
     /// The words of the group being encoded.
     words: Vec<u16>,
@@ -567,7 +568,7 @@ pub(super) fn decode<L: Layout>(
     if vector {
         s.pad.clear();
         s.pad.extend_from_slice(s0);
-        s.pad.extend_from_slice(&[0; 16]);
+        s.pad.extend_from_slice(&[0; super::delta_avx512::PAD]);
     }
     let mut v = Values::<L> {
         s0,

@@ -55,6 +55,21 @@ pub(super) fn decode_rows<L: Layout>(
     );
     #[cfg(target_arch = "x86_64")]
     {
+        if super::delta_avx512::on() {
+            assert!(
+                padded.len() >= s0_len + super::delta_avx512::PAD,
+                "delta avx512 decode: section not padded"
+            );
+            // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (delta_avx512::on checked
+            // them). The asserts above bound every access as for AVX2, and word loads read 64
+            // bytes at min(rd.at, s0_len) <= padded.len() - 64.
+            unsafe {
+                super::delta_avx512::decode_rows::<L>(
+                    padded, s0_len, dec, x, rd, state, ctx, out, base, rows, counts,
+                );
+            }
+            return true;
+        }
         // SAFETY: AVX2 is present (enabled() checked it). The asserts above bound every
         // access: rows of 32 elements below `end` in ctx/state/out; table indices are
         // min(ctx, 16) * 4096 + (x & 4095) < dec.len(); word loads read 16 bytes at
@@ -633,6 +648,19 @@ pub(super) fn encode_rows<L: Layout>(
     );
     #[cfg(target_arch = "x86_64")]
     {
+        if super::delta_avx512::on() {
+            assert!(
+                words.buf.len() >= words.pos + 2 * 32 * rows + 32,
+                "delta avx512 encode: words too short"
+            );
+            // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (delta_avx512::on checked
+            // them); the asserts above bound every access as for AVX2, and the word stores are
+            // 32 words at pos, bounds-checked as a slice.
+            unsafe {
+                super::delta_avx512::encode_rows(table, input, state, ctx, x, words, base, rows)
+            };
+            return true;
+        }
         // SAFETY: AVX2 is present; reads of input/state/ctx and writes of state/ctx stay below
         // element `end` (asserted); gather indices are min(ctx, 16) * ntok + token with
         // token < tokens(16) = ntok, so below NCTX * ntok, the table's length (asserted); word
