@@ -122,7 +122,10 @@ mod imp {
         };
         if rev {
             let r = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            [_mm512_permutexvar_epi32(r, b), _mm512_permutexvar_epi32(r, a)]
+            [
+                _mm512_permutexvar_epi32(r, b),
+                _mm512_permutexvar_epi32(r, a),
+            ]
         } else {
             [a, b]
         }
@@ -135,7 +138,10 @@ mod imp {
         assert!(xl.len() == 32);
         let [a, b] = if rev {
             let r = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            [_mm512_permutexvar_epi32(r, x[1]), _mm512_permutexvar_epi32(r, x[0])]
+            [
+                _mm512_permutexvar_epi32(r, x[1]),
+                _mm512_permutexvar_epi32(r, x[0]),
+            ]
         } else {
             x
         };
@@ -313,8 +319,7 @@ mod imp {
                 let p = ps[v];
                 cum[v] = _mm512_and_si512(p, m12);
                 freq[v] = _mm512_sub_epi32(scale, _mm512_srli_epi32::<12>(p));
-                let xmax1 =
-                    _mm512_sub_epi32(_mm512_slli_epi32::<{ 31 - PROB_BITS }>(freq[v]), one);
+                let xmax1 = _mm512_sub_epi32(_mm512_slli_epi32::<{ 31 - PROB_BITS }>(freq[v]), one);
                 over[v] = _mm512_cmpgt_epu32_mask(x[v], xmax1);
                 // 1 / freq to about 2^-23: rcp14 and one Newton step.
                 let f = _mm512_cvtepi32_ps(freq[v]);

@@ -7,7 +7,9 @@
 //! not necessarily with the same garbage on the way. tests/codec_props.rs runs both paths on
 //! the same frames. Dispatch: [`decode_rows`] / [`encode_rows`] return false when they do not
 //! apply (no AVX2, `CIERA_NO_SIMD=1`, another lane count or type), and the caller codes those
-//! rows plainly.
+//! rows plainly. Where they apply they take the AVX-512 coders of `delta_avx512.rs` when the
+//! processor has AVX-512 F/BW/VL/CD/VBMI/VBMI2, unless `CIERA_NO_AVX512=1` (then these AVX2
+//! coders, as on AVX2-only processors); pass one (`scan16`) is AVX2 either way.
 #![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
 
 use super::delta::{Reader, Words, CLIP, HIST, NCTX, PROB_SCALE};
@@ -646,6 +648,9 @@ pub(super) fn encode_rows<L: Layout>(
             && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
         "delta avx2 encode: inconsistent buffers"
     );
+    if rows == 0 {
+        return true;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if super::delta_avx512::on() {
