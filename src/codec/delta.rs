@@ -582,39 +582,45 @@ pub(super) fn decode<L: Layout>(
         no_table: false,
         _l: std::marker::PhantomData,
     };
-    // The vector decoder takes two whole groups at a time (their steps overlap).
+    // The AVX-512 decoder takes two whole groups at a time where it can (their steps
+    // overlap); otherwise a group at a time, its full rows by a vector decoder where one
+    // applies, the rest plainly. Every group is checked the same way either way.
+    let pairs = vector && super::delta_simd::decode_pairs();
     let mut x = vec![0u32; lanes];
+    let mut x2 = vec![0u32; lanes];
     let mut p = 0usize;
-    for g in 0..groups {
+    let mut g = 0;
+    while g < groups {
         let base = g * group;
         let cnt = group.min(n - base);
-        let o = 4 * g;
-        let len = u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize;
-        if len < 4 * lanes || !(len - 4 * lanes).is_multiple_of(2) || len > s0.len() - p {
-            return Err(CodecError::corrupt(
-                "delta lanes",
-                format!(
-                    "group {g}: {len} bytes ({lanes} states and whole words expected), {} left \
-                     in the section",
-                    s0.len() - p
-                ),
-            ));
-        }
-        for (l, xl) in x.iter_mut().enumerate() {
-            let q = p + 4 * l;
-            *xl = u32::from_le_bytes([s0[q], s0[q + 1], s0[q + 2], s0[q + 3]]);
-            if !(RANS_L..RANS_L << 16).contains(xl) {
-                return Err(CodecError::corrupt(
-                    "delta lanes",
-                    format!("group {g} lane {l}: state {xl:#x} out of range"),
-                ));
+        let mut rd = open_group(s0, lens, g, p, &mut x)?;
+        let (rows, rem) = (cnt / lanes, cnt % lanes);
+        if pairs && rem == 0 && rows > 0 && g + 1 < groups && n - base - cnt >= cnt {
+            let mut rd2 = open_group(s0, lens, g + 1, rd.end, &mut x2)?;
+            let mut rc = super::delta_simd::RowCounts::default();
+            if super::delta_simd::decode_rows2::<L>(
+                &s.pad,
+                s0.len(),
+                &s.dec,
+                [&mut x, &mut x2],
+                [&mut rd, &mut rd2],
+                v.state,
+                v.ctx,
+                v.out,
+                [base, base + cnt],
+                rows,
+                &mut rc,
+            ) {
+                v.changed += rc.changed;
+                v.exp_changed += rc.exp_changed;
+                v.no_table |= rc.no_table;
+                check_group(g, &rd, &x, v.no_table)?;
+                check_group(g + 1, &rd2, &x2, v.no_table)?;
+                p = rd2.end;
+                g += 2;
+                continue;
             }
         }
-        let mut rd = Reader {
-            at: p + 4 * lanes,
-            end: p + len,
-        };
-        let (rows, rem) = (cnt / lanes, cnt % lanes);
         let mut plain_from = 0;
         if vector {
             let mut rc = super::delta_simd::RowCounts::default();
@@ -641,28 +647,9 @@ pub(super) fn decode<L: Layout>(
             v.row(&mut x, &mut rd, base + k * lanes, lanes);
         }
         v.row(&mut x, &mut rd, base + rows * lanes, rem);
-        if v.no_table {
-            return Err(CodecError::corrupt(
-                "delta tables",
-                format!("an element of group {g} has a context the frame has no table for"),
-            ));
-        }
-        if rd.at != rd.end || x.iter().any(|&xl| xl != RANS_L) {
-            return Err(CodecError::corrupt(
-                "delta lanes",
-                format!(
-                    "group {g}: stream ends {} bytes {} its last element, final states {:x?} \
-                     (expected {RANS_L:#x})",
-                    rd.end.abs_diff(rd.at),
-                    if rd.at > rd.end { "before" } else { "after" },
-                    x.iter()
-                        .filter(|&&xl| xl != RANS_L)
-                        .take(4)
-                        .collect::<Vec<_>>()
-                ),
-            ));
-        }
-        p += len;
+        check_group(g, &rd, &x, v.no_table)?;
+        p = rd.end;
+        g += 1;
     }
     if p != s0.len() {
         return Err(CodecError::corrupt(
@@ -671,6 +658,66 @@ pub(super) fn decode<L: Layout>(
         ));
     }
     Ok((v.changed, v.exp_changed))
+}
+
+/// Group `g` of a Delta frame's lane section `s0`, starting at byte `p`: its length from the
+/// group lengths `lens` checked, its lane states read into `x` (checked), and a reader of its
+/// words.
+fn open_group(s0: &[u8], lens: &[u8], g: usize, p: usize, x: &mut [u32]) -> Result<Reader> {
+    let lanes = x.len();
+    let o = 4 * g;
+    let len = u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize;
+    if len < 4 * lanes || !(len - 4 * lanes).is_multiple_of(2) || len > s0.len() - p {
+        return Err(CodecError::corrupt(
+            "delta lanes",
+            format!(
+                "group {g}: {len} bytes ({lanes} states and whole words expected), {} left \
+                 in the section",
+                s0.len() - p
+            ),
+        ));
+    }
+    for (l, xl) in x.iter_mut().enumerate() {
+        let q = p + 4 * l;
+        *xl = u32::from_le_bytes([s0[q], s0[q + 1], s0[q + 2], s0[q + 3]]);
+        if !(RANS_L..RANS_L << 16).contains(xl) {
+            return Err(CodecError::corrupt(
+                "delta lanes",
+                format!("group {g} lane {l}: state {xl:#x} out of range"),
+            ));
+        }
+    }
+    Ok(Reader {
+        at: p + 4 * lanes,
+        end: p + len,
+    })
+}
+
+/// The checks after group `g` is decoded: every element had a table, every word of its stream
+/// was consumed and every lane is back at the encoder's initial state.
+fn check_group(g: usize, rd: &Reader, x: &[u32], no_table: bool) -> Result<()> {
+    if no_table {
+        return Err(CodecError::corrupt(
+            "delta tables",
+            format!("an element of group {g} has a context the frame has no table for"),
+        ));
+    }
+    if rd.at != rd.end || x.iter().any(|&xl| xl != RANS_L) {
+        return Err(CodecError::corrupt(
+            "delta lanes",
+            format!(
+                "group {g}: stream ends {} bytes {} its last element, final states {:x?} \
+                 (expected {RANS_L:#x})",
+                rd.end.abs_diff(rd.at),
+                if rd.at > rd.end { "before" } else { "after" },
+                x.iter()
+                    .filter(|&&xl| xl != RANS_L)
+                    .take(4)
+                    .collect::<Vec<_>>()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Where a group's shared word stream is read. Past its end it reads zeros (and the check

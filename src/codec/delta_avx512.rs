@@ -376,32 +376,37 @@ mod imp {
         rd.at += 2 * m.count_ones() as usize;
     }
 
-    /// Decode `rows` full rows of a group; see `delta_simd::decode_rows`, which asserts the
-    /// bounds this relies on.
+    /// Decode `rows` full rows of each of `G` groups (one or two) in lockstep, group `g` from
+    /// element `bases[g]` with states `xls[g]` and stream `rds[g]` (the groups' steps are
+    /// independent: two groups keep twice the table gathers in flight); see
+    /// `delta_simd::decode_rows`, which asserts the bounds this relies on.
     ///
     /// # Safety
     /// The processor has the enabled features; `padded` holds at least `limit + 64` bytes;
-    /// `dec` holds `NCTX * PROB_SCALE` entries; `ctx` holds at least `base + 32 * rows` bytes,
-    /// `state` and `out` twice that.
+    /// `dec` holds `NCTX * PROB_SCALE` entries; `ctx` holds at least `bases[g] + 32 * rows`
+    /// bytes for every g, `state` and `out` twice that; each `xls[g]` holds 32 states.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
-    pub(in crate::codec) unsafe fn decode_rows<L: Layout>(
+    pub(in crate::codec) unsafe fn decode_rows<L: Layout, const G: usize>(
         padded: &[u8],
         limit: usize,
         dec: &[u32],
-        xl: &mut [u32],
-        rd: &mut Reader,
+        xls: [&mut [u32]; G],
+        rds: [&mut Reader; G],
         state: &mut [u8],
         ctx: &mut [u8],
         out: &mut [u8],
-        base: usize,
+        bases: [usize; G],
         rows: usize,
         counts: &mut RowCounts,
     ) {
-        let mut x = load_states(xl, false);
+        let zero = _mm512_setzero_si512();
+        let mut x = [[zero; 2]; G];
+        for g in 0..G {
+            x[g] = load_states(xls[g], false);
+        }
         let s0 = padded.as_ptr();
         let table = dec.as_ptr() as *const i32;
-        let zero = _mm512_setzero_si512();
         let one = _mm512_set1_epi32(1);
         let mslot = _mm512_set1_epi32(PROB_SCALE as i32 - 1);
         let m4095 = _mm512_set1_epi32(4095);
@@ -413,99 +418,110 @@ mod imp {
         let (mut unchanged, mut exp_same) = (0u64, 0u64);
         let mut no_table: __mmask16 = 0;
         for k in 0..rows {
-            let row = base + k * 32;
-            // SAFETY: row + 32 <= base + 32 * rows: 32 bytes of ctx.
-            let c8 = unsafe { _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i) };
-            let cs = [
-                _mm512_cvtepu8_epi32(_mm256_castsi256_si128(c8)),
-                _mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(c8)),
-            ];
-            let mut t = [zero; 2];
-            for v in 0..2 {
-                let c = _mm512_min_epu32(cs[v], cmax);
-                let idx = _mm512_or_si512(
-                    _mm512_slli_epi32::<{ PROB_BITS }>(c),
-                    _mm512_and_si512(x[v], mslot),
-                );
-                // SAFETY: idx = min(ctx, 16) * 4096 + (x & 4095) < NCTX * 4096 = dec.len().
-                t[v] = unsafe { _mm512_i32gather_epi32::<4>(idx, table) };
-            }
-            for v in 0..2 {
-                let e = t[v];
-                no_table |= _mm512_cmpeq_epi32_mask(e, zero);
-                let f = _mm512_srli_epi32::<19>(e);
-                let bias = _mm512_and_si512(_mm512_srli_epi32::<7>(e), m4095);
-                x[v] = _mm512_add_epi32(
-                    _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[v])),
-                    bias,
-                );
-                t[v] = _mm512_and_si512(e, _mm512_set1_epi32(0x7f));
-            }
-            // SAFETY: padded holds limit + 64 bytes.
-            unsafe { refill(&mut x, rd, s0, limit) };
-            // Direct tokens are their zigzag values. Without extra bits in the row the extra
-            // step would change nothing (the states are >= RANS_L after the refill, so they
-            // take no word either).
-            let big = [
-                _mm512_cmpgt_epu32_mask(t[0], _mm512_set1_epi32(31)),
-                _mm512_cmpgt_epu32_mask(t[1], _mm512_set1_epi32(31)),
-            ];
-            let mut zs = t;
-            if big[0] | big[1] != 0 {
+            let mut t = [[zero; 2]; G];
+            for g in 0..G {
+                let row = bases[g] + k * 32;
+                // SAFETY: row + 32 <= bases[g] + 32 * rows: 32 bytes of ctx.
+                let c8 = unsafe { _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i) };
+                let cs = [
+                    _mm512_cvtepu8_epi32(_mm256_castsi256_si128(c8)),
+                    _mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(c8)),
+                ];
                 for v in 0..2 {
-                    // Token -> zigzag high part and extra bit count (at most 14 for 16 bits).
-                    let tv = t[v];
-                    let bm1 = _mm512_add_epi32(
-                        _mm512_srli_epi32::<1>(_mm512_sub_epi32(tv, _mm512_set1_epi32(32))),
-                        _mm512_set1_epi32(4),
+                    let c = _mm512_min_epu32(cs[v], cmax);
+                    let idx = _mm512_or_si512(
+                        _mm512_slli_epi32::<{ PROB_BITS }>(c),
+                        _mm512_and_si512(x[g][v], mslot),
                     );
-                    let eb = _mm512_maskz_mov_epi32(big[v], bm1);
-                    let zb = _mm512_sllv_epi32(
-                        _mm512_or_si512(_mm512_set1_epi32(2), _mm512_and_si512(tv, one)),
-                        bm1,
-                    );
-                    let z = _mm512_mask_blend_epi32(big[v], tv, zb);
-                    let low = _mm512_sub_epi32(_mm512_sllv_epi32(one, eb), one);
-                    zs[v] = _mm512_or_si512(z, _mm512_and_si512(x[v], low));
-                    x[v] = _mm512_srlv_epi32(x[v], eb);
+                    // SAFETY: idx = min(ctx, 16) * 4096 + (x & 4095) < NCTX * 4096 = dec.len().
+                    t[g][v] = unsafe { _mm512_i32gather_epi32::<4>(idx, table) };
                 }
-                // SAFETY: as above.
-                unsafe { refill(&mut x, rd, s0, limit) };
             }
-            // Moves -> new values, the 32 elements as 16-bit lanes (the zigzag values are
-            // below 2^16).
-            let z = _mm512_permutex2var_epi16(zs[0], even, zs[1]);
-            let d = _mm512_xor_si512(
-                _mm512_srli_epi16::<1>(z),
-                _mm512_srai_epi16::<15>(_mm512_slli_epi16::<15>(z)),
-            );
-            // SAFETY: row + 32 <= base + 32 * rows: 64 bytes of state.
-            let old = unsafe { _mm512_loadu_si512(state.as_ptr().add(2 * row) as *const _) };
-            let kk = _mm512_add_epi16(key32(old), d);
-            // unkey: k ^ 0x8000 with the sign bit set, else k ^ 0xffff.
-            let new = _mm512_xor_si512(
-                kk,
-                _mm512_or_si512(
-                    _mm512_andnot_si512(_mm512_srai_epi16::<15>(kk), h7fff),
-                    h8000,
-                ),
-            );
-            // SAFETY: 64 bytes of out and state, 32 of ctx at the row (as above).
-            unsafe {
-                _mm512_storeu_si512(out.as_mut_ptr().add(2 * row) as *mut _, new);
-                _mm512_storeu_si512(state.as_mut_ptr().add(2 * row) as *mut _, new);
-                _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
+            for g in 0..G {
+                for v in 0..2 {
+                    let e = t[g][v];
+                    no_table |= _mm512_cmpeq_epi32_mask(e, zero);
+                    let f = _mm512_srli_epi32::<19>(e);
+                    let bias = _mm512_and_si512(_mm512_srli_epi32::<7>(e), m4095);
+                    x[g][v] = _mm512_add_epi32(
+                        _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[g][v])),
+                        bias,
+                    );
+                    t[g][v] = _mm512_and_si512(e, _mm512_set1_epi32(0x7f));
+                }
+                // SAFETY: padded holds limit + 64 bytes.
+                unsafe { refill(&mut x[g], rds[g], s0, limit) };
             }
-            unchanged += _mm512_cmpeq_epi16_mask(d, zero).count_ones() as u64;
-            let ex = _mm512_and_si512(
-                _mm512_srl_epi16(_mm512_xor_si512(old, new), exp_shift),
-                exp_max16,
-            );
-            exp_same += _mm512_cmpeq_epi16_mask(ex, zero).count_ones() as u64;
+            for g in 0..G {
+                let row = bases[g] + k * 32;
+                // Direct tokens are their zigzag values. Without extra bits in the row the
+                // extra step would change nothing (the states are >= RANS_L after the refill,
+                // so they take no word either).
+                let tg = t[g];
+                let big = [
+                    _mm512_cmpgt_epu32_mask(tg[0], _mm512_set1_epi32(31)),
+                    _mm512_cmpgt_epu32_mask(tg[1], _mm512_set1_epi32(31)),
+                ];
+                let mut zs = tg;
+                if big[0] | big[1] != 0 {
+                    for v in 0..2 {
+                        // Token -> zigzag high part and extra bit count (at most 14 for 16
+                        // bits).
+                        let tv = tg[v];
+                        let bm1 = _mm512_add_epi32(
+                            _mm512_srli_epi32::<1>(_mm512_sub_epi32(tv, _mm512_set1_epi32(32))),
+                            _mm512_set1_epi32(4),
+                        );
+                        let eb = _mm512_maskz_mov_epi32(big[v], bm1);
+                        let zb = _mm512_sllv_epi32(
+                            _mm512_or_si512(_mm512_set1_epi32(2), _mm512_and_si512(tv, one)),
+                            bm1,
+                        );
+                        let z = _mm512_mask_blend_epi32(big[v], tv, zb);
+                        let low = _mm512_sub_epi32(_mm512_sllv_epi32(one, eb), one);
+                        zs[v] = _mm512_or_si512(z, _mm512_and_si512(x[g][v], low));
+                        x[g][v] = _mm512_srlv_epi32(x[g][v], eb);
+                    }
+                    // SAFETY: as above.
+                    unsafe { refill(&mut x[g], rds[g], s0, limit) };
+                }
+                // Moves -> new values, the 32 elements as 16-bit lanes (the zigzag values are
+                // below 2^16).
+                let z = _mm512_permutex2var_epi16(zs[0], even, zs[1]);
+                let d = _mm512_xor_si512(
+                    _mm512_srli_epi16::<1>(z),
+                    _mm512_srai_epi16::<15>(_mm512_slli_epi16::<15>(z)),
+                );
+                // SAFETY: row + 32 <= bases[g] + 32 * rows: 64 bytes of state.
+                let old = unsafe { _mm512_loadu_si512(state.as_ptr().add(2 * row) as *const _) };
+                let kk = _mm512_add_epi16(key32(old), d);
+                // unkey: k ^ 0x8000 with the sign bit set, else k ^ 0xffff.
+                let new = _mm512_xor_si512(
+                    kk,
+                    _mm512_or_si512(
+                        _mm512_andnot_si512(_mm512_srai_epi16::<15>(kk), h7fff),
+                        h8000,
+                    ),
+                );
+                // SAFETY: 64 bytes of out and state, 32 of ctx at the row (as above).
+                unsafe {
+                    _mm512_storeu_si512(out.as_mut_ptr().add(2 * row) as *mut _, new);
+                    _mm512_storeu_si512(state.as_mut_ptr().add(2 * row) as *mut _, new);
+                    _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
+                }
+                unchanged += _mm512_cmpeq_epi16_mask(d, zero).count_ones() as u64;
+                let ex = _mm512_and_si512(
+                    _mm512_srl_epi16(_mm512_xor_si512(old, new), exp_shift),
+                    exp_max16,
+                );
+                exp_same += _mm512_cmpeq_epi16_mask(ex, zero).count_ones() as u64;
+            }
         }
-        counts.changed += rows * 32 - unchanged as usize;
-        counts.exp_changed += rows * 32 - exp_same as usize;
+        counts.changed += G * rows * 32 - unchanged as usize;
+        counts.exp_changed += G * rows * 32 - exp_same as usize;
         counts.no_table |= no_table != 0;
-        store_states(xl, x, false);
+        for (g, xl) in xls.into_iter().enumerate() {
+            store_states(xl, x[g], false);
+        }
     }
 }

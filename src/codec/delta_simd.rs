@@ -66,8 +66,18 @@ pub(super) fn decode_rows<L: Layout>(
             // them). The asserts above bound every access as for AVX2, and word loads read 64
             // bytes at min(rd.at, s0_len) <= padded.len() - 64.
             unsafe {
-                super::delta_avx512::decode_rows::<L>(
-                    padded, s0_len, dec, x, rd, state, ctx, out, base, rows, counts,
+                super::delta_avx512::decode_rows::<L, 1>(
+                    padded,
+                    s0_len,
+                    dec,
+                    [x],
+                    [rd],
+                    state,
+                    ctx,
+                    out,
+                    [base],
+                    rows,
+                    counts,
                 );
             }
             return true;
@@ -79,6 +89,62 @@ pub(super) fn decode_rows<L: Layout>(
         unsafe {
             avx2::rows::<L>(
                 padded, s0_len, dec, x, rd, state, ctx, out, base, rows, counts,
+            );
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether [`decode_rows2`] applies (the AVX-512 decoder: the callers pair whole groups for
+/// it).
+pub(super) fn decode_pairs() -> bool {
+    super::delta_avx512::on()
+}
+
+/// Decode `rows` full rows of 32 elements of two groups in lockstep (their steps overlap), group
+/// `g` starting at element `bases[g]` with states `xs[g]` reading its stream from `rds[g]`;
+/// otherwise as [`decode_rows`]. Returns false (and does nothing) when this path does not apply
+/// (see [`decode_pairs`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_rows2<L: Layout>(
+    padded: &[u8],
+    s0_len: usize,
+    dec: &[u32],
+    xs: [&mut [u32]; 2],
+    rds: [&mut Reader; 2],
+    state: &mut [u8],
+    ctx: &mut [u8],
+    out: &mut [u8],
+    bases: [usize; 2],
+    rows: usize,
+    counts: &mut RowCounts,
+) -> bool {
+    if L::BYTES != 2 || xs.iter().any(|x| x.len() != 32) || !decode_pairs() {
+        return false;
+    }
+    let end = bases[0].max(bases[1]) + rows * 32;
+    assert!(
+        padded.len() >= s0_len + super::delta_avx512::PAD
+            && dec.len() == NCTX * PROB_SCALE as usize
+            && ctx.len() >= end
+            && state.len() >= 2 * end
+            && out.len() >= 2 * end
+            && rds.iter().all(|rd| rd.end <= s0_len),
+        "delta avx512 decode: inconsistent buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (decode_pairs checked them). The
+        // asserts above bound every access: rows of 32 elements below `end` in ctx/state/out
+        // for both groups; table indices are min(ctx, 16) * 4096 + (x & 4095) < dec.len();
+        // word loads read 64 bytes at min(rd.at, s0_len) <= padded.len() - 64; 32 states each.
+        unsafe {
+            super::delta_avx512::decode_rows::<L, 2>(
+                padded, s0_len, dec, xs, rds, state, ctx, out, bases, rows, counts,
             );
         }
         true
