@@ -582,45 +582,28 @@ pub(super) fn decode<L: Layout>(
         no_table: false,
         _l: std::marker::PhantomData,
     };
-    // The AVX-512 decoder takes two whole groups at a time where it can (their steps
-    // overlap); otherwise a group at a time, its full rows by a vector decoder where one
-    // applies, the rest plainly. Every group is checked the same way either way.
-    let pairs = vector && super::delta_simd::decode_pairs();
+    // The AVX-512 decoder takes two whole groups at a time where it can (their steps overlap;
+    // four are slower: the gathers' throughput); otherwise a group at a time, its full rows by
+    // a vector decoder where one applies, the rest plainly. Every group is checked the same way
+    // either way.
+    let batches = vector && super::delta_simd::decode_batches();
     let mut x = vec![0u32; lanes];
-    let mut x2 = vec![0u32; lanes];
     let mut p = 0usize;
     let mut g = 0;
     while g < groups {
         let base = g * group;
         let cnt = group.min(n - base);
-        let mut rd = open_group(s0, lens, g, p, &mut x)?;
         let (rows, rem) = (cnt / lanes, cnt % lanes);
-        if pairs && rem == 0 && rows > 0 && g + 1 < groups && n - base - cnt >= cnt {
-            let mut rd2 = open_group(s0, lens, g + 1, rd.end, &mut x2)?;
-            let mut rc = super::delta_simd::RowCounts::default();
-            if super::delta_simd::decode_rows2::<L>(
-                &s.pad,
-                s0.len(),
-                &s.dec,
-                [&mut x, &mut x2],
-                [&mut rd, &mut rd2],
-                v.state,
-                v.ctx,
-                v.out,
-                [base, base + cnt],
-                rows,
-                &mut rc,
-            ) {
-                v.changed += rc.changed;
-                v.exp_changed += rc.exp_changed;
-                v.no_table |= rc.no_table;
-                check_group(g, &rd, &x, v.no_table)?;
-                check_group(g + 1, &rd2, &x2, v.no_table)?;
-                p = rd2.end;
+        if batches && rem == 0 && rows > 0 {
+            // Groups g.. of `cnt` elements each (all but the last group are whole).
+            let whole = (n - base) / cnt;
+            if whole >= 2 {
+                p = decode_batch::<L, 2>(&mut v, &s.pad, lens, g, p, cnt, rows)?;
                 g += 2;
                 continue;
             }
         }
+        let mut rd = open_group(s0, lens, g, p, &mut x)?;
         let mut plain_from = 0;
         if vector {
             let mut rc = super::delta_simd::RowCounts::default();
@@ -658,6 +641,56 @@ pub(super) fn decode<L: Layout>(
         ));
     }
     Ok((v.changed, v.exp_changed))
+}
+
+/// Decode `B` whole groups from group `g` (lane section byte `p` on) of `cnt` elements, `rows`
+/// rows of 32 lanes each, in lockstep with the AVX-512 decoder (plainly where it does not
+/// apply), and check each; returns the byte after them.
+#[allow(clippy::too_many_arguments)]
+fn decode_batch<L: Layout, const B: usize>(
+    v: &mut Values<'_, L>,
+    pad: &[u8],
+    lens: &[u8],
+    g: usize,
+    mut p: usize,
+    cnt: usize,
+    rows: usize,
+) -> Result<usize> {
+    let mut xs = [[0u32; LANES]; B];
+    let mut rds: [Reader; B] = std::array::from_fn(|_| Reader { at: 0, end: 0 });
+    for (i, (x, rd)) in xs.iter_mut().zip(rds.iter_mut()).enumerate() {
+        *rd = open_group(v.s0, lens, g + i, p, x)?;
+        p = rd.end;
+    }
+    let bases: [usize; B] = std::array::from_fn(|i| (g + i) * cnt);
+    let mut rc = super::delta_simd::RowCounts::default();
+    if super::delta_simd::decode_rows_n::<L, B>(
+        pad,
+        v.s0.len(),
+        v.dec,
+        xs.each_mut().map(|x| &mut x[..]),
+        rds.each_mut(),
+        v.state,
+        v.ctx,
+        v.out,
+        bases,
+        rows,
+        &mut rc,
+    ) {
+        v.changed += rc.changed;
+        v.exp_changed += rc.exp_changed;
+        v.no_table |= rc.no_table;
+    } else {
+        for i in 0..B {
+            for k in 0..rows {
+                v.row(&mut xs[i], &mut rds[i], bases[i] + k * LANES, LANES);
+            }
+        }
+    }
+    for i in 0..B {
+        check_group(g + i, &rds[i], &xs[i], v.no_table)?;
+    }
+    Ok(p)
 }
 
 /// Group `g` of a Delta frame's lane section `s0`, starting at byte `p`: its length from the

@@ -99,34 +99,34 @@ pub(super) fn decode_rows<L: Layout>(
     }
 }
 
-/// Whether [`decode_rows2`] applies (the AVX-512 decoder: the callers pair whole groups for
+/// Whether [`decode_rows_n`] applies (the AVX-512 decoder: the callers batch whole groups for
 /// it).
-pub(super) fn decode_pairs() -> bool {
+pub(super) fn decode_batches() -> bool {
     super::delta_avx512::on()
 }
 
-/// Decode `rows` full rows of 32 elements of two groups in lockstep (their steps overlap), group
+/// Decode `rows` full rows of 32 elements of `G` groups in lockstep (their steps overlap), group
 /// `g` starting at element `bases[g]` with states `xs[g]` reading its stream from `rds[g]`;
 /// otherwise as [`decode_rows`]. Returns false (and does nothing) when this path does not apply
-/// (see [`decode_pairs`]).
+/// (see [`decode_batches`]).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn decode_rows2<L: Layout>(
+pub(super) fn decode_rows_n<L: Layout, const G: usize>(
     padded: &[u8],
     s0_len: usize,
     dec: &[u32],
-    xs: [&mut [u32]; 2],
-    rds: [&mut Reader; 2],
+    xs: [&mut [u32]; G],
+    rds: [&mut Reader; G],
     state: &mut [u8],
     ctx: &mut [u8],
     out: &mut [u8],
-    bases: [usize; 2],
+    bases: [usize; G],
     rows: usize,
     counts: &mut RowCounts,
 ) -> bool {
-    if L::BYTES != 2 || xs.iter().any(|x| x.len() != 32) || !decode_pairs() {
+    if L::BYTES != 2 || xs.iter().any(|x| x.len() != 32) || !decode_batches() {
         return false;
     }
-    let end = bases[0].max(bases[1]) + rows * 32;
+    let end = bases.iter().max().map_or(0, |&b| b + rows * 32);
     assert!(
         padded.len() >= s0_len + super::delta_avx512::PAD
             && dec.len() == NCTX * PROB_SCALE as usize
@@ -138,12 +138,12 @@ pub(super) fn decode_rows2<L: Layout>(
     );
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (decode_pairs checked them). The
+        // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (decode_batches checked them). The
         // asserts above bound every access: rows of 32 elements below `end` in ctx/state/out
-        // for both groups; table indices are min(ctx, 16) * 4096 + (x & 4095) < dec.len();
+        // for every group; table indices are min(ctx, 16) * 4096 + (x & 4095) < dec.len();
         // word loads read 64 bytes at min(rd.at, s0_len) <= padded.len() - 64; 32 states each.
         unsafe {
-            super::delta_avx512::decode_rows::<L, 2>(
+            super::delta_avx512::decode_rows::<L, G>(
                 padded, s0_len, dec, xs, rds, state, ctx, out, bases, rows, counts,
             );
         }
