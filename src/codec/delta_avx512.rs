@@ -1,16 +1,21 @@
 //! AVX-512 coding of Delta frames for the 16-bit types (bf16, fp16): the 32 lanes of a group as
 //! two vectors of sixteen states, one row of 32 elements per step, bit for bit what the AVX2
-//! coder in `delta_simd.rs` and the plain coder in `delta.rs` compute (the same frames, the same
-//! decodes of valid frames; a damaged stream fails the checks after each group on every path).
+//! coder in `delta_simd.rs` and the plain coder in `delta.rs` compute on valid frames (the same
+//! frames, the same decodes); on a damaged stream every path runs the same checks after each
+//! group, not necessarily with the same garbage on the way.
 //!
 //! What differs from the AVX2 coder: mask registers instead of movemask and blends; the words
-//! of a step's 32 lanes move in one 16-bit compress (encoder) or expand (decoder) in registers
-//! (the memory forms are microcoded on some processors), with one popcount of the 32-bit mask
-//! advancing the stream position; the encoder's quotient `x / freq` comes from a reciprocal
-//! (`rcp14` and one Newton step, off the state's dependency chain) instead of a division, with
-//! the same exact correction by one either way; and the encoder holds its states in descending
-//! lane order (lanes 31..16, then 15..0), so that the words of a step compress in the order
-//! the encoder writes them (highest lane first) without a permute per step.
+//! of a step's 32 lanes move in one 16-bit compress (encoder, in a register: the
+//! memory-destination form is microcoded on Zen 4) or expand (decoder; the compiler folds the
+//! word load into it, which measured as fast as the register form on Zen 4), with one popcount
+//! of the 32-bit mask advancing the stream position; the encoder's quotient `x / freq` comes
+//! from a reciprocal (`rcp14` and one Newton step, off the state's dependency chain) instead of
+//! a division, with the same exact correction by one either way; the encoder holds its states
+//! in descending lane order (lanes 31..16, then 15..0), so that the words of a step compress in
+//! the order the encoder writes them (highest lane first) without a permute per step, and
+//! makes each row's moves, tokens and table gathers a row ahead; and the decoder runs two
+//! whole groups in lockstep (`delta::decode` pairs them), so that one group's table gathers
+//! (on its states' dependency chain) overlap the other's.
 //!
 //! Dispatch: `delta_simd::{encode_rows, decode_rows}` take this path when [`on`] says so: the
 //! AVX2 path applies (`CIERA_NO_SIMD` unset) and the processor has AVX-512 F, BW, VL, CD, VBMI
