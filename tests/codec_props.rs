@@ -10,7 +10,9 @@
 //! element type: `DTypeMismatch`; another count, offset or buffer size: `LengthMismatch`; a
 //! delta for a cold slot, a hybrid frame for an exponent slot or a Delta frame for a slot
 //! without contexts: `SlotState`). `simd_and_plain_paths_agree` re-runs this binary with
-//! `CIERA_NO_SIMD=1` and checks that both paths produce the same bytes.
+//! `CIERA_NO_SIMD=1` and checks that both paths produce the same bytes;
+//! `delta_avx512_avx2_plain_agree` runs Delta frames of bf16/fp16 through the AVX-512 path
+//! (this process), the AVX2 path (`CIERA_NO_AVX512=1`) and the plain path (`CIERA_NO_SIMD=1`).
 //!
 //! Delta slots (values and one context byte per element, docs/WIRE.md "Delta") also get drift
 //! in ulps (`Drift::ulp`: key-space moves of 1 to 2^30 ulps, which cross exponents, signs and
@@ -1501,4 +1503,179 @@ fn simd_and_plain_paths_agree() {
         );
     }
     assert_eq!(here.len(), plain.len(), "transcript lengths");
+}
+
+// ---- Delta frames: AVX-512 against AVX2 against plain, in child processes -------------------
+
+/// A deterministic transcript of Delta coding for the 16-bit types on the vector paths (32
+/// lanes from 16384 elements): one group, several groups, partial last rows, element counts not
+/// a multiple of 32; drift in ulps with large moves (extra bits), NaN/inf/-0/subnormal; every
+/// frame, every decode (which must reproduce the input), damaged frames decoded by receivers
+/// with the same history (an error or the values, never a panic; some damage, on every path,
+/// decodes to other values without an error), and a frame
+/// each receiver encodes from the contexts its decodes left.
+fn delta_transcript() -> Vec<u8> {
+    let mut t = Vec::new();
+    let mut rng = Rng(0xD512);
+    for dtype in [DType::BF16, DType::F16] {
+        for len in [16_384usize, 16_389, 2 * 32_768 + 33, 100_003] {
+            let mode = CacheMode::Delta;
+            let mut tx = CacheSlot::with_version(dtype, mode, len, 7);
+            let mut rx = CacheSlot::with_version(dtype, mode, len, 9);
+            tx.set_frame_choice(FrameChoice::Delta);
+            let mut x = initial_tensor(&mut rng, dtype, len, 0.01);
+            let mut history: Vec<Vec<u8>> = Vec::new();
+            for it in 0..6 {
+                if it > 0 {
+                    let d = Drift {
+                        q: 0.02,
+                        p: 0.002,
+                        special: [0.0, 0.01, 0.001, 0.05, 0.0][it - 1],
+                        ulp: [0.2, 0.9, 1.0, 0.5, 0.05][it - 1],
+                    };
+                    x = drift_step(&mut rng, dtype, &x, d);
+                }
+                let mut f = Vec::new();
+                tx.encode(&x, &mut f).unwrap();
+                t.extend_from_slice(&(f.len() as u64).to_le_bytes());
+                t.extend_from_slice(&f);
+                if it > 0 {
+                    for d in 0..6 {
+                        let mut g = f.clone();
+                        let at = frame::HEADER_LEN + rng.below(g.len() - frame::HEADER_LEN);
+                        g[at] ^= 1 << (d * 3 % 8);
+                        reseal(&mut g);
+                        let mut s = CacheSlot::new(dtype, mode, len);
+                        let mut o = vec![0u8; x.len()];
+                        for h in &history {
+                            s.decode(h, &mut o).unwrap();
+                        }
+                        match s.decode(&g, &mut o) {
+                            Ok(_) => {
+                                t.push(1);
+                                t.extend_from_slice(&o);
+                            }
+                            Err(_) => t.push(0),
+                        }
+                    }
+                }
+                let mut o = vec![0u8; x.len()];
+                rx.decode(&f, &mut o).unwrap();
+                assert!(
+                    o == x,
+                    "{dtype:?} n={len} iteration {it}: decoded bits differ"
+                );
+                t.extend_from_slice(&o);
+                history.push(f);
+            }
+            // The receiver's contexts (left by its decodes) code its next frame.
+            let next = drift_step(
+                &mut rng,
+                dtype,
+                &x,
+                Drift {
+                    q: 0.02,
+                    p: 0.0,
+                    special: 0.001,
+                    ulp: 0.7,
+                },
+            );
+            rx.set_frame_choice(FrameChoice::Delta);
+            let mut f = Vec::new();
+            rx.encode(&next, &mut f).unwrap();
+            t.extend_from_slice(&f);
+        }
+    }
+    t
+}
+
+/// Not a test of its own: the child half of `delta_avx512_avx2_plain_agree`, run only when
+/// the parent re-executes this binary with the role variable set.
+#[test]
+fn delta_child_role() {
+    if std::env::var_os(ROLE_VAR).is_none_or(|r| r != "delta") {
+        return;
+    }
+    let out = PathBuf::from(std::env::var_os(OUT_VAR).expect("output path"));
+    std::fs::File::create(out)
+        .unwrap()
+        .write_all(&delta_transcript())
+        .unwrap();
+}
+
+/// Delta frames of bf16 and fp16 through the AVX-512 path (this process, when the CPU has it),
+/// the AVX2 path (a child with `CIERA_NO_AVX512=1`) and the plain path (a child with
+/// `CIERA_NO_SIMD=1`): byte-identical frames, identical decodes, identical contexts.
+#[test]
+fn delta_avx512_avx2_plain_agree() {
+    if std::env::var_os(ROLE_VAR).is_some() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    let (avx2, avx512) = (
+        std::is_x86_feature_detected!("avx2"),
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512cd")
+            && std::is_x86_feature_detected!("avx512vbmi")
+            && std::is_x86_feature_detected!("avx512vbmi2"),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let (avx2, avx512) = (false, false);
+    let env_on = |v: &str| std::env::var_os(v).is_some_and(|x| x != "0");
+    if !avx512 || env_on("CIERA_NO_AVX512") || env_on("CIERA_NO_SIMD") {
+        eprintln!(
+            "note: skipping the AVX-512 leg (no AVX-512 F/BW/VL/CD/VBMI/VBMI2 on this CPU, or \
+             CIERA_NO_AVX512/CIERA_NO_SIMD set): this process runs {} path",
+            if avx2 && !env_on("CIERA_NO_SIMD") {
+                "the AVX2"
+            } else {
+                "the plain"
+            }
+        );
+    }
+    let run = |name: &str, var: &str| -> Vec<u8> {
+        let path = std::env::temp_dir().join(format!(
+            "ciera-codec-delta-{name}-{}.bin",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "delta_child_role",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(var, "1")
+            .env(ROLE_VAR, "delta")
+            .env(OUT_VAR, &path)
+            .output()
+            .expect("re-running the test binary");
+        assert!(
+            child.status.success(),
+            "child ({name} path) failed: {}\n{}{}",
+            child.status,
+            String::from_utf8_lossy(&child.stdout),
+            String::from_utf8_lossy(&child.stderr)
+        );
+        let t = std::fs::read(&path)
+            .expect("the child wrote no transcript (test filter did not match?)");
+        let _ = std::fs::remove_file(&path);
+        t
+    };
+    let avx2_t = run("avx2", "CIERA_NO_AVX512");
+    let plain_t = run("plain", "CIERA_NO_SIMD");
+    let here = delta_transcript();
+    for (name, other) in [("AVX2", &avx2_t), ("plain", &plain_t)] {
+        if let Some(at) = here.iter().zip(other).position(|(a, b)| a != b) {
+            panic!(
+                "this process's and the {name} path's Delta transcripts differ first at byte \
+                 {at} of {}",
+                here.len()
+            );
+        }
+        assert_eq!(here.len(), other.len(), "{name} transcript length");
+    }
 }

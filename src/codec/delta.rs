@@ -147,7 +147,8 @@ pub(super) struct DeltaScratch {
     hist: Vec<u32>,
     /// Decoder lookup: per context PROB_SCALE entries.
     dec: Vec<u32>,
-    /// The lane section and 16 zero bytes (the vector decoder reads 8 words at a time).
+    /// The lane section and 64 zero bytes (the vector decoders read 8 (AVX2) or 32 (AVX-512)
+    /// words at a time).
     pad: Vec<u8>,
     /// The words of the group being encoded.
     words: Vec<u16>,
@@ -567,7 +568,7 @@ pub(super) fn decode<L: Layout>(
     if vector {
         s.pad.clear();
         s.pad.extend_from_slice(s0);
-        s.pad.extend_from_slice(&[0; 16]);
+        s.pad.extend_from_slice(&[0; super::delta_avx512::PAD]);
     }
     let mut v = Values::<L> {
         s0,
@@ -581,39 +582,28 @@ pub(super) fn decode<L: Layout>(
         no_table: false,
         _l: std::marker::PhantomData,
     };
-    // The vector decoder takes two whole groups at a time (their steps overlap).
+    // The AVX-512 decoder takes two whole groups at a time where it can (their steps overlap;
+    // four are slower: the gathers' throughput); otherwise a group at a time, its full rows by
+    // a vector decoder where one applies, the rest plainly. Every group is checked the same way
+    // either way.
+    let batches = vector && super::delta_simd::decode_batches();
     let mut x = vec![0u32; lanes];
     let mut p = 0usize;
-    for g in 0..groups {
+    let mut g = 0;
+    while g < groups {
         let base = g * group;
         let cnt = group.min(n - base);
-        let o = 4 * g;
-        let len = u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize;
-        if len < 4 * lanes || !(len - 4 * lanes).is_multiple_of(2) || len > s0.len() - p {
-            return Err(CodecError::corrupt(
-                "delta lanes",
-                format!(
-                    "group {g}: {len} bytes ({lanes} states and whole words expected), {} left \
-                     in the section",
-                    s0.len() - p
-                ),
-            ));
-        }
-        for (l, xl) in x.iter_mut().enumerate() {
-            let q = p + 4 * l;
-            *xl = u32::from_le_bytes([s0[q], s0[q + 1], s0[q + 2], s0[q + 3]]);
-            if !(RANS_L..RANS_L << 16).contains(xl) {
-                return Err(CodecError::corrupt(
-                    "delta lanes",
-                    format!("group {g} lane {l}: state {xl:#x} out of range"),
-                ));
+        let (rows, rem) = (cnt / lanes, cnt % lanes);
+        if batches && rem == 0 && rows > 0 {
+            // Groups g.. of `cnt` elements each (all but the last group are whole).
+            let whole = (n - base) / cnt;
+            if whole >= 2 {
+                p = decode_batch::<L, 2>(&mut v, &s.pad, lens, g, p, cnt, rows)?;
+                g += 2;
+                continue;
             }
         }
-        let mut rd = Reader {
-            at: p + 4 * lanes,
-            end: p + len,
-        };
-        let (rows, rem) = (cnt / lanes, cnt % lanes);
+        let mut rd = open_group(s0, lens, g, p, &mut x)?;
         let mut plain_from = 0;
         if vector {
             let mut rc = super::delta_simd::RowCounts::default();
@@ -640,28 +630,9 @@ pub(super) fn decode<L: Layout>(
             v.row(&mut x, &mut rd, base + k * lanes, lanes);
         }
         v.row(&mut x, &mut rd, base + rows * lanes, rem);
-        if v.no_table {
-            return Err(CodecError::corrupt(
-                "delta tables",
-                format!("an element of group {g} has a context the frame has no table for"),
-            ));
-        }
-        if rd.at != rd.end || x.iter().any(|&xl| xl != RANS_L) {
-            return Err(CodecError::corrupt(
-                "delta lanes",
-                format!(
-                    "group {g}: stream ends {} bytes {} its last element, final states {:x?} \
-                     (expected {RANS_L:#x})",
-                    rd.end.abs_diff(rd.at),
-                    if rd.at > rd.end { "before" } else { "after" },
-                    x.iter()
-                        .filter(|&&xl| xl != RANS_L)
-                        .take(4)
-                        .collect::<Vec<_>>()
-                ),
-            ));
-        }
-        p += len;
+        check_group(g, &rd, &x, v.no_table)?;
+        p = rd.end;
+        g += 1;
     }
     if p != s0.len() {
         return Err(CodecError::corrupt(
@@ -670,6 +641,116 @@ pub(super) fn decode<L: Layout>(
         ));
     }
     Ok((v.changed, v.exp_changed))
+}
+
+/// Decode `B` whole groups from group `g` (lane section byte `p` on) of `cnt` elements, `rows`
+/// rows of 32 lanes each, in lockstep with the AVX-512 decoder (plainly where it does not
+/// apply), and check each; returns the byte after them.
+#[allow(clippy::too_many_arguments)]
+fn decode_batch<L: Layout, const B: usize>(
+    v: &mut Values<'_, L>,
+    pad: &[u8],
+    lens: &[u8],
+    g: usize,
+    mut p: usize,
+    cnt: usize,
+    rows: usize,
+) -> Result<usize> {
+    let mut xs = [[0u32; LANES]; B];
+    let mut rds: [Reader; B] = std::array::from_fn(|_| Reader { at: 0, end: 0 });
+    for (i, (x, rd)) in xs.iter_mut().zip(rds.iter_mut()).enumerate() {
+        *rd = open_group(v.s0, lens, g + i, p, x)?;
+        p = rd.end;
+    }
+    let bases: [usize; B] = std::array::from_fn(|i| (g + i) * cnt);
+    let mut rc = super::delta_simd::RowCounts::default();
+    if super::delta_simd::decode_rows_n::<L, B>(
+        pad,
+        v.s0.len(),
+        v.dec,
+        xs.each_mut().map(|x| &mut x[..]),
+        rds.each_mut(),
+        v.state,
+        v.ctx,
+        v.out,
+        bases,
+        rows,
+        &mut rc,
+    ) {
+        v.changed += rc.changed;
+        v.exp_changed += rc.exp_changed;
+        v.no_table |= rc.no_table;
+    } else {
+        for i in 0..B {
+            for k in 0..rows {
+                v.row(&mut xs[i], &mut rds[i], bases[i] + k * LANES, LANES);
+            }
+        }
+    }
+    for i in 0..B {
+        check_group(g + i, &rds[i], &xs[i], v.no_table)?;
+    }
+    Ok(p)
+}
+
+/// Group `g` of a Delta frame's lane section `s0`, starting at byte `p`: its length from the
+/// group lengths `lens` checked, its lane states read into `x` (checked), and a reader of its
+/// words.
+fn open_group(s0: &[u8], lens: &[u8], g: usize, p: usize, x: &mut [u32]) -> Result<Reader> {
+    let lanes = x.len();
+    let o = 4 * g;
+    let len = u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize;
+    if len < 4 * lanes || !(len - 4 * lanes).is_multiple_of(2) || len > s0.len() - p {
+        return Err(CodecError::corrupt(
+            "delta lanes",
+            format!(
+                "group {g}: {len} bytes ({lanes} states and whole words expected), {} left \
+                 in the section",
+                s0.len() - p
+            ),
+        ));
+    }
+    for (l, xl) in x.iter_mut().enumerate() {
+        let q = p + 4 * l;
+        *xl = u32::from_le_bytes([s0[q], s0[q + 1], s0[q + 2], s0[q + 3]]);
+        if !(RANS_L..RANS_L << 16).contains(xl) {
+            return Err(CodecError::corrupt(
+                "delta lanes",
+                format!("group {g} lane {l}: state {xl:#x} out of range"),
+            ));
+        }
+    }
+    Ok(Reader {
+        at: p + 4 * lanes,
+        end: p + len,
+    })
+}
+
+/// The checks after group `g` is decoded: every element had a table, every word of its stream
+/// was consumed and every lane is back at the encoder's initial state.
+fn check_group(g: usize, rd: &Reader, x: &[u32], no_table: bool) -> Result<()> {
+    if no_table {
+        return Err(CodecError::corrupt(
+            "delta tables",
+            format!("an element of group {g} has a context the frame has no table for"),
+        ));
+    }
+    if rd.at != rd.end || x.iter().any(|&xl| xl != RANS_L) {
+        return Err(CodecError::corrupt(
+            "delta lanes",
+            format!(
+                "group {g}: stream ends {} bytes {} its last element, final states {:x?} \
+                 (expected {RANS_L:#x})",
+                rd.end.abs_diff(rd.at),
+                if rd.at > rd.end { "before" } else { "after" },
+                x.iter()
+                    .filter(|&&xl| xl != RANS_L)
+                    .take(4)
+                    .collect::<Vec<_>>()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Where a group's shared word stream is read. Past its end it reads zeros (and the check

@@ -7,7 +7,9 @@
 //! not necessarily with the same garbage on the way. tests/codec_props.rs runs both paths on
 //! the same frames. Dispatch: [`decode_rows`] / [`encode_rows`] return false when they do not
 //! apply (no AVX2, `CIERA_NO_SIMD=1`, another lane count or type), and the caller codes those
-//! rows plainly.
+//! rows plainly. Where they apply they take the AVX-512 coders of `delta_avx512.rs` when the
+//! processor has AVX-512 F/BW/VL/CD/VBMI/VBMI2, unless `CIERA_NO_AVX512=1` (then these AVX2
+//! coders, as on AVX2-only processors); pass one (`scan16`) is AVX2 either way.
 #![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
 
 use super::delta::{Reader, Words, CLIP, HIST, NCTX, PROB_SCALE};
@@ -55,6 +57,31 @@ pub(super) fn decode_rows<L: Layout>(
     );
     #[cfg(target_arch = "x86_64")]
     {
+        if super::delta_avx512::on() {
+            assert!(
+                padded.len() >= s0_len + super::delta_avx512::PAD,
+                "delta avx512 decode: section not padded"
+            );
+            // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (delta_avx512::on checked
+            // them). The asserts above bound every access as for AVX2, and word loads read 64
+            // bytes at min(rd.at, s0_len) <= padded.len() - 64.
+            unsafe {
+                super::delta_avx512::decode_rows::<L, 1>(
+                    padded,
+                    s0_len,
+                    dec,
+                    [x],
+                    [rd],
+                    state,
+                    ctx,
+                    out,
+                    [base],
+                    rows,
+                    counts,
+                );
+            }
+            return true;
+        }
         // SAFETY: AVX2 is present (enabled() checked it). The asserts above bound every
         // access: rows of 32 elements below `end` in ctx/state/out; table indices are
         // min(ctx, 16) * 4096 + (x & 4095) < dec.len(); word loads read 16 bytes at
@@ -62,6 +89,62 @@ pub(super) fn decode_rows<L: Layout>(
         unsafe {
             avx2::rows::<L>(
                 padded, s0_len, dec, x, rd, state, ctx, out, base, rows, counts,
+            );
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether [`decode_rows_n`] applies (the AVX-512 decoder: the callers batch whole groups for
+/// it).
+pub(super) fn decode_batches() -> bool {
+    super::delta_avx512::on()
+}
+
+/// Decode `rows` full rows of 32 elements of `G` groups in lockstep (their steps overlap), group
+/// `g` starting at element `bases[g]` with states `xs[g]` reading its stream from `rds[g]`;
+/// otherwise as [`decode_rows`]. Returns false (and does nothing) when this path does not apply
+/// (see [`decode_batches`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decode_rows_n<L: Layout, const G: usize>(
+    padded: &[u8],
+    s0_len: usize,
+    dec: &[u32],
+    xs: [&mut [u32]; G],
+    rds: [&mut Reader; G],
+    state: &mut [u8],
+    ctx: &mut [u8],
+    out: &mut [u8],
+    bases: [usize; G],
+    rows: usize,
+    counts: &mut RowCounts,
+) -> bool {
+    if L::BYTES != 2 || xs.iter().any(|x| x.len() != 32) || !decode_batches() {
+        return false;
+    }
+    let end = bases.iter().max().map_or(0, |&b| b + rows * 32);
+    assert!(
+        padded.len() >= s0_len + super::delta_avx512::PAD
+            && dec.len() == NCTX * PROB_SCALE as usize
+            && ctx.len() >= end
+            && state.len() >= 2 * end
+            && out.len() >= 2 * end
+            && rds.iter().all(|rd| rd.end <= s0_len),
+        "delta avx512 decode: inconsistent buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (decode_batches checked them). The
+        // asserts above bound every access: rows of 32 elements below `end` in ctx/state/out
+        // for every group; table indices are min(ctx, 16) * 4096 + (x & 4095) < dec.len();
+        // word loads read 64 bytes at min(rd.at, s0_len) <= padded.len() - 64; 32 states each.
+        unsafe {
+            super::delta_avx512::decode_rows::<L, G>(
+                padded, s0_len, dec, xs, rds, state, ctx, out, bases, rows, counts,
             );
         }
         true
@@ -631,8 +714,24 @@ pub(super) fn encode_rows<L: Layout>(
             && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
         "delta avx2 encode: inconsistent buffers"
     );
+    if rows == 0 {
+        return true;
+    }
     #[cfg(target_arch = "x86_64")]
     {
+        if super::delta_avx512::on() {
+            assert!(
+                words.buf.len() >= words.pos + 2 * 32 * rows + 32,
+                "delta avx512 encode: words too short"
+            );
+            // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (delta_avx512::on checked
+            // them); the asserts above bound every access as for AVX2, and the word stores are
+            // 32 words at pos, bounds-checked as a slice.
+            unsafe {
+                super::delta_avx512::encode_rows(table, input, state, ctx, x, words, base, rows)
+            };
+            return true;
+        }
         // SAFETY: AVX2 is present; reads of input/state/ctx and writes of state/ctx stay below
         // element `end` (asserted); gather indices are min(ctx, 16) * ntok + token with
         // token < tokens(16) = ntok, so below NCTX * ntok, the table's length (asserted); word

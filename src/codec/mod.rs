@@ -29,6 +29,7 @@ pub mod bitmask;
 pub mod checksum;
 mod chunk;
 pub mod delta;
+mod delta_avx512;
 mod delta_simd;
 mod error;
 pub mod float;

@@ -1,0 +1,532 @@
+//! AVX-512 coding of Delta frames for the 16-bit types (bf16, fp16): the 32 lanes of a group as
+//! two vectors of sixteen states, one row of 32 elements per step, bit for bit what the AVX2
+//! coder in `delta_simd.rs` and the plain coder in `delta.rs` compute on valid frames (the same
+//! frames, the same decodes); on a damaged stream every path runs the same checks after each
+//! group, not necessarily with the same garbage on the way.
+//!
+//! What differs from the AVX2 coder: mask registers instead of movemask and blends; the words
+//! of a step's 32 lanes move in one 16-bit compress (encoder, in a register: the
+//! memory-destination form is microcoded on Zen 4) or expand (decoder; the compiler folds the
+//! word load into it, which measured as fast as the register form on Zen 4), with one popcount
+//! of the 32-bit mask advancing the stream position; the encoder's quotient `x / freq` comes
+//! from a reciprocal (`rcp14` and one Newton step, off the state's dependency chain) instead of
+//! a division, with the same exact correction by one either way; the encoder holds its states
+//! in descending lane order (lanes 31..16, then 15..0), so that the words of a step compress in
+//! the order the encoder writes them (highest lane first) without a permute per step, and
+//! makes each row's moves, tokens and table gathers a row ahead; and the decoder runs two
+//! whole groups in lockstep (`delta::decode` pairs them), so that one group's table gathers
+//! (on its states' dependency chain) overlap the other's.
+//!
+//! Dispatch: `delta_simd::{encode_rows, decode_rows}` take this path when [`on`] says so: the
+//! AVX2 path applies (`CIERA_NO_SIMD` unset) and the processor has AVX-512 F, BW, VL, CD, VBMI
+//! and VBMI2; `CIERA_NO_AVX512=1` keeps the AVX2 path (for diff-testing and for timing it).
+#![allow(unsafe_code)] // the AVX-512 intrinsics; every block says why it is sound
+
+/// Whether the AVX-512 coders apply: the vector coders apply (`delta_simd::on`), the processor
+/// has the AVX-512 subsets they use, and `CIERA_NO_AVX512` is unset (or "0").
+pub(super) fn on() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| {
+            super::delta_simd::on()
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512cd")
+                && std::is_x86_feature_detected!("avx512vbmi")
+                && std::is_x86_feature_detected!("avx512vbmi2")
+                && std::env::var_os("CIERA_NO_AVX512").is_none_or(|v| v == "0")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Bytes a decoder may read past the end of the lane section (one 32-word load); the caller's
+/// `padded` copy of the section ends with at least this many zero bytes.
+pub(super) const PAD: usize = 64;
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use imp::{decode_rows, encode_rows};
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use std::arch::x86_64::*;
+
+    use super::super::delta::{Reader, Words, CLIP, PROB_BITS, PROB_SCALE, RANS_L};
+    use super::super::delta_simd::{EncTable, RowCounts};
+    use super::super::float::Layout;
+
+    /// Word indices for `_mm512_permutex2var_epi16(a, EVEN, b)`: the low words of the sixteen
+    /// 32-bit lanes of `a`, then of `b` (32 words in lane order).
+    const EVEN: [i16; 32] = {
+        let mut t = [0i16; 32];
+        let mut j = 0;
+        while j < 32 {
+            t[j] = 2 * j as i16;
+            j += 1;
+        }
+        t
+    };
+
+    /// Word indices for `_mm512_permutex2var_epi16(zz, REV[h], zero)`: 32-bit lane j of half h
+    /// takes word 31 - (16h + j) of `zz`, zero-extended (word 32: the first of `zero`).
+    const REV: [[i16; 32]; 2] = {
+        let mut t = [[32i16; 32]; 2];
+        let mut h = 0;
+        while h < 2 {
+            let mut j = 0;
+            while j < 16 {
+                t[h][2 * j] = 31 - (16 * h + j) as i16;
+                j += 1;
+            }
+            h += 1;
+        }
+        t
+    };
+
+    /// Byte indices for `_mm512_maskz_permutexvar_epi8(0x1111.., REVB[h], c)`: 32-bit lane j of
+    /// half h takes byte 31 - (16h + j) of `c`, zero-extended.
+    const REVB: [[i8; 64]; 2] = {
+        let mut t = [[0i8; 64]; 2];
+        let mut h = 0;
+        while h < 2 {
+            let mut j = 0;
+            while j < 16 {
+                t[h][4 * j] = 31 - (16 * h + j) as i8;
+                j += 1;
+            }
+            h += 1;
+        }
+        t
+    };
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn load_i16x32(t: &[i16; 32]) -> __m512i {
+        // SAFETY: `t` is 64 readable bytes.
+        unsafe { _mm512_loadu_si512(t.as_ptr() as *const _) }
+    }
+
+    /// The lanes' states as two vectors of sixteen (lanes 0..16, 16..32), or in descending
+    /// order (lanes 31..16, 15..0) when `rev`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn load_states(xl: &[u32], rev: bool) -> [__m512i; 2] {
+        assert!(xl.len() == 32);
+        // SAFETY: xl holds 32 u32 (asserted): two 64-byte loads.
+        let (a, b) = unsafe {
+            (
+                _mm512_loadu_si512(xl.as_ptr() as *const _),
+                _mm512_loadu_si512(xl.as_ptr().add(16) as *const _),
+            )
+        };
+        if rev {
+            let r = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            [
+                _mm512_permutexvar_epi32(r, b),
+                _mm512_permutexvar_epi32(r, a),
+            ]
+        } else {
+            [a, b]
+        }
+    }
+
+    /// The inverse of [`load_states`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn store_states(xl: &mut [u32], x: [__m512i; 2], rev: bool) {
+        assert!(xl.len() == 32);
+        let [a, b] = if rev {
+            let r = _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            [
+                _mm512_permutexvar_epi32(r, x[1]),
+                _mm512_permutexvar_epi32(r, x[0]),
+            ]
+        } else {
+            x
+        };
+        // SAFETY: xl holds 32 u32 (asserted): two 64-byte stores.
+        unsafe {
+            _mm512_storeu_si512(xl.as_mut_ptr() as *mut _, a);
+            _mm512_storeu_si512(xl.as_mut_ptr().add(16) as *mut _, b);
+        }
+    }
+
+    /// The context bytes 32 16-bit moves leave (`delta::context_of`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn contexts32(d: __m512i) -> __m256i {
+        let chi = _mm512_set1_epi16(CLIP as i16);
+        let cl = _mm512_add_epi16(
+            _mm512_min_epi16(_mm512_max_epi16(d, _mm512_set1_epi16(-CLIP as i16)), chi),
+            chi,
+        );
+        _mm512_cvtepi16_epi8(cl)
+    }
+
+    /// The order key of 32 16-bit values: u ^ 0xffff with the sign bit set, else u ^ 0x8000.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn key32(u: __m512i) -> __m512i {
+        _mm512_xor_si512(
+            u,
+            _mm512_or_si512(_mm512_srai_epi16::<15>(u), _mm512_set1_epi16(i16::MIN)),
+        )
+    }
+
+    /// Append the low words of the lanes set in `over` (the first vector's lanes, then the
+    /// second's, in position order: the encoder's states are in descending lane order) to the
+    /// group's words, then shift those states right by 16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn emit(x: &mut [__m512i; 2], over: [__mmask16; 2], even: __m512i, words: &mut Words<'_>) {
+        let m = over[0] as u32 | (over[1] as u32) << 16;
+        let lo = _mm512_permutex2var_epi16(x[0], even, x[1]);
+        let packed = _mm512_maskz_compress_epi16(m, lo);
+        // Without a branch on the mask: with no lane over, the store writes past the words
+        // (overwritten later) and the position does not move.
+        let dst = &mut words.buf[words.pos..words.pos + 32];
+        // SAFETY: dst is 32 u16 (64 bytes), bounds-checked as a slice.
+        unsafe { _mm512_storeu_si512(dst.as_mut_ptr() as *mut _, packed) };
+        words.pos += m.count_ones() as usize;
+        for v in 0..2 {
+            x[v] = _mm512_mask_srli_epi32::<16>(x[v], over[v], x[v]);
+        }
+    }
+
+    /// Encode `rows` full rows of a group backwards; see `delta_simd::encode_rows`, which
+    /// asserts the bounds this relies on.
+    ///
+    /// # Safety
+    /// The processor has the enabled features; `input` and `state` hold at least
+    /// `2 * (base + 32 * rows)` bytes, `ctx` at least `base + 32 * rows` (any context byte:
+    /// they are clipped to 16 here); `table.packed` holds `NCTX * tokens(16)` entries;
+    /// `words.buf` holds at least `words.pos + 64 * rows + 32` words.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    pub(in crate::codec) unsafe fn encode_rows(
+        table: &EncTable,
+        input: &[u8],
+        state: &mut [u8],
+        ctx: &mut [u8],
+        xl: &mut [u32],
+        words: &mut Words<'_>,
+        base: usize,
+        rows: usize,
+    ) {
+        let mut x = load_states(xl, true);
+        let one = _mm512_set1_epi32(1);
+        let top = _mm512_set1_epi32(i32::MIN); // 2^31 as u32
+        let pk = table.packed.as_ptr() as *const i32;
+        let m12 = _mm512_set1_epi32(0xfff);
+        let zero = _mm512_setzero_si512();
+        let scale = _mm512_set1_epi32(PROB_SCALE as i32);
+        let ntok = _mm512_set1_epi32(crate::codec::delta::tokens(16) as i32);
+        let cmax = _mm512_set1_epi32(2 * CLIP);
+        let two = _mm512_set1_ps(2.0);
+        let even = load_i16x32(&EVEN);
+        let rev = [load_i16x32(&REV[0]), load_i16x32(&REV[1])];
+        // SAFETY: REVB rows are 64 readable bytes.
+        let revb = unsafe {
+            [
+                _mm512_loadu_si512(REVB[0].as_ptr() as *const _),
+                _mm512_loadu_si512(REVB[1].as_ptr() as *const _),
+            ]
+        };
+        // The rows' moves, tokens and table entries depend on the data only, not on the
+        // states: each row's are made (gathers issued) one row ahead of its coding steps.
+        let prep = |row: usize,
+                    state: &mut [u8],
+                    ctx: &mut [u8]|
+         -> ([__m512i; 2], [__m512i; 2], __mmask32, [__m512i; 2]) {
+            // SAFETY: row + 32 <= base + 32 * rows: 64 bytes of input and state, 32 of ctx.
+            let (a, b, c8) = unsafe {
+                (
+                    _mm512_loadu_si512(state.as_ptr().add(2 * row) as *const _),
+                    _mm512_loadu_si512(input.as_ptr().add(2 * row) as *const _),
+                    _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i),
+                )
+            };
+            // The row's moves; the row then takes the new values and the contexts they leave.
+            let d = _mm512_sub_epi16(key32(b), key32(a));
+            let zz = _mm512_xor_si512(_mm512_slli_epi16::<1>(d), _mm512_srai_epi16::<15>(d));
+            // SAFETY: as above.
+            unsafe {
+                _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
+                _mm512_storeu_si512(state.as_mut_ptr().add(2 * row) as *mut _, b);
+            }
+            let c512 = _mm512_castsi256_si512(c8);
+            let (mut zs, mut ebs, mut ps) = ([zero; 2], [zero; 2], [zero; 2]);
+            let mut bigs = 0 as __mmask32;
+            for h in 0..2 {
+                // Lanes 31 - 16h - j, j = 0..16: zigzag moves and old contexts.
+                let z = _mm512_permutex2var_epi16(zz, rev[h], zero);
+                let c = _mm512_min_epu32(
+                    _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, revb[h], c512),
+                    cmax,
+                );
+                // Tokens: z below 32 itself, else 2 * lg + 22 + bit lg - 1, with lg - 1 extra
+                // bits (lg = floor(log2 z)).
+                let lg = _mm512_sub_epi32(_mm512_set1_epi32(31), _mm512_lzcnt_epi32(z));
+                let big = _mm512_cmpgt_epu32_mask(z, _mm512_set1_epi32(31));
+                let bm1 = _mm512_sub_epi32(lg, one);
+                let tb = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<1>(lg), _mm512_set1_epi32(22)),
+                    _mm512_and_si512(_mm512_srlv_epi32(z, bm1), one),
+                );
+                let t = _mm512_mask_blend_epi32(big, z, tb);
+                let kidx = _mm512_add_epi32(_mm512_mullo_epi32(c, ntok), t);
+                // SAFETY: kidx < NCTX * ntok = table.packed.len() (contexts clipped to 16,
+                // tokens below ntok).
+                ps[h] = unsafe { _mm512_i32gather_epi32::<4>(kidx, pk) };
+                zs[h] = z;
+                ebs[h] = _mm512_maskz_mov_epi32(big, bm1);
+                bigs |= (big as u32) << (16 * h);
+            }
+            (zs, ebs, bigs, ps)
+        };
+        let mut next = if rows > 0 {
+            prep(base + (rows - 1) * 32, state, ctx)
+        } else {
+            ([zero; 2], [zero; 2], 0, [zero; 2])
+        };
+        for k in (0..rows).rev() {
+            let (zs, ebs, bigs, ps) = next;
+            if k > 0 {
+                next = prep(base + (k - 1) * 32, state, ctx);
+            }
+            // Extra bits (the decoder reads them after every lane's token), lanes downwards.
+            // Without extra bits the step changes nothing (x < 2^31: no word either).
+            if bigs != 0 {
+                let mut over = [0 as __mmask16; 2];
+                for v in 0..2 {
+                    let lim = _mm512_sub_epi32(_mm512_srlv_epi32(top, ebs[v]), one);
+                    over[v] = _mm512_cmpgt_epu32_mask(x[v], lim);
+                }
+                emit(&mut x, over, even, words);
+                for v in 0..2 {
+                    let low = _mm512_sub_epi32(_mm512_sllv_epi32(one, ebs[v]), one);
+                    x[v] = _mm512_or_si512(
+                        _mm512_sllv_epi32(x[v], ebs[v]),
+                        _mm512_and_si512(zs[v], low),
+                    );
+                }
+            }
+            // Tokens, lanes downwards.
+            let mut over = [0 as __mmask16; 2];
+            let (mut cum, mut freq, mut rf) = ([zero; 2], [zero; 2], [_mm512_setzero_ps(); 2]);
+            for v in 0..2 {
+                let p = ps[v];
+                cum[v] = _mm512_and_si512(p, m12);
+                freq[v] = _mm512_sub_epi32(scale, _mm512_srli_epi32::<12>(p));
+                let xmax1 = _mm512_sub_epi32(_mm512_slli_epi32::<{ 31 - PROB_BITS }>(freq[v]), one);
+                over[v] = _mm512_cmpgt_epu32_mask(x[v], xmax1);
+                // 1 / freq to about 2^-23: rcp14 and one Newton step.
+                let f = _mm512_cvtepi32_ps(freq[v]);
+                let r0 = _mm512_rcp14_ps(f);
+                rf[v] = _mm512_mul_ps(r0, _mm512_fnmadd_ps(f, r0, two));
+            }
+            emit(&mut x, over, even, words);
+            for v in 0..2 {
+                // q = x / freq: x < freq * 2^19 here, so the float quotient is within 1/8 of
+                // the true one and one correction each way makes it exact.
+                let xv = x[v];
+                let mut q = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_cvtepi32_ps(xv), rf[v]));
+                let mut r = _mm512_sub_epi32(xv, _mm512_mullo_epi32(q, freq[v]));
+                let hi = _mm512_cmpge_epi32_mask(r, freq[v]);
+                q = _mm512_mask_add_epi32(q, hi, q, one);
+                r = _mm512_mask_sub_epi32(r, hi, r, freq[v]);
+                let lo = _mm512_cmplt_epi32_mask(r, zero);
+                q = _mm512_mask_sub_epi32(q, lo, q, one);
+                r = _mm512_mask_add_epi32(r, lo, r, freq[v]);
+                // x' = (q << 12) + x mod freq + cum.
+                x[v] = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<{ PROB_BITS }>(q), r),
+                    cum[v],
+                );
+            }
+        }
+        store_states(xl, x, true);
+    }
+
+    /// Refill the lanes below RANS_L with the next words of the stream, in lane order.
+    ///
+    /// # Safety
+    /// `base + min(rd.at, limit) + 64` bytes are readable.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    unsafe fn refill(x: &mut [__m512i; 2], rd: &mut Reader, base: *const u8, limit: usize) {
+        let l = _mm512_set1_epi32(RANS_L as i32);
+        let need = [
+            _mm512_cmplt_epu32_mask(x[0], l),
+            _mm512_cmplt_epu32_mask(x[1], l),
+        ];
+        let m = need[0] as u32 | (need[1] as u32) << 16;
+        // No branch on the mask (as good as random): with no lane in need nothing changes.
+        // SAFETY: the caller's bound.
+        let w = unsafe { _mm512_loadu_si512(base.add(rd.at.min(limit)) as *const _) };
+        let we = _mm512_maskz_expand_epi16(m, w);
+        let wv = [
+            _mm512_cvtepu16_epi32(_mm512_castsi512_si256(we)),
+            _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(we)),
+        ];
+        for v in 0..2 {
+            x[v] = _mm512_mask_or_epi32(x[v], need[v], _mm512_slli_epi32::<16>(x[v]), wv[v]);
+        }
+        rd.at += 2 * m.count_ones() as usize;
+    }
+
+    /// Decode `rows` full rows of each of `G` groups (one or two) in lockstep, group `g` from
+    /// element `bases[g]` with states `xls[g]` and stream `rds[g]` (the groups' steps are
+    /// independent: two groups keep twice the table gathers in flight); see
+    /// `delta_simd::decode_rows`, which asserts the bounds this relies on.
+    ///
+    /// # Safety
+    /// The processor has the enabled features; `padded` holds at least `limit + 64` bytes;
+    /// `dec` holds `NCTX * PROB_SCALE` entries; `ctx` holds at least `bases[g] + 32 * rows`
+    /// bytes for every g, `state` and `out` twice that; each `xls[g]` holds 32 states.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    pub(in crate::codec) unsafe fn decode_rows<L: Layout, const G: usize>(
+        padded: &[u8],
+        limit: usize,
+        dec: &[u32],
+        xls: [&mut [u32]; G],
+        rds: [&mut Reader; G],
+        state: &mut [u8],
+        ctx: &mut [u8],
+        out: &mut [u8],
+        bases: [usize; G],
+        rows: usize,
+        counts: &mut RowCounts,
+    ) {
+        let zero = _mm512_setzero_si512();
+        let mut x = [[zero; 2]; G];
+        for g in 0..G {
+            x[g] = load_states(xls[g], false);
+        }
+        let s0 = padded.as_ptr();
+        let table = dec.as_ptr() as *const i32;
+        let one = _mm512_set1_epi32(1);
+        let mslot = _mm512_set1_epi32(PROB_SCALE as i32 - 1);
+        let m4095 = _mm512_set1_epi32(4095);
+        let cmax = _mm512_set1_epi32(2 * CLIP);
+        let exp_shift = _mm_cvtsi32_si128(L::EXP_SHIFT as i32);
+        let exp_max16 = _mm512_set1_epi16(L::EXP_MAX as i16);
+        let (h8000, h7fff) = (_mm512_set1_epi16(i16::MIN), _mm512_set1_epi16(0x7fff));
+        let even = load_i16x32(&EVEN);
+        let (mut unchanged, mut exp_same) = (0u64, 0u64);
+        let mut no_table: __mmask16 = 0;
+        for k in 0..rows {
+            let mut t = [[zero; 2]; G];
+            for g in 0..G {
+                let row = bases[g] + k * 32;
+                // SAFETY: row + 32 <= bases[g] + 32 * rows: 32 bytes of ctx.
+                let c8 = unsafe { _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i) };
+                let cs = [
+                    _mm512_cvtepu8_epi32(_mm256_castsi256_si128(c8)),
+                    _mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(c8)),
+                ];
+                for v in 0..2 {
+                    let c = _mm512_min_epu32(cs[v], cmax);
+                    let idx = _mm512_or_si512(
+                        _mm512_slli_epi32::<{ PROB_BITS }>(c),
+                        _mm512_and_si512(x[g][v], mslot),
+                    );
+                    // SAFETY: idx = min(ctx, 16) * 4096 + (x & 4095) < NCTX * 4096 = dec.len().
+                    t[g][v] = unsafe { _mm512_i32gather_epi32::<4>(idx, table) };
+                }
+            }
+            for g in 0..G {
+                for v in 0..2 {
+                    let e = t[g][v];
+                    no_table |= _mm512_cmpeq_epi32_mask(e, zero);
+                    let f = _mm512_srli_epi32::<19>(e);
+                    let bias = _mm512_and_si512(_mm512_srli_epi32::<7>(e), m4095);
+                    x[g][v] = _mm512_add_epi32(
+                        _mm512_mullo_epi32(f, _mm512_srli_epi32::<{ PROB_BITS }>(x[g][v])),
+                        bias,
+                    );
+                    t[g][v] = _mm512_and_si512(e, _mm512_set1_epi32(0x7f));
+                }
+                // SAFETY: padded holds limit + 64 bytes.
+                unsafe { refill(&mut x[g], rds[g], s0, limit) };
+            }
+            for g in 0..G {
+                let row = bases[g] + k * 32;
+                // Direct tokens are their zigzag values. Without extra bits in the row the
+                // extra step would change nothing (the states are >= RANS_L after the refill,
+                // so they take no word either).
+                let tg = t[g];
+                let big = [
+                    _mm512_cmpgt_epu32_mask(tg[0], _mm512_set1_epi32(31)),
+                    _mm512_cmpgt_epu32_mask(tg[1], _mm512_set1_epi32(31)),
+                ];
+                let mut zs = tg;
+                if big[0] | big[1] != 0 {
+                    for v in 0..2 {
+                        // Token -> zigzag high part and extra bit count (at most 14 for 16
+                        // bits).
+                        let tv = tg[v];
+                        let bm1 = _mm512_add_epi32(
+                            _mm512_srli_epi32::<1>(_mm512_sub_epi32(tv, _mm512_set1_epi32(32))),
+                            _mm512_set1_epi32(4),
+                        );
+                        let eb = _mm512_maskz_mov_epi32(big[v], bm1);
+                        let zb = _mm512_sllv_epi32(
+                            _mm512_or_si512(_mm512_set1_epi32(2), _mm512_and_si512(tv, one)),
+                            bm1,
+                        );
+                        let z = _mm512_mask_blend_epi32(big[v], tv, zb);
+                        let low = _mm512_sub_epi32(_mm512_sllv_epi32(one, eb), one);
+                        zs[v] = _mm512_or_si512(z, _mm512_and_si512(x[g][v], low));
+                        x[g][v] = _mm512_srlv_epi32(x[g][v], eb);
+                    }
+                    // SAFETY: as above.
+                    unsafe { refill(&mut x[g], rds[g], s0, limit) };
+                }
+                // Moves -> new values, the 32 elements as 16-bit lanes (the zigzag values are
+                // below 2^16).
+                let z = _mm512_permutex2var_epi16(zs[0], even, zs[1]);
+                let d = _mm512_xor_si512(
+                    _mm512_srli_epi16::<1>(z),
+                    _mm512_srai_epi16::<15>(_mm512_slli_epi16::<15>(z)),
+                );
+                // SAFETY: row + 32 <= bases[g] + 32 * rows: 64 bytes of state.
+                let old = unsafe { _mm512_loadu_si512(state.as_ptr().add(2 * row) as *const _) };
+                let kk = _mm512_add_epi16(key32(old), d);
+                // unkey: k ^ 0x8000 with the sign bit set, else k ^ 0xffff.
+                let new = _mm512_xor_si512(
+                    kk,
+                    _mm512_or_si512(
+                        _mm512_andnot_si512(_mm512_srai_epi16::<15>(kk), h7fff),
+                        h8000,
+                    ),
+                );
+                // SAFETY: 64 bytes of out and state, 32 of ctx at the row (as above).
+                unsafe {
+                    _mm512_storeu_si512(out.as_mut_ptr().add(2 * row) as *mut _, new);
+                    _mm512_storeu_si512(state.as_mut_ptr().add(2 * row) as *mut _, new);
+                    _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
+                }
+                unchanged += _mm512_cmpeq_epi16_mask(d, zero).count_ones() as u64;
+                let ex = _mm512_and_si512(
+                    _mm512_srl_epi16(_mm512_xor_si512(old, new), exp_shift),
+                    exp_max16,
+                );
+                exp_same += _mm512_cmpeq_epi16_mask(ex, zero).count_ones() as u64;
+            }
+        }
+        counts.changed += G * rows * 32 - unchanged as usize;
+        counts.exp_changed += G * rows * 32 - exp_same as usize;
+        counts.no_table |= no_table != 0;
+        for (g, xl) in xls.into_iter().enumerate() {
+            store_states(xl, x[g], false);
+        }
+    }
+}
