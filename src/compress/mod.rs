@@ -659,9 +659,10 @@ const BY_SIZE: [CacheMode; 3] = [CacheMode::Delta, CacheMode::FullValue, CacheMo
 /// full-value caches.
 ///
 /// Why delta only there: Delta frames (the change of each value in ulps, coded with its
-/// previous change as context) code at ~0.1-0.3 GB/s per core today. That is slower than shared
+/// previous change as context) code at ~1 GB/s (encode) and ~2-2.7 GB/s (decode) per core today
+/// (AVX-512; `cargo bench --bench codec`). That is slower than shared
 /// memory moves the raw bytes (several GB/s per link), so within one host the codec time would
-/// exceed the wire time it saves, and full-value caches (Exp frames at ~2 GB/s per core, Hybrid
+/// exceed the wire time it saves, and full-value caches (Exp frames at ~5-9 GB/s per core, Hybrid
 /// where it pays) are the better trade. A 1-10 Gbit/s network carries only 0.125-1.25 GB/s, so
 /// a byte saved there is worth far more time than coding it costs: on bf16 at peak learning
 /// rate Delta frames reach ~5.3x (bound ~5.6x, the traces' DELTA_BOUNDS.txt) against ~1.9x
