@@ -1320,6 +1320,40 @@ const OUT_VAR: &str = "CIERA_CODECTEST_OUT";
 /// lanes), decodes of damaged frames (resealed, so the deep decoders run), and SH64 of assorted
 /// lengths. Identical transcripts from both
 /// processes mean identical behaviour.
+/// `tries` damaged copies of frame `f` (a bit flipped past the header, the checksum resealed),
+/// each decoded by a new receiver that first took the same `history`; appends each outcome to
+/// the transcript `t` (0: refused; 1 and the decoded bytes: accepted).
+#[allow(clippy::too_many_arguments)]
+fn damaged_outcomes(
+    t: &mut Vec<u8>,
+    rng: &mut Rng,
+    f: &[u8],
+    dtype: DType,
+    mode: CacheMode,
+    len: usize,
+    history: &[Vec<u8>],
+    tries: u32,
+) {
+    for d in 0..tries {
+        let mut g = f.to_vec();
+        let at = frame::HEADER_LEN + rng.below(g.len() - frame::HEADER_LEN);
+        g[at] ^= 1 << (d * 3 % 8);
+        reseal(&mut g);
+        let mut s = CacheSlot::new(dtype, mode, len);
+        let mut o = vec![0u8; len * dtype.size()];
+        for h in history {
+            s.decode(h, &mut o).unwrap();
+        }
+        match s.decode(&g, &mut o) {
+            Ok(_) => {
+                t.push(1);
+                t.extend_from_slice(&o);
+            }
+            Err(_) => t.push(0),
+        }
+    }
+}
+
 fn transcript() -> Vec<u8> {
     let mut t = Vec::new();
     let mut rng = Rng(0x51D);
@@ -1403,24 +1437,7 @@ fn transcript() -> Vec<u8> {
                     tx.encode(&x, &mut f).unwrap();
                     t.extend_from_slice(&(f.len() as u64).to_le_bytes());
                     t.extend_from_slice(&f);
-                    for d in 0..4 {
-                        let mut g = f.clone();
-                        let at = frame::HEADER_LEN + rng.below(g.len() - frame::HEADER_LEN);
-                        g[at] ^= 1 << (d * 3 % 8);
-                        reseal(&mut g);
-                        let mut s = CacheSlot::new(dtype, mode, len);
-                        let mut o = vec![0u8; x.len()];
-                        for h in &history {
-                            s.decode(h, &mut o).unwrap();
-                        }
-                        match s.decode(&g, &mut o) {
-                            Ok(_) => {
-                                t.push(1);
-                                t.extend_from_slice(&o);
-                            }
-                            Err(_) => t.push(0),
-                        }
-                    }
+                    damaged_outcomes(&mut t, &mut rng, &f, dtype, mode, len, &history, 4);
                     let mut o = vec![0u8; x.len()];
                     rx.decode(&f, &mut o).unwrap();
                     assert!(o == x);
@@ -1540,24 +1557,7 @@ fn delta_transcript() -> Vec<u8> {
                 t.extend_from_slice(&(f.len() as u64).to_le_bytes());
                 t.extend_from_slice(&f);
                 if it > 0 {
-                    for d in 0..6 {
-                        let mut g = f.clone();
-                        let at = frame::HEADER_LEN + rng.below(g.len() - frame::HEADER_LEN);
-                        g[at] ^= 1 << (d * 3 % 8);
-                        reseal(&mut g);
-                        let mut s = CacheSlot::new(dtype, mode, len);
-                        let mut o = vec![0u8; x.len()];
-                        for h in &history {
-                            s.decode(h, &mut o).unwrap();
-                        }
-                        match s.decode(&g, &mut o) {
-                            Ok(_) => {
-                                t.push(1);
-                                t.extend_from_slice(&o);
-                            }
-                            Err(_) => t.push(0),
-                        }
-                    }
+                    damaged_outcomes(&mut t, &mut rng, &f, dtype, mode, len, &history, 6);
                 }
                 let mut o = vec![0u8; x.len()];
                 rx.decode(&f, &mut o).unwrap();
