@@ -273,8 +273,8 @@ impl Policy {
         }
     }
 
-    /// The least time of a call at each level: the larger of its wire bound and its codec
-    /// time as predicted (`predict`), where known.
+    /// The least time of a call at each level: its wire bound with its codec time as
+    /// predicted (`predict`, `least_of`), where known.
     fn least_time(&self, raw_bytes: u64) -> [Option<Duration>; 3] {
         let wire = self.wire_bound(raw_bytes);
         std::array::from_fn(|l| self.least_of(wire[l], l))
@@ -285,11 +285,12 @@ impl Policy {
         self.least_of(self.wire_bound(raw_bytes)[0], predict::EXP_CACHE)
     }
 
-    /// The larger of `wire` and the predicted codec time of choice `i`, whichever are known.
+    /// `wire` with the predicted codec time of choice `i` (`Prediction::combine`), whichever
+    /// are known.
     fn least_of(&self, wire: Option<Duration>, i: usize) -> Option<Duration> {
-        let codec = self.prediction.and_then(|p| p.codec[i]);
-        match (wire, codec) {
-            (Some(w), Some(c)) => Some(w.max(c)),
+        let p = self.prediction;
+        match (wire, p.and_then(|p| p.codec[i])) {
+            (Some(w), Some(c)) => p.map(|p| p.combine(w, c)),
             (w, c) => w.or(c),
         }
     }
@@ -1105,6 +1106,7 @@ mod tests {
             raw: Duration::from_millis(400),
             wire: [None; 4],
             codec: [None; 4],
+            additive: false,
         });
         p.predicted_at = 2;
         p.stats.calls = 3;

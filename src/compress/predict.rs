@@ -5,11 +5,14 @@
 //! against its cache's, at every frame level its cache takes and as an exponent cache would:
 //! the frame bytes and the codec time of real data, scaled to the shard. The ranks exchange
 //! these with the probe's time (one small allgather, once per policy), so every rank holds the
-//! same prediction: per level, the least time a call can take, the larger of
+//! same prediction: per level, the least time a call can take, from
 //! - its wire: the raw baseline scaled by the level's frame bytes over the raw bytes (moving
 //!   bytes costs time in proportion to them, on the wire or in the transport's CPU);
 //! - its codec: each rank encodes its shard and decodes the others', one encoder thread and one
-//!   decoding thread per rank, the ranks of a host sharing its cores.
+//!   decoding thread per rank, the ranks of a host sharing its cores;
+//!
+//! the larger of the two where every rank's threads (transport, encoder, decoder) have cores
+//! of their own (the codec overlaps the moving of the bytes), else their sum (`additive`).
 //!
 //! The policy starts at the level predicted fastest, does not try what is predicted to lose
 //! (a level slower than one measured, an exponent cache slower than the best level, any
@@ -124,6 +127,13 @@ pub(super) struct Prediction {
     /// codec work on the busiest host.
     pub wire: [Option<f64>; 4],
     pub codec: [Option<Duration>; 4],
+    /// A host has fewer cores than its ranks have threads to run (each rank's transport, its
+    /// encoder and its decoder): the codec cannot run beside the moving of the bytes (the
+    /// transport's copies, the kernel's TCP work), so a call takes its wire and its codec
+    /// time, not the larger of them. Measured (4 ranks on 2 cores, loopback TCP, 16 MiB bf16):
+    /// raw 10-12 ms; Exp frames, predicted at 5.4-8.2 ms as the larger (their wire is 2x
+    /// smaller, their codec 2-4 ms), took 10-14 ms.
+    pub additive: bool,
 }
 
 impl Prediction {
@@ -166,16 +176,26 @@ impl Prediction {
             }
             Some(Duration::from_nanos(worst as u64))
         });
-        Prediction { raw, wire, codec }
+        let additive = (0..topo.hosts()).any(|h| {
+            let ranks: Vec<usize> = (0..n).filter(|&r| topo.host_of(r) == h).collect();
+            let cores = ranks.iter().filter_map(|&r| get(r, 1)).min().unwrap_or(1);
+            !ranks.is_empty() && (cores as usize) < 3 * ranks.len()
+        });
+        Prediction {
+            raw,
+            wire,
+            codec,
+            additive,
+        }
     }
 
     /// The least time of a call at choice `i` whose raw bytes (every rank's shard) are `raw`:
-    /// the larger of its wire, scaled from the raw baseline, and its codec.
+    /// its wire, scaled from the raw baseline, and its codec (`combine`).
     pub fn least(&self, i: usize, raw_bytes: u64) -> Option<Duration> {
         self.bound(i, raw_bytes, |c| c)
     }
 
-    /// The larger of choice `i`'s wire and `codec` of its codec time.
+    /// Choice `i`'s wire with `codec` of its codec time (`combine`).
     fn bound(
         &self,
         i: usize,
@@ -183,7 +203,17 @@ impl Prediction {
         codec: impl Fn(Duration) -> Duration,
     ) -> Option<Duration> {
         let wire = self.raw.mul_f64(self.wire[i]? / raw_bytes.max(1) as f64);
-        Some(wire.max(codec(self.codec[i]?)))
+        Some(self.combine(wire, codec(self.codec[i]?)))
+    }
+
+    /// A call's least time from its wire and its codec time: their sum where moving bytes
+    /// takes the codec's cores (`additive`), else the larger (the codec overlaps the wire).
+    pub fn combine(&self, wire: Duration, codec: Duration) -> Duration {
+        if self.additive {
+            wire + codec
+        } else {
+            wire.max(codec)
+        }
     }
 
     /// The time a call at choice `i` is expected to take, for choosing where to start: as
@@ -302,9 +332,16 @@ impl super::Compressor {
     ) -> Sample {
         let levels = super::levels_of(mode);
         let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
-        cached
+        let t = Instant::now();
+        let s = cached
             .map(|v| calibrate(dtype, mode, levels, exp_cache, v, input))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        tracing::debug!(
+            slot = pkey.id,
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            "calibration sample coded"
+        );
+        s
     }
 
     /// Exchange every rank's `sample` and its raw time `probe` (a raw probe's, or the agreed
@@ -436,20 +473,32 @@ mod tests {
     }
 
     #[test]
-    fn prediction_is_the_larger_of_wire_and_shared_codec_time() {
+    fn prediction_is_wire_and_shared_codec_time() {
         let topo = Topology::single_host(4);
         let p = Prediction::from_words(&words_of(2), 0, &topo);
         assert_eq!(p.raw, Duration::from_millis(40));
+        assert!(
+            p.additive,
+            "4 ranks on 2 cores: the cores that code also move the bytes"
+        );
+        // Whole ms (the wire is scaled in floating point).
+        let ms = |d: Option<Duration>| d.map(|d| (d.as_secs_f64() * 1e3).round() as u64);
         let raw_bytes = 16u64 << 20;
         assert_eq!(p.wire[0], Some((raw_bytes / 2) as f64));
         assert_eq!(p.wire[1], None);
-        // Exp: wire 20 ms; codec per rank 1 + 3 x 0.5 ms, 4 ranks on 2 cores: 5 ms.
+        // Exp: wire 20 ms; codec per rank 1 + 3 x 0.5 ms, 4 ranks on 2 cores: 5 ms; one host:
+        // the sum.
         assert_eq!(p.codec[0], Some(Duration::from_millis(5)));
-        assert_eq!(p.least(0, raw_bytes), Some(Duration::from_millis(20)));
+        assert_eq!(ms(p.least(0, raw_bytes)), Some(25));
         // Delta: wire 8 ms; codec (8 + 15) x 4 / 2 = 46 ms.
         assert_eq!(p.codec[2], Some(Duration::from_millis(46)));
-        assert_eq!(p.least(2, raw_bytes), Some(Duration::from_millis(46)));
+        assert_eq!(ms(p.least(2, raw_bytes)), Some(54));
         assert_eq!(p.least(1, raw_bytes), None);
+        // Cores enough for every thread: the codec overlaps the wire, the larger.
+        let p = Prediction::from_words(&words_of(12), 0, &topo);
+        assert!(!p.additive);
+        assert_eq!(ms(p.least(0, raw_bytes)), Some(20));
+        assert_eq!(ms(p.least(2, raw_bytes)), Some(15));
         // With 16 cores each rank has its two threads: Delta's longest thread, 15 ms of
         // decoding, bounds it.
         let p = Prediction::from_words(&words_of(16), 0, &topo);
@@ -458,6 +507,7 @@ mod tests {
         let topo = Topology::new(&[0, 0, 1, 1], true);
         let p = Prediction::from_words(&words_of(2), 0, &topo);
         assert_eq!(p.codec[2], Some(Duration::from_millis(23)));
+        assert!(p.additive, "2 ranks on 2 cores per host");
     }
 
     #[test]
