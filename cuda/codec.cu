@@ -558,13 +558,14 @@ HD u64 rans_encode(const u64* words, u64 nbytes, const u32* freq, u8* rev, u8* o
     return o + r;
 }
 
-// One-thread mask coding, for the Hybrid frames' two masks (the CPU's bitmask::plan, encode
-// and decode over `words` of m bits). `hist` is 256 u32 of scratch.
+// One-thread mask coding, for the Hybrid frames' two masks (the CPU's bitmask::plan_gated,
+// encode and decode over `words` of m bits). `hist` is 256 u32 of scratch.
 struct MaskChoice {
     u32 coding;
     u64 bytes;
 };
-HD MaskChoice mask_plan_seq(const u64* words, u64 m, bool rans, u64 gain, u32* hist, u32* freq) {
+HD MaskChoice mask_plan_seq(const u64* words, u64 m, bool rans, u64 try_gain, u64 gain, u32* hist,
+                            u32* freq) {
     u64 W = cdiv(m, 64), ones = 0, nzw = 0, nzb = 0;
     for (u64 w = 0; w < W; ++w)
         if (words[w]) {
@@ -575,7 +576,7 @@ HD MaskChoice mask_plan_seq(const u64* words, u64 m, bool rans, u64 gain, u32* h
     if (ones == 0) return MaskChoice{MASK_ZERO, 1};
     u64 flat = 1 + cdiv(m, 8), hier = 1 + cdiv(W, 8) + nzw + nzb;
     MaskChoice c = hier <= flat ? MaskChoice{MASK_HIER, hier} : MaskChoice{MASK_FLAT, flat};
-    if (rans && iid_bytes(ones, m) + gain < c.bytes) {
+    if (rans && iid_bytes(ones, m) + try_gain < c.bytes) {
         for (u32 q = 0; q < 256; ++q) hist[q] = 0;
         for (u64 i = 0; i < cdiv(m, 8); ++i) hist[mask_byte(words, i)] += 1;
         freq_from_hist(hist, freq);
@@ -1165,7 +1166,7 @@ struct HybShm {
 };
 
 // hyb_masks (Hybrid only): one block per job. The exponent mask over the changed values, then
-// both masks planned and coded as the CPU does (bitmask::plan with rANS, one thread: the rANS
+// both masks planned and coded as the CPU does (bitmask::plan_gated, one thread: the rANS
 // stream is sequential), the frame laid out, or a FILL where it would be longer than the values.
 template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
     u64 n = j.n;
@@ -1184,9 +1185,11 @@ template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
     b.one([&] {
         p.sm_len = L::sm_len(k);
         p.s1_off = 64 + p.sm_len;
-        MaskChoice c1 = mask_plan_seq(v.cw, n, true, 0, sh.hist, sh.freq);
+        // rANS where it saves 2% of the values and exponents (chunk.rs RANS_MIN_GAIN).
+        u64 budget = (p.sm_len + ke) / 50;
+        MaskChoice c1 = mask_plan_seq(v.cw, n, true, 0, budget, sh.hist, sh.freq);
         p.s1_len = mask_write_seq(v.cw, n, c1.coding, sh.freq, v.rev, v.mbuf);
-        MaskChoice c2 = mask_plan_seq(v.xw, k, true, 0, sh.hist, sh.freq);
+        MaskChoice c2 = mask_plan_seq(v.xw, k, true, 0, budget, sh.hist, sh.freq);
         p.s2_len = mask_write_seq(v.xw, k, c2.coding, sh.freq, v.rev, v.mbuf + p.s1_len);
         p.s3_len = ke;
         p.s2_off = p.s1_off + p.s1_len;

@@ -102,18 +102,19 @@ int ciera_emu_decode(u32 dtype, const DecJob* jobs, u32 njobs) {
 }
 
 extern "C" {
-// The one-thread mask coder of Hybrid frames: plan (with rANS when `rans`, if it saves more
-// than `gain` bytes) and write; returns the bytes written to out (room: 2 * ceil(m/8) + 1100).
-u64 ciera_emu_mask_encode(const u64* words, u64 m, u32 rans, u64 gain, u8* out) {
+// The one-thread mask coder of Hybrid frames: plan (with rANS when `rans`: tried where the
+// entropy of independent bits saves more than `try_gain` bytes, taken where it saves more
+// than `gain`) and write; returns the bytes written to out (room: 2 * ceil(m/8) + 1100).
+u64 ciera_emu_mask_encode(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u8* out) {
     u32 hist[256], freq[256];
-    MaskChoice c = mask_plan_seq(words, m, rans != 0, gain, hist, freq);
+    MaskChoice c = mask_plan_seq(words, m, rans != 0, try_gain, gain, hist, freq);
     std::unique_ptr<u8[]> rev(new u8[2 * cdiv(m, 8) + 16]);
     return mask_write_seq(words, m, c.coding, freq, rev.get(), out);
 }
 // Its plan alone: the coding (into *coding) and its estimated bytes.
-u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 gain, u32* coding) {
+u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u32* coding) {
     u32 hist[256], freq[256];
-    MaskChoice c = mask_plan_seq(words, m, rans != 0, gain, hist, freq);
+    MaskChoice c = mask_plan_seq(words, m, rans != 0, try_gain, gain, hist, freq);
     *coding = c.coding;
     return c.bytes;
 }

@@ -249,11 +249,19 @@ pub fn dec_scratch_bytes(n: usize) -> usize {
 }
 
 extern "C" {
-    fn ciera_emu_mask_encode(words: *const u64, m: u64, rans: u32, gain: u64, out: *mut u8) -> u64;
+    fn ciera_emu_mask_encode(
+        words: *const u64,
+        m: u64,
+        rans: u32,
+        try_gain: u64,
+        gain: u64,
+        out: *mut u8,
+    ) -> u64;
     fn ciera_emu_mask_plan(
         words: *const u64,
         m: u64,
         rans: u32,
+        try_gain: u64,
         gain: u64,
         coding: *mut u32,
     ) -> u64;
@@ -266,9 +274,9 @@ extern "C" {
     ) -> u32;
 }
 
-/// The kernels' one-thread mask coder (Hybrid frames): the coding `bitmask::plan` would pick
-/// (rANS considered when `rans_min_gain` is Some), written out.
-pub fn mask_encode(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> Vec<u8> {
+/// The kernels' one-thread mask coder (Hybrid frames): the coding `bitmask::plan_gated` would
+/// pick (rANS considered when `rans` is Some((try_gain, min_gain))), written out.
+pub fn mask_encode(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> Vec<u8> {
     assert_eq!(words.len(), m.div_ceil(64));
     let mut out = vec![0u8; 2 * m.div_ceil(8) + 1100];
     // SAFETY: words holds ceil(m/64) words; out has the room the coder needs.
@@ -276,8 +284,9 @@ pub fn mask_encode(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> Vec
         ciera_emu_mask_encode(
             words.as_ptr(),
             m as u64,
-            rans_min_gain.is_some() as u32,
-            rans_min_gain.unwrap_or(0) as u64,
+            rans.is_some() as u32,
+            rans.map_or(0, |r| r.0) as u64,
+            rans.map_or(0, |r| r.1) as u64,
             out.as_mut_ptr(),
         )
     };
@@ -285,8 +294,9 @@ pub fn mask_encode(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> Vec
     out
 }
 
-/// The kernels' mask plan: (coding byte, estimated bytes), as `bitmask::plan` reports them.
-pub fn mask_plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> (u8, usize) {
+/// The kernels' mask plan: (coding byte, estimated bytes), as `bitmask::plan_gated` reports
+/// them.
+pub fn mask_plan(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> (u8, usize) {
     assert_eq!(words.len(), m.div_ceil(64));
     let mut coding = 0u32;
     // SAFETY: words holds ceil(m/64) words; coding is writable.
@@ -294,8 +304,9 @@ pub fn mask_plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> (u8, 
         ciera_emu_mask_plan(
             words.as_ptr(),
             m as u64,
-            rans_min_gain.is_some() as u32,
-            rans_min_gain.unwrap_or(0) as u64,
+            rans.is_some() as u32,
+            rans.map_or(0, |r| r.0) as u64,
+            rans.map_or(0, |r| r.1) as u64,
             &mut coding,
         )
     };

@@ -122,6 +122,14 @@ pub struct MaskPlan {
 /// Pick the coding for `words` (m bits). rANS is only tried when `rans_min_gain` is Some(g), and
 /// chosen only if it saves more than g bytes over the best cheap coding: it costs codec time.
 pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
+    plan_gated(words, m, rans_min_gain.map(|g| (g, g)))
+}
+
+/// `plan` with two margins, `rans = Some((try_gain, min_gain))`: the histogram is built where
+/// the entropy of independent bits is more than `try_gain` bytes under the best cheap coding,
+/// and rANS chosen where its estimate is more than `min_gain` under it. A mask whose bytes
+/// repeat (runs, a stripe) codes far below that entropy: `try_gain` 0 still finds it.
+pub fn plan_gated(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> MaskPlan {
     let mut ones = 0usize;
     let mut nz_words = 0usize;
     let mut nz_bytes = 0usize;
@@ -147,11 +155,11 @@ pub fn plan(words: &[u64], m: usize, rans_min_gain: Option<usize>) -> MaskPlan {
     } else {
         (MaskCoding::Flat, flat)
     };
-    // rANS cannot beat the entropy of independent bits by much; skip the histogram when even
-    // that would not save `gain` bytes.
+    // rANS rarely beats the entropy of independent bits by much; skip the histogram when even
+    // that would not save `try_gain` bytes.
     let iid_bytes = iid_bytes(ones as u64, m as u64) as usize;
     let mut table = None;
-    if let Some(gain) = rans_min_gain.filter(|&g| iid_bytes + g < bytes) {
+    if let Some((_, gain)) = rans.filter(|&(t, _)| iid_bytes + t < bytes) {
         let hist = with_mask_bytes(words, m, rans::histogram);
         let t = rans::FreqTable::from_histogram(&hist);
         let est = 1 + t.estimate_bytes(&hist);
