@@ -107,15 +107,17 @@ struct Policy {
     /// Raw until this call number (of this policy), after two slow deltas in a row.
     raw_until: u64,
     backoff: u64,
-    /// The raw baseline: agreed (slowest rank) time of the last timed raw call.
+    /// The raw baseline: agreed (slowest rank) time of the last timed raw call, and how many
+    /// raw calls have been timed.
     raw_time: Option<Duration>,
+    raw_probes: u32,
     /// This rank's time of a raw probe call not yet exchanged (sent with the next status).
     pending_raw: Option<Duration>,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
-    /// Delta- and full-value-cache policies under `auto`: the frame level in use (an index of
-    /// `LEVEL_CHOICES`), the agreed (slowest rank) time of the last call at each level, and the
-    /// level of the call in flight.
+    /// Policies under `auto`: the frame level in use (an index of `LEVEL_CHOICES`; several on
+    /// delta and full-value caches), the agreed (slowest rank) time of the calls at each level
+    /// (`smoothed`; an exponent cache's one level too), and the level of the call in flight.
     level: usize,
     level_time: [Option<Duration>; 3],
     call_level: usize,
@@ -172,6 +174,7 @@ impl Policy {
             raw_until: 0,
             backoff: 256,
             raw_time: None,
+            raw_probes: 0,
             pending_raw: None,
             slow_streak: 0,
             level: 2,
@@ -263,12 +266,19 @@ impl Policy {
         })
     }
 
-    /// One raw probe in how many calls (see `RAW_PROBE_RARELY`), from agreed times.
+    /// One raw probe in how many calls (see `RAW_PROBE_RARELY`), from agreed times. The first
+    /// baseline is the policy's second call, often slow (buffers first touched, TCP windows
+    /// after the fill's idle gap: unshaped, 13-17 ms against 10-11 ms later): unless far
+    /// ahead of it, the compressed calls meet a second one within RAW_PROBE_CLOSE calls.
     fn raw_probe_period(&self) -> u64 {
         let best = self.level_time.iter().flatten().min();
         match (best, self.raw_time) {
             (Some(b), Some(r)) if b.as_secs_f64() < 0.5 * r.as_secs_f64() => RAW_PROBE_RARELY,
-            (Some(b), Some(r)) if b.as_secs_f64() > RAW_CLOSE * r.as_secs_f64() => RAW_PROBE_CLOSE,
+            (Some(b), Some(r))
+                if b.as_secs_f64() > RAW_CLOSE * r.as_secs_f64() || self.raw_probes < 2 =>
+            {
+                RAW_PROBE_CLOSE
+            }
             _ => RAW_PROBE_EVERY,
         }
     }
@@ -968,6 +978,37 @@ mod tests {
         assert!(!cannot_win(ms(1), None));
         assert!(cannot_win(ms(2), ms(1)));
         assert!(!cannot_win(ms(1), ms(1)));
+    }
+
+    /// Raw is probed often while compressed calls are close to it, whatever the cache: an
+    /// exponent cache (one level) whose baseline was timed slow (a busy host) meets its verdict
+    /// within RAW_PROBE_CLOSE calls, not RAW_PROBE_EVERY (seen: 64 losing calls unshaped).
+    #[test]
+    fn raw_is_probed_often_while_close_on_every_cache() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        for (mode, level) in [(CacheMode::Exponent, 2), (CacheMode::Delta, 0)] {
+            let mut p = Policy {
+                raw_time: ms(15),
+                raw_probes: 2,
+                ..Policy::new(Some(mode), true)
+            };
+            assert!(levels_of(mode).contains(&level));
+            // Nothing timed yet.
+            assert_eq!(p.raw_probe_period(), RAW_PROBE_EVERY);
+            p.level_time[level] = ms(13);
+            assert_eq!(p.raw_probe_period(), RAW_PROBE_CLOSE, "{mode:?}");
+            p.level_time[level] = ms(10);
+            assert_eq!(p.raw_probe_period(), RAW_PROBE_EVERY, "{mode:?}");
+            // Only one baseline so far (the second call's): a second one soon.
+            p.raw_probes = 1;
+            assert_eq!(p.raw_probe_period(), RAW_PROBE_CLOSE, "{mode:?}");
+            p.raw_probes = 2;
+            p.level_time[level] = ms(7);
+            assert_eq!(p.raw_probe_period(), RAW_PROBE_RARELY, "{mode:?}");
+            // Far ahead: no early second baseline (on a slow link a raw call is the slowest).
+            p.raw_probes = 1;
+            assert_eq!(p.raw_probe_period(), RAW_PROBE_RARELY, "{mode:?}");
+        }
     }
 
     #[test]
