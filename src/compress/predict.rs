@@ -287,6 +287,23 @@ pub(super) fn decide(
     }
 }
 
+/// A full-value cache that was a delta cache goes back only where Delta frames are expected
+/// this much faster than its other levels: it left because they measured slower, and a near
+/// tie flips back and forth with each new prediction (seen at 5 Gbit/s early in training:
+/// predicted 23.2 against 24.1 ms, measured slower again), a conversion each way.
+const PROMOTE_MARGIN: f64 = 1.05;
+
+/// Whether the Delta level's expected time (`expected[2]`) beats every other known level's by
+/// `PROMOTE_MARGIN`.
+pub(super) fn delta_clearly_fastest(expected: &[Option<Duration>; 4]) -> bool {
+    expected[2].is_some_and(|d| {
+        expected[..2]
+            .iter()
+            .flatten()
+            .all(|o| d.as_secs_f64() * PROMOTE_MARGIN < o.as_secs_f64())
+    })
+}
+
 impl super::Compressor {
     /// After a policy's calibrating raw probe (which took `probe` here): calibrate on this
     /// call's shard (in `recv`, after the raw call) against this rank's cache, exchange, and
@@ -400,8 +417,11 @@ impl super::Compressor {
             levels.iter().map(|&l| LEVEL_CHOICES[l]).collect::<Vec<_>>()
         );
         let decision = decide(&least, &expected, levels, exp_cache, pred.raw);
+        let promote = promoting
+            && matches!(decision, Decision::Level { level: 2, .. })
+            && delta_clearly_fastest(&expected);
         if promoting {
-            if matches!(decision, Decision::Level { level: 2, .. }) {
+            if promote {
                 tracing::info!(
                     slot = key.id,
                     "predicted: Delta frames pay again for this tensor: back to a delta cache (converted)"
@@ -436,7 +456,7 @@ impl super::Compressor {
                 );
             }
             Decision::Level { level, skip_trial } => {
-                p.level = if promoting && level != 2 {
+                p.level = if promoting && !promote {
                     // The delta cache's level as the full-value cache's (Exp and Hybrid: its
                     // everything level).
                     [0, 2, 2][level]
@@ -471,6 +491,27 @@ mod tests {
         (0..4)
             .map(|_| words(Duration::from_millis(40), cores as usize, &s).to_vec())
             .collect()
+    }
+
+    #[test]
+    fn a_delta_cache_comes_back_only_on_a_clear_win() {
+        let ms = |v: f64| Some(Duration::from_secs_f64(v / 1e3));
+        assert!(!delta_clearly_fastest(&[
+            ms(46.4),
+            ms(24.1),
+            ms(23.2),
+            None
+        ]));
+        assert!(delta_clearly_fastest(&[ms(46.4), ms(24.1), ms(22.9), None]));
+        assert!(delta_clearly_fastest(&[None, None, ms(22.9), None]));
+        assert!(!delta_clearly_fastest(&[ms(46.4), ms(24.1), None, None]));
+        // The exponent cache (index 3) is another decision's.
+        assert!(delta_clearly_fastest(&[
+            ms(46.4),
+            ms(24.1),
+            ms(20.0),
+            ms(1.0)
+        ]));
     }
 
     #[test]
