@@ -183,7 +183,6 @@ impl FreqTable {
     }
 }
 
-/// Byte histogram of `data`.
 /// log2(x) in Q16 fixed point (16 fraction bits, truncated), x >= 1: the integer part, then
 /// one fraction bit per squaring of the mantissa. Integer-only, so the CPU and GPU encoders'
 /// size estimates (and so their frames) agree exactly; cuda/codec.cu has the same function.
@@ -206,6 +205,7 @@ pub fn log2_q16(x: u64) -> u64 {
     ((k as u64) << 16) | frac
 }
 
+/// Byte histogram of `data`.
 pub fn histogram(data: &[u8]) -> [u64; 256] {
     // Four interleaved tables hide the store-to-load latency of repeated symbols.
     let mut h = [[0u32; 256]; 4];
