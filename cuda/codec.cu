@@ -420,6 +420,9 @@ HD u64 log2_q16(u64 x) {
 enum : u32 { MASK_ZERO = 0, MASK_FLAT = 1, MASK_HIER = 2, MASK_RANS = 3 };
 constexpr u32 PROB_SCALE = 4096;
 constexpr u32 RANS_L = 1u << 23;
+// A mask takes rANS only where it saves 1/RANS_MIN_GAIN of the frame's values and exponents
+// (chunk.rs RANS_MIN_GAIN).
+constexpr u64 RANS_MIN_GAIN = 50;
 
 HD u32 nonzero_bytes(u64 w) {
     u64 t = w;
@@ -968,7 +971,7 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
             if (ch == 2 || (ch == 0 && hybrid_estimate(L::sm_len(p.k), n, p.k, p.ones) * 5 < exp_bytes * 4))
                 p.mode = 2;
         }
-        u64 budget = (p.sm_len + p.ones) / 50;
+        u64 budget = (p.sm_len + p.ones) / RANS_MIN_GAIN;
         sh.need_hist = !job_cold(j) && p.mode == 1 && p.ones != 0 && iid_bytes(p.ones, n) + budget < bytes;
     });
     b.sync();
@@ -991,7 +994,7 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
             Plan& p = *v.plan;
             u32 freq[256];
             freq_from_hist(sh.hist, freq);
-            u64 est = 1 + rans_estimate(sh.hist, freq), budget = (p.sm_len + p.ones) / 50;
+            u64 est = 1 + rans_estimate(sh.hist, freq), budget = (p.sm_len + p.ones) / RANS_MIN_GAIN;
             if (est + budget < p.s1_len) {
                 // Code into scratch (past the reversal buffer's 2 * nbytes), then into the frame
                 // if it fits there.
@@ -1185,8 +1188,7 @@ template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
     b.one([&] {
         p.sm_len = L::sm_len(k);
         p.s1_off = 64 + p.sm_len;
-        // rANS where it saves 2% of the values and exponents (chunk.rs RANS_MIN_GAIN).
-        u64 budget = (p.sm_len + ke) / 50;
+        u64 budget = (p.sm_len + ke) / RANS_MIN_GAIN;
         MaskChoice c1 = mask_plan_seq(v.cw, n, true, 0, budget, sh.hist, sh.freq);
         p.s1_len = mask_write_seq(v.cw, n, c1.coding, sh.freq, v.rev, v.mbuf);
         MaskChoice c2 = mask_plan_seq(v.xw, k, true, 0, budget, sh.hist, sh.freq);

@@ -335,7 +335,7 @@ impl Compressor {
         let probe = status.iter().map(|s| s[4]).max().unwrap_or(0);
         if probe > 0 && status.iter().all(|s| s[4] > 0) {
             p.raw_time = Some(Duration::from_nanos(probe));
-            p.raw_probes += 1;
+            p.raw_probes = p.raw_probes.saturating_add(1);
         }
         let is_bad: Vec<bool> = (0..n)
             .map(|src| {
@@ -515,8 +515,6 @@ impl Compressor {
             // A cache of one level (an exponent cache) is timed too: its time against the raw
             // baseline sets how often raw is probed (`raw_probe_period`).
             p.level_time[p.call_level] = Some(super::smoothed(p.level_time[p.call_level], slowest));
-        }
-        if mode == CompressMode::Auto && levels.len() > 1 && !all_fill {
             let next = super::prefer_level(p.level_time, p.level, levels);
             if next != p.level {
                 let ms = |l: usize| p.level_time[l].map_or(0.0, |d| d.as_secs_f64() * 1e3);

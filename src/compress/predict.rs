@@ -391,7 +391,7 @@ impl super::Compressor {
             p.convert_cache(CacheMode::Delta);
         }
         p.raw_time = Some(pred.raw);
-        p.raw_probes += 1;
+        p.raw_probes = p.raw_probes.saturating_add(1);
         p.prediction = Some(pred);
         p.recalibrate = false;
         p.drifted = false;
