@@ -508,6 +508,7 @@ impl Compressor {
                 dtype,
                 raw_time,
                 &sample,
+                None,
             )?;
             return Ok(report(false));
         }
@@ -542,7 +543,9 @@ impl Compressor {
             let judged = levels
                 .iter()
                 .all(|&l| p.level_time[l].is_some() || hopeless[l]);
-            if judged && p.level != 2 {
+            // Not where even the best level loses to raw: a full-value cache sends the same
+            // frames, and the policy moves on from here (below).
+            if judged && p.level != 2 && !p.level_loses_to_raw() {
                 let ms = |l: usize| p.level_time[l].map_or(0.0, |d| d.as_secs_f64() * 1e3);
                 tracing::info!(
                     slot = key.id,
@@ -579,14 +582,16 @@ impl Compressor {
             }
             let compared = super::compared_time(p.level_time, levels, hopeless, all_fill, slowest);
             if let (Some(base), Some(t)) = (p.raw_time, compared) {
-                if t.as_secs_f64() > 0.95 * base.as_secs_f64() {
+                if t.as_secs_f64() > super::SLOW_SHARE * base.as_secs_f64() {
                     p.slow_streak += 1;
                 } else {
                     p.slow_streak = 0;
                 }
                 // Two slow calls in a row: one slow call on a shared machine is noise (a call
                 // of FILL frames counts too: buffers that move every call never pay).
-                let demote_to = super::demotion(new_mode, p.may_demote);
+                // Not to an exponent cache that would lose as well (then raw at once).
+                let demote_to = super::demotion(new_mode, p.may_demote)
+                    .filter(|_| !(p.slow_streak >= 2 && p.exp_cache_loses_too(raw)));
                 if let (true, Some(lighter)) = (p.slow_streak >= 2, demote_to) {
                     // Every level of a delta / full-value cache lost: an exponent cache's
                     // Exp frames are cheaper (no full values to keep).

@@ -20,7 +20,9 @@
 //! - the first call of a policy is a raw *fill*: an uncompressed allgather, after which every
 //!   rank fills its caches of every source from the result (a raw call plus a copy);
 //! - the second is a timed raw call (the baseline; one call in 64 is again, to keep it
-//!   current);
+//!   current); where the prediction made at it (below) finds compression not far ahead of
+//!   raw, the third is a second raw probe and the prediction is made with the faster of the
+//!   two (the second call is often slow: buffers first touched, TCP windows after the fill);
 //! - then delta calls; each one's time (slowest rank) is compared with the raw baseline
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
 //!   for a back-off period (256 calls, doubling each time) and is re-probed after it. A policy
@@ -28,7 +30,9 @@
 //!   A delta or full-value cache the default chose then tries an exponent cache once (two
 //!   calls after a refill; kept if as fast as its own best level, see `Trial`), and when even
 //!   its best level loses to raw it moves to an exponent cache before it goes raw: Exp frames
-//!   that must also keep full values cost more than on an exponent cache. `on`
+//!   that must also keep full values cost more than on an exponent cache; not where the
+//!   exponent cache's least time, scaled by how far the measured levels fell short of their
+//!   own, loses too (then raw at once). `on`
 //!   always compresses, `off` never.
 //! - a policy on delta or full-value caches also chooses its frame level by time (Exp only,
 //!   Exp or Hybrid, everything the cache takes): each level timed after the first timed call
@@ -113,6 +117,10 @@ struct Policy {
     raw_probes: u32,
     /// This rank's time of a raw probe call not yet exchanged (sent with the next status).
     pending_raw: Option<Duration>,
+    /// A first prediction that found compression not far ahead of raw waits for a second raw
+    /// probe (the next call): this rank's calibration and the first probe's agreed time
+    /// (`predict::CONFIRM_SHARE`).
+    deferred: Option<(predict::Sample, Duration)>,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
     /// Policies under `auto`: the frame level in use (an index of `LEVEL_CHOICES`; several on
@@ -176,6 +184,7 @@ impl Policy {
             raw_time: None,
             raw_probes: 0,
             pending_raw: None,
+            deferred: None,
             slow_streak: 0,
             level: 2,
             level_time: [None; 3],
@@ -295,6 +304,34 @@ impl Policy {
         self.least_of(self.wire_bound(raw_bytes)[0], predict::EXP_CACHE)
     }
 
+    /// Whether an exponent cache would lose to the raw baseline too (a policy whose every
+    /// level lost decides between it and raw): its least time, scaled by how far this
+    /// policy's measured levels fell short of their own least times (the smallest such
+    /// factor, at least 1: the model's error they share, e.g. a transport that takes the
+    /// codec's cores), is above `SLOW_SHARE` of the baseline. Unknown: it may win. Measured
+    /// (4 ranks on 2 cores, loopback TCP, 16 MiB bf16): levels 1.4-1.8x their least times,
+    /// and the exponent cache then tried took 16-18 ms against raw's 12-15 ms.
+    fn exp_cache_loses_too(&self, raw_bytes: u64) -> bool {
+        let (Some(base), Some(bound)) = (self.raw_time, self.exp_cache_least(raw_bytes)) else {
+            return false;
+        };
+        let least = self.least_time(raw_bytes);
+        let shortfall = (0..3)
+            .filter_map(|l| {
+                let (t, b) = (self.level_time[l]?, least[l]?);
+                (b > Duration::ZERO).then(|| t.as_secs_f64() / b.as_secs_f64())
+            })
+            .fold(f64::INFINITY, f64::min);
+        shortfall.is_finite()
+            && bound.as_secs_f64() * shortfall.max(1.0) > SLOW_SHARE * base.as_secs_f64()
+    }
+
+    /// Whether the level in use measured slower than `SLOW_SHARE` of the raw baseline.
+    fn level_loses_to_raw(&self) -> bool {
+        matches!((self.level_time[self.level], self.raw_time),
+            (Some(t), Some(r)) if t.as_secs_f64() > SLOW_SHARE * r.as_secs_f64())
+    }
+
     /// `wire` with the predicted codec time of choice `i` (`Prediction::combine`), whichever
     /// are known.
     fn least_of(&self, wire: Option<Duration>, i: usize) -> Option<Duration> {
@@ -394,6 +431,9 @@ const RECALIBRATE_DRIFT: f64 = 1.3;
 /// such prediction, up to `RECALIBRATE_MAX_CALLS`.
 const RECALIBRATE_MIN_CALLS: u64 = 4;
 const RECALIBRATE_MAX_CALLS: u64 = 256;
+/// A compressed call slower than this share of the raw baseline is a slow one (two in a row
+/// and the policy moves on).
+const SLOW_SHARE: f64 = 0.95;
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 /// ... and one in this many while its compressed calls take less than half the raw baseline:
@@ -575,6 +615,26 @@ impl Compressor {
         if calls < p.raw_until {
             p.stats.raw_calls += 1;
             return self.raw(engine, send, recv, count, dtype);
+        }
+        if let Some((sample, first)) = p.deferred.take() {
+            // The second raw probe of a close first prediction (`predict::CONFIRM_SHARE`):
+            // the baseline is the faster of the two, and the prediction is made with it.
+            p.stats.raw_calls += 1;
+            let t = Instant::now();
+            let r = self.raw(engine, send, recv, count, dtype)?;
+            let took = t.elapsed();
+            self.predict_from(
+                engine,
+                key,
+                pkey,
+                new_mode,
+                count,
+                dtype,
+                took,
+                &sample,
+                Some(first),
+            )?;
+            return Ok(r);
         }
         // In auto mode the raw baseline comes from timed raw calls: the second call of a
         // policy (the first has touched every buffer by then), then one in RAW_PROBE_EVERY.
@@ -1009,6 +1069,50 @@ mod tests {
             p.raw_probes = 1;
             assert_eq!(p.raw_probe_period(), RAW_PROBE_RARELY, "{mode:?}");
         }
+    }
+
+    /// A policy whose levels all lost decides between an exponent cache and raw by the
+    /// exponent cache's least time scaled by how far the measured levels fell short of theirs.
+    #[test]
+    fn an_exponent_cache_that_would_lose_too_is_not_tried() {
+        let ms = |v: f64| Some(Duration::from_secs_f64(v / 1e3));
+        let raw_bytes = 100;
+        let mut p = Policy {
+            raw_time: ms(12.0),
+            raw_probes: 2,
+            ..Policy::new(Some(CacheMode::Delta), true)
+        };
+        // Nothing predicted: it may win.
+        p.level_time[0] = ms(18.0);
+        assert!(!p.exp_cache_loses_too(raw_bytes));
+        // Exp frames: half the raw bytes (6 ms of wire) and 6 ms of codec, 12 ms in all (the
+        // transport shares the cores); an exponent cache's Exp frames 2 ms of codec: 8 ms.
+        p.level_wire[0] = Some(50.0);
+        p.prediction = Some(predict::Prediction {
+            raw: Duration::from_millis(12),
+            wire: [Some(50.0), None, None, Some(50.0)],
+            codec: [ms(6.0), None, None, ms(2.0)],
+            additive: true,
+        });
+        assert_eq!(p.least_time(raw_bytes)[0], ms(12.0));
+        assert_eq!(p.exp_cache_least(raw_bytes), ms(8.0));
+        // Exp frames took 18 ms, 1.5x their least: the exponent cache's 8 ms is 12 ms, above
+        // 0.95 x 12 ms.
+        assert!(p.exp_cache_loses_too(raw_bytes));
+        // 12.5 ms (1.04x): 8.3 ms, it may win.
+        p.level_time[0] = ms(12.5);
+        assert!(!p.exp_cache_loses_too(raw_bytes));
+        // The smallest shortfall counts: another level at its least time.
+        p.level_time[0] = ms(18.0);
+        p.level_wire[1] = Some(40.0);
+        p.prediction.as_mut().unwrap().codec[1] = ms(9.0);
+        p.level_time[1] = ms(13.8); // least 4.8 + 9 = 13.8
+        assert!(!p.exp_cache_loses_too(raw_bytes));
+        // And a level that lost: the policy goes raw instead of converting to full values.
+        p.level = 0;
+        assert!(p.level_loses_to_raw());
+        p.level_time[0] = ms(11.0);
+        assert!(!p.level_loses_to_raw());
     }
 
     #[test]
