@@ -156,7 +156,8 @@ impl Compressor {
                 self.store.take(src, version)
             };
             let Some(mut l) = lineage else { continue };
-            if let Some(slot) = l.slot.converted(mode) {
+            let old = std::mem::replace(&mut l.slot, CacheSlot::new(key.dtype, mode, 0));
+            if let Some(slot) = old.into_converted(mode) {
                 l.slot = slot;
                 kept.push((src, l.slot.version()));
                 self.store.put(src, l, (src == me).then_some(key));
