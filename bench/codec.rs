@@ -1,6 +1,6 @@
 //! `cargo bench --bench codec`: single-thread encode and decode throughput of the codec on
 //! 64 MiB of real trace weights (bf16 and fp32, tiled), each printed with its ratio to a memcpy
-//! of the same bytes measured in the same run. Set CIERA_TRACE to another trace folder; by
+//! of the same bytes measured in the same run, right before that row (last column). Set CIERA_TRACE to another trace folder; by
 //! default ../shared/traces/olmoe-mini-s0 when present, else the slice bundled in tests/data.
 //! CIERA_BENCH_CLOCK=cpu times with the thread's CPU time instead of wall time (for a shared,
 //! noisy machine; memcpy is timed the same way).
@@ -104,15 +104,19 @@ fn main() {
     );
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
-    let memcpy = best(|| {
-        std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&dst);
-    });
-    let memcpy_gbps = bytes as f64 / memcpy / 1e9;
-    println!("memcpy baseline: {memcpy_gbps:.2} GB/s\n");
+    // The baseline is timed again right before every row, and that row's ratios are to it:
+    // this machine's memcpy moved 8.4-14 GB/s from run to run, and drifts within a run too.
+    let mut memcpy_gbps = || {
+        let t = best(|| {
+            std::hint::black_box(&mut dst).copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+        });
+        bytes as f64 / t / 1e9
+    };
+    println!("memcpy baseline: {:.2} GB/s\n", memcpy_gbps());
     println!(
-        "{:<10} {:<26} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>8}",
-        "pair", "tensor", "mode", "ratio", "enc GB/s", "x memcpy", "dec GB/s", "x memcpy"
+        "{:<10} {:<26} {:>7} {:>7} | {:>9} {:>8} | {:>9} {:>8} | {:>6}",
+        "pair", "tensor", "mode", "ratio", "enc GB/s", "x memcpy", "dec GB/s", "x memcpy", "memcpy"
     );
     for (a, b) in [
         ("step_00101", "step_00102"),
@@ -145,6 +149,7 @@ fn main() {
                         continue;
                     }
                 }
+                let memcpy_gbps = memcpy_gbps();
                 let mut tx = CacheSlot::new(ta.dtype, cm, n);
                 let mut rx = CacheSlot::new(ta.dtype, cm, n);
                 tx.set_frame_choice(choice);
@@ -200,7 +205,7 @@ fn main() {
                 }
                 let (eg, dg) = (bytes as f64 / enc / 1e9, bytes as f64 / dec / 1e9);
                 println!(
-                    "{:<10} {:<26} {:>7} {:>7.3} | {:>9.2} {:>8.2} | {:>9.2} {:>8.2}",
+                    "{:<10} {:<26} {:>7} {:>7.3} | {:>9.2} {:>8.2} | {:>9.2} {:>8.2} | {:>6.2}",
                     &b[5..],
                     ta.name,
                     mode,
@@ -208,7 +213,8 @@ fn main() {
                     eg,
                     eg / memcpy_gbps,
                     dg,
-                    dg / memcpy_gbps
+                    dg / memcpy_gbps,
+                    memcpy_gbps
                 );
             }
         }
