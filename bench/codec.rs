@@ -1,7 +1,8 @@
 //! `cargo bench --bench codec`: single-thread encode and decode throughput of the codec on
 //! 64 MiB of real trace weights (bf16 and fp32, tiled), each printed with its ratio to a memcpy
-//! of the same bytes measured in the same run, right before that row (last column). Set CIERA_TRACE to another trace folder; by
-//! default ../shared/traces/olmoe-mini-s0 when present, else the slice bundled in tests/data.
+//! of the same bytes measured in the same run, right before that row (last column). Set
+//! CIERA_TRACE to another trace folder; by default ../shared/traces/olmoe-mini-s0 when
+//! present, else the slice bundled in tests/data.
 //! CIERA_BENCH_CLOCK=cpu times with the thread's CPU time instead of wall time (for a shared,
 //! noisy machine; memcpy is timed the same way).
 

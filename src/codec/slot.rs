@@ -195,24 +195,25 @@ impl CacheSlot {
         Some(slot)
     }
 
-    /// [`converted`](Self::converted), reusing this slot's memory where the other mode's fits
-    /// in it: a delta slot becomes a full-value slot by dropping its move contexts (its values
-    /// stay where they are) and an exponent slot in its context bytes (one byte per element
-    /// either way); a full-value slot becomes a delta slot around its values (only the
-    /// contexts are new). Fresh memory costs page faults of the order of a copy (unshaped, 4
-    /// ranks on 2 cores: a 24 MiB cache's faults took ~10 ms a rank), and a policy converts
-    /// its caches more than once while it finds the fastest frames. The result is the same
-    /// slot `converted` makes, byte for byte.
-    pub fn into_converted(mut self, mode: CacheMode) -> Option<CacheSlot> {
-        self.values()?;
+    /// [`converted`](Self::converted) in place, reusing this slot's memory where the other
+    /// mode's fits in it: a delta slot becomes a full-value slot by dropping its move contexts
+    /// (its values stay where they are) and an exponent slot in its context bytes (one byte
+    /// per element either way); a full-value slot becomes a delta slot around its values (only
+    /// the contexts are new). Fresh memory costs page faults of the order of a copy
+    /// (unshaped, 4 ranks on 2 cores: a 24 MiB cache's faults took ~10 ms a rank), and a
+    /// policy converts its caches more than once while it finds the fastest frames. The slot
+    /// ends as the one `converted` makes, byte for byte; false (the slot unchanged) where that
+    /// makes none.
+    pub fn convert(&mut self, mode: CacheMode) -> bool {
+        if self.values().is_none() {
+            return false;
+        }
         let len = self.len;
         match (self.mode, mode) {
             // As after a fill: no previous move.
             (CacheMode::Delta, CacheMode::Delta) => self.ctx.fill(super::delta::CONTEXT_NONE),
             (from, to) if from == to => {}
-            (CacheMode::Delta, CacheMode::FullValue) => {
-                self.ctx = Vec::new();
-            }
+            (CacheMode::Delta, CacheMode::FullValue) => self.ctx = Vec::new(),
             (CacheMode::FullValue, CacheMode::Delta) => {
                 self.ctx = vec![super::delta::CONTEXT_NONE; len];
             }
@@ -221,12 +222,14 @@ impl CacheSlot {
                 self.state = std::mem::take(&mut self.ctx);
                 self.mode = mode;
                 self.chunk(0..len).fill(&values);
-                return Some(self);
             }
-            _ => return self.converted(mode),
+            _ => match self.converted(mode) {
+                Some(slot) => *self = slot,
+                None => return false,
+            },
         }
         self.mode = mode;
-        Some(self)
+        true
     }
 
     /// Bytes of cache memory this slot holds (or will once filled).
@@ -469,9 +472,10 @@ mod tests {
                 c.fill_from(from.values().unwrap()).unwrap();
                 c.ctx.copy_from_slice(&from.ctx);
                 c.set_frame_choice(from.choice);
-                c.into_converted(to).unwrap()
+                assert!(c.convert(to));
+                c
             };
-            let (itx, mut irx) = (inplace(&tx), inplace(&rx));
+            let (mut itx, mut irx) = (inplace(&tx), inplace(&rx));
             for (a, b) in [(&itx, &ctx_), (&irx, &crx)] {
                 assert_eq!(
                     (a.mode, a.version, a.warm, a.choice, &a.state, &a.ctx),
@@ -481,10 +485,10 @@ mod tests {
             }
             // And back: a full-value cache made a delta cache in place.
             if to == CacheMode::FullValue {
-                let back = itx.into_converted(CacheMode::Delta).unwrap();
+                assert!(itx.convert(CacheMode::Delta));
                 let copy = ctx_.converted(CacheMode::Delta).unwrap();
-                assert_eq!((&back.state, &back.ctx), (&copy.state, &copy.ctx));
-                assert_eq!((back.mode, back.version), (CacheMode::Delta, tx.version()));
+                assert_eq!((&itx.state, &itx.ctx), (&copy.state, &copy.ctx));
+                assert_eq!((itx.mode, itx.version), (CacheMode::Delta, tx.version()));
             }
             let mut filled = CacheSlot::with_version(DType::BF16, to, n, tx.version());
             filled.fill_from(&s[3]).unwrap();
@@ -502,9 +506,10 @@ mod tests {
         let mut e = CacheSlot::new(DType::BF16, CacheMode::Exponent, n);
         e.fill_from(&s[0]).unwrap();
         assert!(e.converted(CacheMode::FullValue).is_none());
-        assert!(e.into_converted(CacheMode::Delta).is_none());
-        let cold = CacheSlot::new(DType::BF16, CacheMode::Delta, n);
+        assert!(!e.convert(CacheMode::Delta));
+        assert_eq!(e.mode(), CacheMode::Exponent);
+        let mut cold = CacheSlot::new(DType::BF16, CacheMode::Delta, n);
         assert!(cold.converted(CacheMode::FullValue).is_none());
-        assert!(cold.into_converted(CacheMode::Exponent).is_none());
+        assert!(!cold.convert(CacheMode::Exponent));
     }
 }

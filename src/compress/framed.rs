@@ -156,9 +156,7 @@ impl Compressor {
                 self.store.take(src, version)
             };
             let Some(mut l) = lineage else { continue };
-            let old = std::mem::replace(&mut l.slot, CacheSlot::new(key.dtype, mode, 0));
-            if let Some(slot) = old.into_converted(mode) {
-                l.slot = slot;
+            if l.slot.convert(mode) {
                 kept.push((src, l.slot.version()));
                 self.store.put(src, l, (src == me).then_some(key));
             }
@@ -583,7 +581,7 @@ impl Compressor {
             }
             let compared = super::compared_time(p.level_time, levels, hopeless, all_fill, slowest);
             if let (Some(base), Some(t)) = (p.raw_time, compared) {
-                if t.as_secs_f64() > super::SLOW_SHARE * base.as_secs_f64() {
+                if super::slow(t, base) {
                     p.slow_streak += 1;
                 } else {
                     p.slow_streak = 0;

@@ -322,14 +322,12 @@ impl Policy {
                 (b > Duration::ZERO).then(|| t.as_secs_f64() / b.as_secs_f64())
             })
             .fold(f64::INFINITY, f64::min);
-        shortfall.is_finite()
-            && bound.as_secs_f64() * shortfall.max(1.0) > SLOW_SHARE * base.as_secs_f64()
+        shortfall.is_finite() && slow(bound.mul_f64(shortfall.max(1.0)), base)
     }
 
-    /// Whether the level in use measured slower than `SLOW_SHARE` of the raw baseline.
+    /// Whether the level in use measured slow against the raw baseline (`slow`).
     fn level_loses_to_raw(&self) -> bool {
-        matches!((self.level_time[self.level], self.raw_time),
-            (Some(t), Some(r)) if t.as_secs_f64() > SLOW_SHARE * r.as_secs_f64())
+        matches!((self.level_time[self.level], self.raw_time), (Some(t), Some(r)) if slow(t, r))
     }
 
     /// `wire` with the predicted codec time of choice `i` (`Prediction::combine`), whichever
@@ -434,6 +432,11 @@ const RECALIBRATE_MAX_CALLS: u64 = 256;
 /// A compressed call slower than this share of the raw baseline is a slow one (two in a row
 /// and the policy moves on).
 const SLOW_SHARE: f64 = 0.95;
+
+/// Whether a compressed call's time `t` is slow against the raw baseline `raw` (`SLOW_SHARE`).
+fn slow(t: Duration, raw: Duration) -> bool {
+    t.as_secs_f64() > SLOW_SHARE * raw.as_secs_f64()
+}
 /// A warm policy times one raw call in this many, to keep its raw baseline current.
 const RAW_PROBE_EVERY: u64 = 64;
 /// ... and one in this many while its compressed calls take less than half the raw baseline:

@@ -283,12 +283,7 @@ pub(super) fn decide(
     let Some((t, level)) = best_level else {
         return Decision::Unknown;
     };
-    let fastest = levels
-        .iter()
-        .filter_map(|&l| least[l])
-        .chain(least[EXP_CACHE].filter(|_| exp_cache))
-        .min();
-    match fastest {
+    match best_least(least, levels, exp_cache) {
         Some(best) if known && best.as_secs_f64() > RAW_MARGIN * raw.as_secs_f64() => {
             Decision::Raw(best)
         }
@@ -300,6 +295,20 @@ pub(super) fn decide(
             skip_trial: super::cannot_win(least[EXP_CACHE].filter(|_| exp_cache), least[level]),
         },
     }
+}
+
+/// The least of the least times of the cache's `levels` and, with `exp_cache`, of an exponent
+/// cache.
+fn best_least(
+    least: &[Option<Duration>; 4],
+    levels: &[usize],
+    exp_cache: bool,
+) -> Option<Duration> {
+    levels
+        .iter()
+        .filter_map(|&l| least[l])
+        .chain(least[EXP_CACHE].filter(|_| exp_cache))
+        .min()
 }
 
 /// A full-value cache that was a delta cache goes back only where Delta frames are expected
@@ -406,11 +415,7 @@ impl super::Compressor {
         let raw_bytes = (n * shard) as u64;
         let least: [Option<Duration>; 4] = std::array::from_fn(|i| pred.least(i, raw_bytes));
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
-        let best = levels
-            .iter()
-            .filter_map(|&l| least[l])
-            .chain(least[EXP_CACHE].filter(|_| exp_cache))
-            .min();
+        let best = best_least(&least, levels, exp_cache);
         if first.is_none() && p.raw_probes == 0 && not_far_ahead(best, pred.raw) {
             // Agreed (every rank holds the same prediction): the next call probes raw again.
             tracing::info!(
