@@ -256,8 +256,11 @@ pub(super) enum Decision {
     Raw(Duration),
     /// An exponent cache is predicted more than 5% faster than the cache's best level.
     ExponentCache,
-    /// Start at this level; `skip_trial`: an exponent cache cannot beat it.
-    Level { level: usize, skip_trial: bool },
+    /// Start at this level. The exponent-cache trial is not skipped on the prediction alone:
+    /// a heavy level's predicted codec time is a least time that a busy host misses by half.
+    /// It is skipped once the levels are measured and the exponent cache's least time is
+    /// longer than the best of them (`exponent_trial`).
+    Level(usize),
     /// Nothing predicted (a sample failed): as before, measure.
     Unknown,
 }
@@ -290,10 +293,7 @@ pub(super) fn decide(
         _ if exp.is_some_and(|e| e.as_secs_f64() < t.as_secs_f64() / 1.05) => {
             Decision::ExponentCache
         }
-        _ => Decision::Level {
-            level,
-            skip_trial: super::cannot_win(least[EXP_CACHE].filter(|_| exp_cache), least[level]),
-        },
+        _ => Decision::Level(level),
     }
 }
 
@@ -460,9 +460,8 @@ impl super::Compressor {
             levels.iter().map(|&l| LEVEL_CHOICES[l]).collect::<Vec<_>>()
         );
         let decision = decide(&least, &expected, levels, exp_cache, pred.raw);
-        let promote = promoting
-            && matches!(decision, Decision::Level { level: 2, .. })
-            && delta_clearly_fastest(&expected);
+        let promote =
+            promoting && decision == Decision::Level(2) && delta_clearly_fastest(&expected);
         if promoting {
             if promote {
                 tracing::info!(
@@ -498,7 +497,7 @@ impl super::Compressor {
                     "predicted: an exponent cache is faster for this tensor than its {mode:?} cache's best level: moving to it"
                 );
             }
-            Decision::Level { level, skip_trial } => {
+            Decision::Level(level) => {
                 p.level = if promoting && !promote {
                     // The delta cache's level as the full-value cache's (Exp and Hybrid: its
                     // everything level).
@@ -506,11 +505,6 @@ impl super::Compressor {
                 } else {
                     level
                 };
-                // The trial is not skipped on the prediction alone: a heavy level's predicted
-                // codec time is a least time that a busy host misses by half. It is skipped
-                // once the levels are measured and the exponent cache's least time is longer
-                // than the best of them (`exponent_trial`).
-                let _ = skip_trial;
             }
             Decision::Unknown => {}
         }
@@ -614,31 +608,13 @@ mod tests {
         let all = &[0, 1, 2];
         // 1 Gbit/s: Delta frames fastest; an exponent cache's wire (210 ms) cannot beat them.
         let at_1g = [ms(210), ms(180), ms(80), ms(210)];
-        assert_eq!(
-            decide(&at_1g, &at_1g, all, true, raw),
-            Decision::Level {
-                level: 2,
-                skip_trial: true
-            }
-        );
-        // Without an exponent cache to weigh, nothing to skip.
-        assert_eq!(
-            decide(&at_1g, &at_1g, all, false, raw),
-            Decision::Level {
-                level: 2,
-                skip_trial: false
-            }
-        );
+        assert_eq!(decide(&at_1g, &at_1g, all, true, raw), Decision::Level(2));
+        // Without an exponent cache to weigh: the same start.
+        assert_eq!(decide(&at_1g, &at_1g, all, false, raw), Decision::Level(2));
         // A fast link where the codec sets the time: Exp or Hybrid first, the trial still open
         // (an exponent cache's 60 ms is within 5% of 62 ms); more than 5% faster: moved to.
         let fast = [ms(70), ms(62), ms(120), ms(60)];
-        assert_eq!(
-            decide(&fast, &fast, all, true, raw),
-            Decision::Level {
-                level: 1,
-                skip_trial: false
-            }
-        );
+        assert_eq!(decide(&fast, &fast, all, true, raw), Decision::Level(1));
         let fast = [ms(70), ms(62), ms(120), ms(50)];
         assert_eq!(
             decide(&fast, &fast, all, true, raw),
@@ -668,10 +644,7 @@ mod tests {
         // of wire; the raw verdict still weighs least times.
         let least_5g = [ms(43), ms(43), ms(31), ms(43)];
         let expected_5g = [ms(43), ms(43), ms(46), ms(43)];
-        let start_at_hybrid = Decision::Level {
-            level: 1,
-            skip_trial: false,
-        };
+        let start_at_hybrid = Decision::Level(1);
         for (raw_ms, want) in [
             (400, start_at_hybrid),
             (36, start_at_hybrid),
@@ -686,13 +659,7 @@ mod tests {
         }
         // Ties: the heavier level.
         let tie = [ms(50), None, ms(50), None];
-        assert_eq!(
-            decide(&tie, &tie, &[0, 2], false, raw),
-            Decision::Level {
-                level: 2,
-                skip_trial: false
-            }
-        );
+        assert_eq!(decide(&tie, &tie, &[0, 2], false, raw), Decision::Level(2));
     }
 
     #[test]
