@@ -254,6 +254,7 @@ impl Runner<'_> {
                 version,
                 warm,
                 full: l.full,
+                delta: None,
             })
             .collect();
         {

@@ -1,6 +1,7 @@
-// CIERA codec kernels: Exp frames (exponent cache) and FILL frames for bf16, fp16 and fp32,
-// written and read in the wire format of docs/WIRE.md byte for byte (checksums included), so a
-// frame encoded here decodes on a CPU and the other way round.
+// CIERA codec kernels: Exp frames (exponent cache), Exp and Hybrid frames (full-value cache)
+// and FILL frames for bf16, fp16 and fp32, written and read in the wire format of docs/WIRE.md
+// byte for byte (checksums included), so a frame encoded here decodes on a CPU and the other
+// way round; Delta frames (delta cache) are decoded here, encoded on the CPU.
 //
 // One source, two builds:
 // - NVRTC (src/gpu/nvrtc.rs) compiles it for the device: the `extern "C" __global__` wrappers
@@ -29,7 +30,7 @@
 //   ciera_enc_emit_<t>   grid (max tiles, jobs) x 256: mask bytes (Flat/Hier) and exceptions,
 //                        or the raw values of a FILL
 //   ciera_enc_finish_<t> grid (1, jobs) x 256: header, SH64, XXH3 (8 lanes), frame length
-// Decode (per batch of DecJob): see the section "Decode" below.
+// Decode (per batch of DecJob): see the sections "Decode" and "Decode of Delta frames" below.
 //
 // Tiles are 4096 elements (64 mask words): the sign+mantissa of a tile starts on a 32-byte
 // SH64 stripe for every type (4096, 5632, 12288 bytes), so tiles hash independently and the
@@ -1325,6 +1326,7 @@ template <class L> HD void enc_finish(const EncJob& j, Blk& b, FinishShm& sh) {
 // Decode (exponent cache): Exp and FILL frames into values and the updated cache. Launches per
 // batch of DecJob, in this order on one stream (each returns at once once a job has an error):
 //   ciera_dec_parse_<t>   grid (1, jobs) x 256: header checks, frame checksum (XXH3, 8 lanes)
+//   ciera_dec_delta_model_<t>, ciera_dec_delta_<t>: Delta frames (see that section)
 //   ciera_dec_mask_<t>    grid (tiles, jobs): Flat/Zero mask words, or Hier level-1 counts
 //   ciera_dec_rans        grid (1, jobs): a rANS-coded mask on one thread (rare)
 //   ciera_dec_scan (0)    grid (1, jobs): Hier level-1 counts -> offsets
@@ -1349,6 +1351,8 @@ struct DecJob {
     u64 warm;      // non-zero: the slot is warm (Exp and Hybrid frames need it)
     u64 full;      // non-zero: `cache` holds the n previous values (a full-value cache), which
                    // also takes Hybrid frames
+    u64 ctx;       // a delta cache (with `full`): the n context bytes, read, then updated; else 0
+    u64 dscratch;  // with `ctx`: delta_scratch_bytes(n), 8-aligned (the Delta model); else 0
 };
 
 enum : u32 {
@@ -1363,6 +1367,8 @@ enum : u32 {
     DE_EXCEPTION = 8,  // exception count, or an exception that repeats / exceeds (a = element)
     DE_PADDING = 9,    // non-zero padding bits in s0 (a = element)
     DE_DTYPE = 10,     // a = expected type, b = found
+    DE_DELTA = 11,     // a Delta frame's model (a = 1, b = context, or 17: the group lengths'
+                       // size) or lane streams (a = 2, b = group) are malformed
 };
 
 struct DecPlan {
@@ -1477,9 +1483,22 @@ template <class L> HD void dec_parse(const DecJob& j, Blk& b, ParseShm& sh) {
                 set_err(&p, DE_HEADER, sec[0], n * L::BYTES);
                 return;
             }
-        } else if (mode == 3 || (mode == 2 && !j.full)) {
+        } else if ((mode == 3 && !(j.full && j.ctx && j.dscratch)) || (mode == 2 && !j.full)) {
             set_err(&p, DE_SLOT, mode, 0); // the slot's cache cannot take this frame
             return;
+        } else if (mode == 3) {
+            if (!j.warm) {
+                set_err(&p, DE_SLOT, 1, 0);
+                return;
+            }
+            if (rd64(f + 24) != j.version) {
+                set_err(&p, DE_VERSION, j.version, rd64(f + 24));
+                return;
+            }
+            if (sec[2] || sec[3]) {
+                set_err(&p, DE_HEADER, sec[2], sec[3]);
+                return;
+            }
         } else if (mode == 2) {
             if (!j.warm) {
                 set_err(&p, DE_SLOT, 1, 0);
@@ -1871,7 +1890,7 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || (p.mode == 2 && !p.fill)) return;
+    if (p.err || !(p.fill || p.mode == 1)) return;
     u64 base = tile * TILE, tn = min64(TILE, n - base);
     const u8* f = (const u8*)j.frame;
     u8* out = (u8*)j.out;
@@ -2045,6 +2064,320 @@ HD void dec_finish(const DecJob& j, Blk& b, FinishShm& sh) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Decode of Delta frames (mode 3, docs/WIRE.md "Delta") against a delta cache: the previous
+// values in `cache` (as a full-value cache, `full` set) and a context byte per element in
+// `DecJob.ctx`; the frame's model goes to `DecJob.dscratch` (delta_scratch_bytes(n)). Two
+// launches between ciera_dec_parse_<t> and ciera_dec_finish (every other decode kernel returns
+// at once on a Delta frame):
+//   ciera_dec_delta_model_<t>  grid (1, jobs): the model (s1) parsed and checked on one thread
+//                              (lanes, group, the 17 token tables, the group lengths against
+//                              s0, every 64th group's start kept), then every thread fills the
+//                              decoder lookup: per context 4096 entries, as the CPU's
+//   ciera_dec_delta_<t>        grid (tiles, jobs): four groups at a time per block (64 threads
+//                              each, a thread per lane), block x taking groups 4x, 4(x + tiles),
+//                              4(x + 2 tiles), ...; SH64 partial sums of its share of s0. An
+//                              Exp, Hybrid or FILL frame into a delta cache sets the tile's
+//                              context bytes to 8 (no previous move), as the CPU does.
+// A row of a group is four phases (fp32: six): the lanes' token steps, their refill, the extra
+// steps (with the values, the cache and the contexts written), their refill. A refill gives
+// the lanes below 2^15 the next words of the group's stream in lane order: each lane counts
+// the lanes before it that need one (on a warp that is a ballot and a popcount; here it is
+// counted through shared memory, so that the host build runs the same code), and lane 0
+// advances the group's position into the other of two slots (no phase reads what it writes).
+// Checks as on the CPU: a table for every context met, every lane state in [2^15, 2^31) at
+// the start and 2^15 at the end, every word of each group's stream consumed exactly.
+
+constexpr u32 D_CTX = 17;             // contexts: the previous move clipped to -8..8
+constexpr u32 D_SCALE = 4096;         // the tables' probability scale (12 bits)
+constexpr u32 D_MAXTOK = 86;          // tokens of fp32 (16-bit types: 54)
+constexpr u32 D_LANES = 64;           // most lanes a frame may declare: threads per group
+constexpr u32 D_GPB = NT / D_LANES;   // groups per block
+constexpr u32 D_RANS_L = 1u << 15;    // lower bound of a lane state
+constexpr u32 D_CTX_NONE = 8;         // the context byte of "no previous move"
+
+struct DeltaPlan {
+    u64 lanes, group, groups, lens_off; // lens_off: the group lengths' offset in the frame
+    u32 m[D_CTX];                       // tokens described per context (0: no table)
+    u16 cum[D_CTX][D_MAXTOK], freq[D_CTX][D_MAXTOK];
+};
+struct DeltaView {
+    DeltaPlan* plan;
+    u32* table; // per context D_SCALE entries: token | (slot - cum) << 7 | freq << 19; 0: none
+    u64* start; // start[g / 64]: byte of group g in s0, for g a multiple of 64
+    HD DeltaView(u64 scratch) {
+        u8* s = (u8*)scratch;
+        plan = (DeltaPlan*)s;
+        u64 o = align8(sizeof(DeltaPlan));
+        table = (u32*)(s + o);
+        o += 4ull * D_CTX * D_SCALE;
+        start = (u64*)(s + o);
+    }
+};
+// Scratch of a delta decode job of n elements (a frame has at most n groups).
+HD u64 delta_scratch_bytes(u64 n) {
+    return align8(sizeof(DeltaPlan)) + 4ull * D_CTX * D_SCALE + 8 * cdiv(n, 64);
+}
+
+// dec_delta_model: one block per job.
+template <class L> HD void dec_delta_model(const DecJob& j, Blk& b, ParseShm& sh) {
+    DecView v(j.scratch, j.n);
+    DecPlan& p = *v.plan;
+    if (p.err || p.mode != 3) return; // written by ciera_dec_parse: the same for every thread
+    DeltaView d(j.dscratch);
+    const u8* f = (const u8*)j.frame;
+    b.one([&] {
+        sh.ok = 0;
+        DeltaPlan& dp = *d.plan;
+        const u8* s1 = f + p.s1_off;
+        u64 len = p.s1_len, n = j.n, ntok = 32 + 2 * (8 * L::BYTES - 5);
+        if (len < 5) return set_err(&p, DE_DELTA, 1, 0);
+        u64 lanes = s1[0], group = rd32(s1 + 1);
+        if (lanes == 0 || lanes > D_LANES || group == 0 || group > (1ull << 24))
+            return set_err(&p, DE_DELTA, 1, 0);
+        u64 pos = 5;
+        for (u32 c = 0; c < D_CTX; ++c) {
+            if (pos >= len) return set_err(&p, DE_DELTA, 1, c);
+            u32 m = s1[pos++];
+            dp.m[c] = m;
+            if (m == 0) continue;
+            if (m > ntok) return set_err(&p, DE_DELTA, 1, c);
+            u32 cum = 0;
+            for (u32 t = 0; t < m; ++t) {
+                // A LEB128 varint of at most 3 bytes (`rans::read_varint`).
+                u32 fr = 0, more = 1;
+                for (u32 sh7 = 0; sh7 < 21 && more; sh7 += 7) {
+                    if (pos >= len) return set_err(&p, DE_DELTA, 1, c);
+                    u32 by = s1[pos++];
+                    fr |= (by & 0x7f) << sh7;
+                    more = by >> 7;
+                }
+                if (more || fr > D_SCALE - cum) return set_err(&p, DE_DELTA, 1, c);
+                dp.cum[c][t] = (u16)cum;
+                dp.freq[c][t] = (u16)fr;
+                cum += fr;
+            }
+            if (cum != D_SCALE) return set_err(&p, DE_DELTA, 1, c);
+        }
+        u64 groups = cdiv(n, group);
+        if (len - pos != 4 * groups) return set_err(&p, DE_DELTA, 1, D_CTX);
+        u64 o = 0;
+        for (u64 g = 0; g < groups; ++g) {
+            if (g % 64 == 0) d.start[g / 64] = o;
+            u64 gl = rd32(s1 + pos + 4 * g);
+            if (gl < 4 * lanes || ((gl - 4 * lanes) & 1) || gl > p.s0_len - o)
+                return set_err(&p, DE_DELTA, 2, g);
+            o += gl;
+        }
+        if (o != p.s0_len) return set_err(&p, DE_DELTA, 2, groups);
+        dp.lanes = lanes;
+        dp.group = group;
+        dp.groups = groups;
+        dp.lens_off = p.s1_off + pos;
+        sh.ok = 1;
+    });
+    b.sync();
+    if (!sh.ok) return;
+    const DeltaPlan& dp = *d.plan;
+    b.each([&](u32 t) {
+        for (u32 c = 0; c < D_CTX; ++c) {
+            u32 m = dp.m[c];
+            for (u32 s = t; s < D_SCALE; s += NT) {
+                u32 e = 0;
+                for (u32 k = 0; k < m; ++k) {
+                    u32 cu = dp.cum[c][k], fr = dp.freq[c][k];
+                    if (s >= cu && s < cu + fr) {
+                        e = k | (s - cu) << 7 | fr << 19;
+                        break;
+                    }
+                }
+                d.table[c * D_SCALE + s] = e;
+            }
+        }
+    });
+}
+
+struct DeltaShm {
+    u32 x[NT], z[NT], eb[NT], need[NT];
+    u64 pos[D_GPB][2], end[D_GPB];
+    u64 red[4][NT];
+    u32 go;
+};
+
+// The ordered key of a W-bit value and its inverse (`delta::key`, `delta::unkey`).
+HD u32 d_key(u32 u, u32 sign, u32 mk) { return u ^ (sign | ((u & sign) ? (mk ^ sign) : 0)); }
+HD u32 d_unkey(u32 k, u32 sign, u32 mk) { return (k & sign) ? (k & ~sign) : (~k & mk); }
+
+// dec_delta: one block per tile of the job (see above).
+template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE);
+    if (tile >= T) return;
+    DecView v(j.scratch, n);
+    const DecPlan& p = *v.plan;
+    // Other blocks of this launch may refuse the frame meanwhile: one read for the block.
+    b.one([&] { sh.go = p.err == 0; });
+    b.sync();
+    if (!sh.go) return;
+    u8* ctx = (u8*)j.ctx;
+    if (p.mode != 3) {
+        if (!ctx) return;
+        u64 base = tile * TILE, tn = min64(TILE, n - base);
+        b.each([&](u32 t) {
+            for (u64 q = t; q < tn; q += NT) ctx[base + q] = D_CTX_NONE;
+        });
+        return;
+    }
+    DeltaView d(j.dscratch);
+    const DeltaPlan& dp = *d.plan;
+    const u8* s0 = (const u8*)j.frame + 64;
+    u8* out = (u8*)j.out;
+    u8* cache = (u8*)j.cache;
+    const u8* lens = (const u8*)j.frame + dp.lens_off;
+    const u64 lanes = dp.lanes, group = dp.group, G = dp.groups;
+    const u32 W = 8 * L::BYTES, sign = 1u << (W - 1), mk = W == 32 ? ~0u : (1u << W) - 1;
+    // SH64: this tile's share of s0, in whole stripes.
+    u64 S = cdiv(cdiv(p.s0_len, 32), T) * 32, at = min64(tile * S, p.s0_len);
+    u64 bytes = min64(S, p.s0_len - at);
+    b.each([&](u32 t) { s0_share(t, s0 + at, bytes, at, sh.red); });
+    b.sync();
+    block_reduce4(b, sh.red);
+    b.one([&] {
+        for (u32 l = 0; l < 4; ++l) v.stat[tile].acc[l] = sh.red[l][0];
+    });
+    b.sync();
+    for (u64 g0 = D_GPB * tile; g0 < G; g0 += D_GPB * T) {
+        u64 rows = 0;
+        for (u32 s = 0; s < D_GPB; ++s) {
+            u64 g = g0 + s;
+            if (g < G) {
+                u64 r = cdiv(min64(group, n - g * group), lanes);
+                rows = r > rows ? r : rows;
+            }
+        }
+        // Thread t's element in row r, if any: lane t % 64 of group g0 + t / 64.
+        auto elem = [&](u32 t, u64 r, u64* i) {
+            u64 g = g0 + t / D_LANES, l = t % D_LANES;
+            if (g >= G || l >= lanes) return false;
+            u64 jg = r * lanes + l;
+            if (jg >= min64(group, n - g * group)) return false;
+            *i = g * group + jg;
+            return true;
+        };
+        // The group's start: every 64th kept by the model, the lengths after it summed.
+        b.each([&](u32 t) {
+            u32 s = t / D_LANES, l = t % D_LANES;
+            u64 g = g0 + s;
+            sh.need[t] = 0;
+            if (g >= G) return;
+            u64 start = d.start[g / 64];
+            for (u64 h = g / 64 * 64; h < g; ++h) start += rd32(lens + 4 * h);
+            if (l == 0) {
+                sh.pos[s][0] = start + 4 * lanes;
+                sh.end[s] = start + rd32(lens + 4 * g);
+            }
+            if (l < lanes) {
+                u32 x = rd32(s0 + start + 4 * l);
+                if (x < D_RANS_L || x >= (D_RANS_L << 16)) set_err(v.plan, DE_DELTA, 2, g);
+                sh.x[t] = x;
+            }
+        });
+        b.sync();
+        u32 par = 0;
+        auto refill = [&]() {
+            b.each([&](u32 t) {
+                u32 s = t / D_LANES, l = t % D_LANES;
+                if (g0 + s >= G) return;
+                const u32* need = sh.need + s * D_LANES;
+                u64 p0 = sh.pos[s][par];
+                if (need[l]) {
+                    u32 rank = 0;
+                    for (u32 k = 0; k < l; ++k) rank += need[k];
+                    u64 a = p0 + 2 * rank;
+                    u32 w = a + 2 <= sh.end[s] ? (u32)s0[a] | (u32)s0[a + 1] << 8 : 0;
+                    sh.x[t] = sh.x[t] << 16 | w;
+                }
+                if (l == 0) {
+                    u32 all = 0;
+                    for (u32 k = 0; k < D_LANES; ++k) all += need[k];
+                    sh.pos[s][par ^ 1] = p0 + 2 * all;
+                }
+            });
+            b.sync();
+            par ^= 1;
+        };
+        // The value of element i from its move (zigzag z): out, cache and context.
+        auto put = [&](u64 i, u32 z) {
+            u32 dm = ((z >> 1) ^ (0u - (z & 1))) & mk;
+            u32 nu = d_unkey((d_key(load_val<L>(cache, i), sign, mk) + dm) & mk, sign, mk);
+            store_val<L>(out, i, nu);
+            store_val<L>(cache, i, nu);
+            int sd = (int)(dm << (32 - W)) >> (32 - W);
+            sd = sd < -8 ? -8 : sd > 8 ? 8 : sd;
+            ctx[i] = (u8)(sd + 8);
+        };
+        for (u64 r = 0; r < rows; ++r) {
+            b.each([&](u32 t) {
+                u64 i;
+                sh.need[t] = 0;
+                if (!elem(t, r, &i)) return;
+                u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1, x = sh.x[t];
+                u32 e = d.table[c * D_SCALE + (x & (D_SCALE - 1))];
+                if (e == 0) set_err(v.plan, DE_DELTA, 1, c);
+                x = (e >> 19) * (x >> 12) + ((e >> 7) & 0xfff);
+                u32 tk = e & 0x7f;
+                if (tk < 32) {
+                    sh.z[t] = tk;
+                    sh.eb[t] = 0;
+                } else {
+                    u32 bl = (tk - 32) / 2 + 5;
+                    sh.z[t] = (2 | (tk & 1)) << (bl - 1);
+                    sh.eb[t] = bl - 1;
+                }
+                sh.x[t] = x;
+                sh.need[t] = x < D_RANS_L;
+            });
+            b.sync();
+            refill();
+            b.each([&](u32 t) {
+                u64 i;
+                sh.need[t] = 0;
+                if (!elem(t, r, &i)) return;
+                u32 eb = sh.eb[t], lo = eb < 15 ? eb : 15, x = sh.x[t];
+                sh.z[t] |= x & ((1u << lo) - 1);
+                x >>= lo;
+                sh.x[t] = x;
+                sh.need[t] = x < D_RANS_L;
+                if (W == 16) put(i, sh.z[t]);
+            });
+            b.sync();
+            refill();
+            if (W == 32) {
+                b.each([&](u32 t) {
+                    u64 i;
+                    sh.need[t] = 0;
+                    if (!elem(t, r, &i)) return;
+                    u32 eb = sh.eb[t], hi = eb > 15 ? eb - 15 : 0, x = sh.x[t];
+                    sh.z[t] |= (x & ((1u << hi) - 1)) << 15;
+                    x >>= hi;
+                    sh.x[t] = x;
+                    sh.need[t] = x < D_RANS_L;
+                    put(i, sh.z[t]);
+                });
+                b.sync();
+                refill();
+            }
+        }
+        b.each([&](u32 t) {
+            u32 s = t / D_LANES, l = t % D_LANES;
+            u64 g = g0 + s;
+            if (g >= G) return;
+            if (l < lanes && sh.x[t] != D_RANS_L) set_err(v.plan, DE_DELTA, 2, g);
+            if (l == 0 && sh.pos[s][par] != sh.end[s]) set_err(v.plan, DE_DELTA, 2, g);
+        });
+        b.sync();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Device entry points. Grids: x = tile (or 1), y = job; every block of a job's kernel returns at
 // once if its tile is past the job's end.
 
@@ -2107,6 +2440,16 @@ CIERA_TYPES(CIERA_ENC)
         __shared__ DecMaskShm sh;                                                               \
         Blk b{NT};                                                                              \
         dec_tile<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                       \
+    } \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_dec_delta_model_##name(const DecJob* jobs) { \
+        __shared__ ParseShm sh;                                                                 \
+        Blk b{NT};                                                                              \
+        dec_delta_model<L>(jobs[blockIdx.y], b, sh);                                            \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_dec_delta_##name(const DecJob* jobs) { \
+        __shared__ DeltaShm sh;                                                                 \
+        Blk b{NT};                                                                              \
+        dec_delta<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                      \
     }
 CIERA_TYPES(CIERA_DEC)
 

@@ -4,12 +4,14 @@
 //! and the real trace; several jobs per batch, some ending in
 //! the middle of a tile; the kernels decode the CPU's frames to the input bit for bit and leave
 //! the encoder's cache; damaged frames are refused, with the same errors the host build of the
-//! kernels gives; jobs carved from one device allocation, as a collective would lay them out.
+//! kernels gives; jobs carved from one device allocation, as a collective would lay them out;
+//! Delta frames decoded into delta caches (values and contexts) as the CPU decodes them.
 //!
 //! Without a GPU those tests print a SKIPPED line naming what is missing (driver, device,
 //! NVRTC), unless CIERA_REQUIRE_GPU=1 (bench/gpu_check.sh sets it), where they fail. What needs
 //! no GPU runs everywhere: the scratch sizes against the kernels' own (host build), the
-//! mapping of the kernels' refusals to codec errors (host build against the CPU decoder), and
+//! mapping of the kernels' refusals to codec errors (host build against the CPU decoder, Delta
+//! frames too), and
 //! the cubin declaring every kernel the launcher looks up (NVRTC, skipped without it).
 
 #[path = "common/skip.rs"]
@@ -67,6 +69,7 @@ fn emu_decode(
         version,
         warm,
         full,
+        ctx: None,
     };
     ciera_cuda_host::decode(dtype.code() as u32, &mut [chunk])
         .remove(0)
@@ -110,6 +113,11 @@ fn scratch_sizes_match_the_kernels() {
             gpu::dec_scratch_bytes(n as usize),
             ciera_cuda_host::dec_scratch_bytes(n as usize),
             "decode n={n}"
+        );
+        assert_eq!(
+            gpu::delta_scratch_bytes(n as usize),
+            ciera_cuda_host::delta_scratch_bytes(n as usize),
+            "delta decode n={n}"
         );
     }
 }
@@ -288,6 +296,7 @@ fn same_frames_in(
                 version: rv,
                 warm,
                 full,
+                ctx: None,
             })
             .collect();
         let verdicts = g
@@ -699,6 +708,7 @@ fn gpu_refuses_damaged_frames() {
                         version: p.version,
                         warm: true,
                         full,
+                        ctx: None,
                     })
                     .collect();
                 let verdicts = g.decode_host_batch(dtype, &mut jobs).unwrap();
@@ -824,6 +834,7 @@ fn gpu_jobs_share_device_buffers() {
                             version,
                             warm: !cold,
                             full,
+                            delta: None,
                         })
                         .collect();
                     g.decode(&s, dtype, &mut jobs).unwrap()
@@ -843,4 +854,288 @@ fn gpu_jobs_share_device_buffers() {
             }
         }
     }
+}
+
+/// A delta receiver's verdict from the kernels (host build): `frame` decoded into `cache`
+/// (values) and `ctx` (contexts), mapped to the codec's error as the GPU path maps it.
+#[allow(clippy::too_many_arguments)]
+fn emu_delta_error(
+    dtype: DType,
+    frame: &[u8],
+    out: &mut [u8],
+    cache: &mut [u8],
+    ctx: &mut [u8],
+    version: u64,
+    warm: bool,
+) -> Result<(), CodecError> {
+    let n = ctx.len();
+    let chunk = ciera_cuda_host::DecChunk {
+        frame,
+        out,
+        cache,
+        offset: 0,
+        version,
+        warm,
+        full: true,
+        ctx: Some(ctx),
+    };
+    ciera_cuda_host::decode(dtype.code() as u32, &mut [chunk])
+        .remove(0)
+        .map_err(|r| {
+            Refusal {
+                code: r.code,
+                a: r.a,
+                b: r.b,
+            }
+            .to_error(n as u64, 0, true, frame.get(..HEADER_LEN))
+        })
+}
+
+/// The kernels' refusals of Delta frames (host build) name the part the CPU decoder names:
+/// the model ("delta tables") or the lane streams ("delta lanes"); a Delta frame for a cache
+/// without contexts is a slot-state error on both.
+#[test]
+fn delta_refusals_map_to_the_cpu_decoders_errors() {
+    let (dtype, n) = (DType::BF16, 5000usize);
+    let size = dtype.size();
+    let mut rng = Rng(21);
+    let v0 = rng.bytes(n * size);
+    let v1 = ulp_drift(dtype, &v0, 600, 2, &mut rng);
+    let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+    tx.set_frame_choice(FrameChoice::Delta);
+    let (mut f0, mut f1) = (Vec::new(), Vec::new());
+    tx.encode(&v0, &mut f0).unwrap();
+    tx.encode(&v1, &mut f1).unwrap();
+    assert_eq!(f1[6], 3, "not a Delta frame");
+    // The slot version the Delta frame was encoded against (a receiver holds it after f0).
+    let version = u64::from_le_bytes(f1[24..32].try_into().unwrap());
+    let s0 = u32::from_le_bytes(f1[32..36].try_into().unwrap()) as usize;
+    let s1 = HEADER_LEN + s0;
+    let verdicts = |f: &[u8]| {
+        let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        let mut out = vec![0u8; n * size];
+        rx.decode(&f0, &mut out).unwrap();
+        let cpu = rx.decode(f, &mut out).map(|_| ());
+        let (mut cache, mut ctx, mut out) =
+            (vec![0u8; n * size], vec![0u8; n], vec![0u8; n * size]);
+        emu_delta_error(dtype, &f0, &mut out, &mut cache, &mut ctx, 0, false).unwrap();
+        let k = emu_delta_error(dtype, f, &mut out, &mut cache, &mut ctx, version, true);
+        (cpu, k)
+    };
+    assert_eq!(verdicts(&f1), (Ok(()), Ok(())));
+    let what = |r: &Result<(), CodecError>| match r {
+        Err(CodecError::CorruptFrame { what, .. }) => *what,
+        other => panic!("not a corrupt frame: {other:?}"),
+    };
+    // The model: no lanes; a group of 0 elements; a frequency off by one (sums to 4095 or
+    // 4097); a group length off by a word.
+    let mut cases: Vec<(Vec<u8>, &str)> = Vec::new();
+    let mut f = f1.clone();
+    f[s1] = 0;
+    cases.push((f, "delta tables"));
+    let mut f = f1.clone();
+    f[s1 + 1..s1 + 5].copy_from_slice(&0u32.to_le_bytes());
+    cases.push((f, "delta tables"));
+    // A frequency stored in one varint byte (2..=126): one more, one less.
+    let mut at = s1 + 5;
+    let mut one_byte = None;
+    for _ in 0..17 {
+        let m = f1[at] as usize;
+        at += 1;
+        for _ in 0..m {
+            if one_byte.is_none() && f1[at] & 0x80 == 0 && (2..0x7f).contains(&f1[at]) {
+                one_byte = Some(at);
+            }
+            while f1[at] & 0x80 != 0 {
+                at += 1;
+            }
+            at += 1;
+        }
+    }
+    let first = one_byte.expect("no one-byte frequency in the tables");
+    for delta in [1u8, 0xff] {
+        let mut f = f1.clone();
+        f[first] = f[first].wrapping_add(delta);
+        cases.push((f, "delta tables"));
+    }
+    let lens = f1.len() - 4;
+    let mut f = f1.clone();
+    let l = u32::from_le_bytes(f[lens..].try_into().unwrap()) + 2;
+    f[lens..].copy_from_slice(&l.to_le_bytes());
+    cases.push((f, "delta lanes"));
+    // The lanes: a state below 2^15; the stream's last word.
+    let mut f = f1.clone();
+    f[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&16u32.to_le_bytes());
+    cases.push((f, "delta lanes"));
+    let mut f = f1.clone();
+    f[s1 - 1] ^= 0x40;
+    cases.push((f, "delta lanes"));
+    assert!(cases.len() >= 6, "{} cases", cases.len());
+    for (i, (f, part)) in cases.iter_mut().enumerate() {
+        reseal(f);
+        let (cpu, k) = verdicts(f);
+        assert_eq!(
+            (what(&cpu), what(&k)),
+            (*part, *part),
+            "case {i}: CPU {cpu:?}, kernels {k:?}"
+        );
+    }
+    // A Delta frame for a full-value cache (no contexts).
+    let mut rx = CacheSlot::new(dtype, CacheMode::FullValue, n);
+    let mut out = vec![0u8; n * size];
+    rx.decode(&f0, &mut out).unwrap();
+    let cpu = rx.decode(&f1, &mut out);
+    let mut cache = out.clone();
+    let k = emu_decode(
+        dtype,
+        &f1,
+        &mut out,
+        &mut cache,
+        true,
+        0,
+        rx.version(),
+        true,
+    )
+    .map_err(|r| r.to_error(n as u64, 0, true, f1.get(..HEADER_LEN)));
+    assert!(matches!(cpu, Err(CodecError::SlotState { .. })), "{cpu:?}");
+    assert!(matches!(k, Err(CodecError::SlotState { .. })), "{k:?}");
+}
+
+/// Recompute a frame's two checksums (SH64 of s0, XXH3 of the header and s1..s3), so that
+/// damage reaches the decoders' section checks.
+fn reseal(f: &mut [u8]) {
+    let s0 = u32::from_le_bytes(f[32..36].try_into().unwrap()) as usize;
+    let h = ciera::codec::checksum::sh64(&f[HEADER_LEN..HEADER_LEN + s0]);
+    f[48..56].copy_from_slice(&h.to_le_bytes());
+    let mut x = f[..56].to_vec();
+    x.extend_from_slice(&f[HEADER_LEN + s0..]);
+    let h = xxhash_rust::xxh3::xxh3_64(&x);
+    f[56..64].copy_from_slice(&h.to_le_bytes());
+}
+
+/// Delta frames decoded on the GPU into delta caches (values and contexts in device memory):
+/// the input bit for bit, and the CPU receiver's values and contexts, over the trace's bf16
+/// and fp32 tensors and synthetic ulp drift with special values (1 to 32 lanes, up to three
+/// groups per job; Exp and Hybrid frames between, which reset the contexts).
+#[test]
+fn gpu_decodes_delta_frames_like_the_cpu() {
+    let Some(g) = gpu("gpu_decodes_delta_frames_like_the_cpu") else {
+        return;
+    };
+    let mut modes: BTreeMap<u8, usize> = BTreeMap::new();
+    let mut run = |dtype: DType, iters: &[Vec<u8>], chunk: usize, what: &str| {
+        let size = dtype.size();
+        let n = iters[0].len() / size;
+        let chunk = chunk.min(n);
+        let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
+        for (it, input) in iters.iter().enumerate() {
+            let mut frames = Vec::new();
+            let mut infos = Vec::new();
+            for c in tx.chunks(chunk).iter_mut() {
+                let (off, len) = (c.offset(), c.len());
+                let mut f = Vec::new();
+                infos.push(
+                    c.encode(&input[off * size..(off + len) * size], &mut f)
+                        .unwrap(),
+                );
+                frames.push(f);
+            }
+            tx.commit(&infos).unwrap();
+            let (version, warm) = (rx.version(), rx.is_warm());
+            let mut got = vec![0u8; n * size];
+            let mut jobs: Vec<HostDecChunk<'_>> = cache
+                .chunks_mut(chunk * size)
+                .zip(ctx.chunks_mut(chunk))
+                .zip(got.chunks_mut(chunk * size))
+                .zip(&frames)
+                .enumerate()
+                .map(|(i, (((c, x), o), f))| HostDecChunk {
+                    frame: f,
+                    out: o,
+                    cache: c,
+                    offset: (i * chunk) as u64,
+                    version,
+                    warm,
+                    full: true,
+                    ctx: Some(x),
+                })
+                .collect();
+            let verdicts = g.decode_host_batch(dtype, &mut jobs).unwrap();
+            for (k, v) in verdicts.iter().enumerate() {
+                assert!(
+                    v.is_ok(),
+                    "{what} {dtype} iteration {it} chunk {k}: GPU refused: {v:?}"
+                );
+                *modes.entry(frames[k][6]).or_default() += 1;
+            }
+            let mut out = vec![0u8; n * size];
+            let mut infos = Vec::new();
+            for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
+                let (off, len) = (c.offset(), c.len());
+                let f = ciera::codec::frame::parse(&frames[k]).unwrap();
+                infos.push(
+                    c.decode(&f, &mut out[off * size..(off + len) * size])
+                        .unwrap(),
+                );
+            }
+            rx.commit(&infos).unwrap();
+            assert!(
+                got == *input,
+                "{what} {dtype} iteration {it}: GPU decode differs"
+            );
+            assert!(
+                rx.values() == Some(&cache[..]),
+                "{what} {dtype} iteration {it}: values"
+            );
+            assert!(
+                rx.contexts() == Some(&ctx[..]),
+                "{what} {dtype} iteration {it}: contexts"
+            );
+        }
+    };
+    for (di, dtype) in TYPES.into_iter().enumerate() {
+        for (n, chunk) in [
+            (1usize, 1usize),
+            (600, 600),
+            (70_001, 70_001),
+            (300_000, 65_536),
+        ] {
+            let mut rng = Rng(3 + di as u64 * 1000 + n as u64);
+            let mut v = rng.bytes(n * dtype.size());
+            let mut iters = vec![v.clone()];
+            for (p_move, p_special) in [(500, 0), (900, 5), (100, 0), (999, 50), (300, 1)] {
+                v = ulp_drift(dtype, &v, p_move, p_special, &mut rng);
+                iters.push(v.clone());
+            }
+            run(
+                dtype,
+                &iters,
+                chunk,
+                &format!("synthetic n={n} chunk={chunk}"),
+            );
+        }
+    }
+    let dir = trace_dir();
+    let snaps = snapshots(&dir);
+    for t in &snaps[0].tensors {
+        if t.dtype != DType::BF16 && t.dtype != DType::F32 {
+            continue;
+        }
+        let iters: Vec<Vec<u8>> = snaps
+            .iter()
+            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
+            .collect();
+        run(t.dtype, &iters, 1 << 20, &t.name);
+    }
+    skip::show(&format!(
+        "GPU {} ({}): Delta decode == CPU (values, caches, contexts); frames by mode {modes:?}\n",
+        g.name(),
+        g.arch()
+    ));
+    assert!(
+        modes.get(&3).copied().unwrap_or(0) > 0,
+        "no Delta frame: {modes:?}"
+    );
 }

@@ -3,8 +3,10 @@
 //! write the Rust codec's frames byte for byte: every consecutive snapshot pair of the real
 //! trace (../shared/traces when present, else the bundled slice), every tensor, bf16, fp16
 //! (cast from the fp32 masters) and fp32; special values (NaN payloads, infinities, -0,
-//! subnormals); every mask coding; odd lengths and chunk edges (proptest). What the host build
-//! cannot show (blocks running concurrently on a device) is bench/gpu_check.sh's part.
+//! subnormals); every mask coding; odd lengths and chunk edges (proptest). Its decoder must read
+//! the CPU's Delta frames into delta caches as the CPU does (values, cached values, contexts),
+//! and refuse the damaged ones the CPU refuses. What the host build cannot show (blocks
+//! running concurrently on a device) is bench/gpu_check.sh's part.
 
 #[path = "common/skip.rs"]
 mod skip;
@@ -17,6 +19,7 @@ use ciera::codec::{CacheMode, CacheSlot, FrameChoice, HEADER_LEN};
 use ciera::DType;
 use ciera_cuda_host::{DecChunk, EncChunk};
 use proptest::prelude::*;
+use trace_data::Rng;
 use trace_data::*;
 
 /// Mask codings seen in the frames compared (s1's first byte of Exp frames), and FILLs.
@@ -154,6 +157,7 @@ fn same_frames_in(
                 version: rx.version(),
                 warm,
                 full,
+                ctx: None,
             })
             .collect();
         for (k, r) in ciera_cuda_host::decode(dtype.code() as u32, &mut djobs)
@@ -454,6 +458,7 @@ fn kernel_decoder_refuses_what_the_cpu_refuses() {
                             version: 0,
                             warm: false,
                             full,
+                            ctx: None,
                         }],
                     );
                     assert_eq!(r0[0], Ok(()));
@@ -468,6 +473,7 @@ fn kernel_decoder_refuses_what_the_cpu_refuses() {
                             version,
                             warm: true,
                             full,
+                            ctx: None,
                         }],
                     );
                     cases += 1;
@@ -491,6 +497,318 @@ fn kernel_decoder_refuses_what_the_cpu_refuses() {
     // Resealed flips inside s0 are valid frames of other values (both decoders accept them).
     assert!(
         refused > cases / 4,
+        "too few refusals: {refused} of {cases}"
+    );
+}
+
+/// Frames of a delta slot (`choice`: Delta forced, or Auto: the smallest of Exp, Hybrid and
+/// Delta per chunk) for `iters`, chunk by chunk, decoded by the CPU and by the kernels' host
+/// build into delta caches: the same values (the input), the same cached values and the same
+/// context bytes after every iteration. Counts the frame modes decoded into `seen`.
+fn same_delta_decode(
+    dtype: DType,
+    choice: FrameChoice,
+    iters: &[Vec<u8>],
+    chunk: usize,
+    what: &str,
+    seen: &mut BTreeMap<u8, usize>,
+) {
+    let size = dtype.size();
+    let n = iters[0].len() / size;
+    let chunk = chunk.min(n);
+    let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+    let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+    tx.set_frame_choice(choice);
+    let mut cache = vec![0u8; n * size];
+    let mut ctx = vec![0u8; n];
+    for (it, input) in iters.iter().enumerate() {
+        let mut frames = Vec::new();
+        let mut infos = Vec::new();
+        for c in tx.chunks(chunk).iter_mut() {
+            let (off, len) = (c.offset(), c.len());
+            let mut f = Vec::new();
+            infos.push(
+                c.encode(&input[off * size..(off + len) * size], &mut f)
+                    .unwrap(),
+            );
+            frames.push(f);
+        }
+        tx.commit(&infos).unwrap();
+        let (version, warm) = (rx.version(), rx.is_warm());
+        let mut got = vec![0u8; n * size];
+        let mut jobs: Vec<DecChunk<'_>> = cache
+            .chunks_mut(chunk * size)
+            .zip(ctx.chunks_mut(chunk))
+            .zip(got.chunks_mut(chunk * size))
+            .zip(&frames)
+            .enumerate()
+            .map(|(i, (((c, x), o), f))| DecChunk {
+                frame: f,
+                out: o,
+                cache: c,
+                offset: (i * chunk) as u64,
+                version,
+                warm,
+                full: true,
+                ctx: Some(x),
+            })
+            .collect();
+        for (k, r) in ciera_cuda_host::decode(dtype.code() as u32, &mut jobs)
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(
+                *r,
+                Ok(()),
+                "{what} {dtype} iteration {it} chunk {k} (mode {}): kernels refused the CPU's frame",
+                frames[k][6]
+            );
+            *seen.entry(frames[k][6]).or_default() += 1;
+        }
+        let mut out = vec![0u8; n * size];
+        let mut infos = Vec::new();
+        for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
+            let (off, len) = (c.offset(), c.len());
+            let f = ciera::codec::frame::parse(&frames[k]).unwrap();
+            infos.push(
+                c.decode(&f, &mut out[off * size..(off + len) * size])
+                    .unwrap(),
+            );
+        }
+        rx.commit(&infos).unwrap();
+        assert!(
+            out == *input,
+            "{what} {dtype} iteration {it}: CPU decode differs"
+        );
+        assert!(
+            got == *input,
+            "{what} {dtype} iteration {it}: kernel decode differs"
+        );
+        assert!(
+            rx.values() == Some(&cache[..]),
+            "{what} {dtype} iteration {it}: kernel and CPU cached values differ"
+        );
+        let at = rx
+            .contexts()
+            .unwrap()
+            .iter()
+            .zip(&ctx)
+            .position(|(a, b)| a != b);
+        assert!(
+            at.is_none(),
+            "{what} {dtype} iteration {it}: kernel and CPU context bytes differ at element {at:?}"
+        );
+    }
+}
+
+/// Delta frames decoded by the kernels (a warp-shaped group per 64 threads, docs/WIRE.md) as
+/// the CPU decodes them: every tensor of the trace (bf16, fp32, fp32 cast to fp16; whole and
+/// 5000-element chunks, so 32 and 9 lanes), and synthetic ulp drift with special values from 1
+/// to 70,001 elements (1 to 32 lanes, up to 3 groups per chunk), with Delta frames forced and
+/// with the slot's own choice (Exp and Hybrid frames, which reset the contexts, between them).
+#[test]
+fn kernel_decodes_delta_frames_like_the_cpu() {
+    let dir = trace_dir();
+    let snaps = snapshots(&dir);
+    let mut seen = BTreeMap::new();
+    let mut tensors = 0;
+    for t in &snaps[0].tensors {
+        let Some(dtype) = [DType::BF16, DType::F32]
+            .into_iter()
+            .find(|&d| d == t.dtype)
+        else {
+            continue;
+        };
+        let iters: Vec<Vec<u8>> = snaps
+            .iter()
+            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
+            .collect();
+        for chunk in [usize::MAX, 5000] {
+            for choice in [FrameChoice::Delta, FrameChoice::Auto] {
+                same_delta_decode(dtype, choice, &iters, chunk, &t.name, &mut seen);
+            }
+        }
+        if dtype == DType::F32 {
+            let half: Vec<Vec<u8>> = iters
+                .iter()
+                .map(|v| {
+                    v.chunks_exact(4)
+                        .flat_map(|c| {
+                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                        })
+                        .collect()
+                })
+                .collect();
+            same_delta_decode(
+                DType::F16,
+                FrameChoice::Auto,
+                &half,
+                5000,
+                &t.name,
+                &mut seen,
+            );
+        }
+        tensors += 1;
+    }
+    assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
+    let trace = seen.clone();
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        for (n, chunk) in [
+            (1usize, 1usize),
+            (63, 64),
+            (600, 600),
+            (40_000, 17_000),
+            (70_001, 70_001),
+        ] {
+            let mut rng = Rng(5 + di as u64 * 1000 + n as u64);
+            let mut v = rng.bytes(n * dtype.size());
+            let mut iters = vec![v.clone()];
+            for (p_move, p_special) in [(500, 0), (900, 5), (100, 0), (999, 50), (300, 1)] {
+                v = ulp_drift(dtype, &v, p_move, p_special, &mut rng);
+                iters.push(v.clone());
+            }
+            for choice in [FrameChoice::Delta, FrameChoice::Auto] {
+                same_delta_decode(
+                    dtype,
+                    choice,
+                    &iters,
+                    chunk,
+                    &format!("synthetic n={n} chunk={chunk}"),
+                    &mut seen,
+                );
+            }
+        }
+    }
+    skip::show(&format!(
+        "kernel Delta decode == CPU on {} ({} tensors) and synthetic ulp drift: frames by mode \
+         {:?} (trace alone {:?}), values, cached values and contexts alike\n",
+        dir.display(),
+        tensors,
+        seen,
+        trace
+    ));
+    assert!(
+        trace.get(&3).copied().unwrap_or(0) > 0,
+        "no trace Delta frame: {trace:?}"
+    );
+    assert!(
+        seen.get(&3).copied().unwrap_or(0) > 0 && seen.contains_key(&1),
+        "{seen:?}"
+    );
+}
+
+/// Damaged Delta frames (bytes flipped with stale or recomputed checksums, so that damage
+/// reaches the tables, the group lengths, the lane states and the streams; truncated;
+/// extended): the kernels and the CPU decoder both refuse, or both accept and write the same
+/// values, cached values and contexts.
+#[test]
+fn kernel_delta_decoder_refuses_what_the_cpu_refuses() {
+    let (mut cases, mut refused, mut accepted) = (0, 0, 0);
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        for n in [100usize, 5000, 40_000] {
+            let size = dtype.size();
+            let mut rng = Rng(99 + di as u64 * 31 + n as u64);
+            let v0 = rng.bytes(n * size);
+            let v1 = ulp_drift(dtype, &v0, 600, 5, &mut rng);
+            let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+            tx.set_frame_choice(FrameChoice::Delta);
+            let (mut f0, mut f1) = (Vec::new(), Vec::new());
+            tx.encode(&v0, &mut f0).unwrap();
+            tx.encode(&v1, &mut f1).unwrap();
+            assert_eq!(f1[6], 3, "{dtype} n={n}: not a Delta frame");
+            let trials = if n >= 40_000 { 60 } else { 200 };
+            let mut damaged: Vec<Vec<u8>> = Vec::new();
+            for _ in 0..trials {
+                let mut f = f1.clone();
+                // Half the flips in the model (s1) and the lane states, where they matter most.
+                let s0 = u32::from_le_bytes(f[32..36].try_into().unwrap()) as usize;
+                let at = if rng.below(2) == 0 {
+                    HEADER_LEN + s0 + rng.below((f.len() - HEADER_LEN - s0) as u64) as usize
+                } else {
+                    rng.below(f.len() as u64) as usize
+                };
+                f[at] ^= 1 << rng.below(8);
+                if rng.below(4) > 0 {
+                    reseal(&mut f);
+                }
+                damaged.push(f);
+            }
+            for cut in [1, 2, 7, 64] {
+                if f1.len() > cut {
+                    damaged.push(f1[..f1.len() - cut].to_vec());
+                }
+            }
+            let mut longer = f1.clone();
+            longer.push(0);
+            damaged.push(longer);
+            for f in &damaged {
+                let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+                let mut out0 = vec![0u8; n * size];
+                rx.decode(&f0, &mut out0).unwrap();
+                let version = rx.version();
+                let mut cpu_out = vec![0u8; n * size];
+                let cpu = rx.decode(f, &mut cpu_out);
+                let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
+                let mut out = vec![0u8; n * size];
+                let r0 = ciera_cuda_host::decode(
+                    dtype.code() as u32,
+                    &mut [DecChunk {
+                        frame: &f0,
+                        out: &mut out,
+                        cache: &mut cache,
+                        offset: 0,
+                        version: 0,
+                        warm: false,
+                        full: true,
+                        ctx: Some(&mut ctx),
+                    }],
+                );
+                assert_eq!(r0[0], Ok(()));
+                let r = ciera_cuda_host::decode(
+                    dtype.code() as u32,
+                    &mut [DecChunk {
+                        frame: f,
+                        out: &mut out,
+                        cache: &mut cache,
+                        offset: 0,
+                        version,
+                        warm: true,
+                        full: true,
+                        ctx: Some(&mut ctx),
+                    }],
+                );
+                cases += 1;
+                match (&cpu, &r[0]) {
+                    (Ok(_), Ok(())) => {
+                        accepted += 1;
+                        assert!(out == cpu_out, "{dtype} n={n}: both accept, values differ");
+                        assert!(
+                            rx.values() == Some(&cache[..]),
+                            "{dtype} n={n}: caches differ"
+                        );
+                        assert!(
+                            rx.contexts() == Some(&ctx[..]),
+                            "{dtype} n={n}: contexts differ"
+                        );
+                    }
+                    (Err(_), Err(_)) => refused += 1,
+                    (c, k) => panic!("{dtype} n={n}: CPU {c:?}, kernels {k:?}"),
+                }
+            }
+        }
+    }
+    skip::show(&format!(
+        "damaged Delta frames: {cases}, refused by both {refused}, accepted by both {accepted} \
+         (same values, caches and contexts)\n"
+    ));
+    assert!(
+        refused > cases / 2,
         "too few refusals: {refused} of {cases}"
     );
 }

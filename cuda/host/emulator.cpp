@@ -69,7 +69,11 @@ template <class L> static void decode_batch(const DecJob* jobs, u32 nj) {
     auto ms = std::make_unique<DecMaskShm>();
     auto ss = std::make_unique<DecScanShm>();
     auto fs = std::make_unique<FinishShm>();
+    auto ds = std::make_unique<DeltaShm>();
     for (u32 y = 0; y < nj; ++y) dec_parse<L>(jobs[y], b, *ps);
+    for (u32 y = 0; y < nj; ++y) dec_delta_model<L>(jobs[y], b, *ps);
+    for (u32 y = 0; y < nj; ++y)
+        for (u64 x = 0; x < tiles; ++x) dec_delta<L>(jobs[y], x, b, *ds);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_mask(jobs[y], x, b, *ms);
     for (u32 y = 0; y < nj; ++y) dec_rans(jobs[y], b);
@@ -90,6 +94,7 @@ template <class L> static void decode_batch(const DecJob* jobs, u32 nj) {
 
 extern "C" {
 u64 ciera_emu_dec_scratch_bytes(u64 n) { return dec_scratch_bytes(n); }
+u64 ciera_emu_delta_scratch_bytes(u64 n) { return delta_scratch_bytes(n); }
 
 int ciera_emu_decode(u32 dtype, const DecJob* jobs, u32 njobs) {
     switch (dtype) {

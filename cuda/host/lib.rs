@@ -138,10 +138,13 @@ struct DecJob {
     version: u64,
     warm: u64,
     full: u64,
+    ctx: u64,
+    dscratch: u64,
 }
 
 extern "C" {
     fn ciera_emu_dec_scratch_bytes(n: u64) -> u64;
+    fn ciera_emu_delta_scratch_bytes(n: u64) -> u64;
     fn ciera_emu_decode(dtype: u32, jobs: *const DecJob, njobs: u32) -> c_int;
 }
 
@@ -157,6 +160,9 @@ pub struct DecChunk<'a> {
     pub warm: bool,
     /// A full-value cache (takes Exp and Hybrid frames), else an exponent cache.
     pub full: bool,
+    /// A delta cache (with `full`): the chunk's `n` context bytes, updated; it also takes
+    /// Delta frames.
+    pub ctx: Option<&'a mut [u8]>,
 }
 
 /// Why the kernels refused a frame: `DecPlan.err` and its two details (codec.cu, `DE_*`).
@@ -175,6 +181,8 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
     let size = elem_size(dtype).expect("a codec float type");
     let mut frames: Vec<Vec<u64>> = Vec::new();
     let mut scratch: Vec<Vec<u64>> = Vec::new();
+    // Delta scratch, one per delta job (a Vec of Vecs: pushing moves no inner buffer).
+    let mut dscratches: Vec<Vec<u64>> = Vec::new();
     let mut jobs = Vec::new();
     for c in chunks.iter_mut() {
         let n = c.out.len() / size;
@@ -182,6 +190,10 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
         assert!(
             n >= 1 && c.out.len() == n * size && c.cache.len() == n * per,
             "chunk of {n} elements"
+        );
+        assert!(
+            c.ctx.as_ref().is_none_or(|x| c.full && x.len() == n),
+            "contexts of a chunk of {n} elements"
         );
         // An 8-aligned copy of the frame, as a device receive buffer is.
         let mut f = vec![0u64; c.frame.len().div_ceil(8)];
@@ -194,6 +206,18 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
         // SAFETY: a pure function of n.
         let sb = unsafe { ciera_emu_dec_scratch_bytes(n as u64) } as usize;
         scratch.push(vec![0u64; sb.div_ceil(8)]);
+        let (ctx, dscratch) = match c.ctx.as_mut() {
+            Some(x) => {
+                // SAFETY: a pure function of n.
+                let db = unsafe { ciera_emu_delta_scratch_bytes(n as u64) } as usize;
+                dscratches.push(vec![0u64; db.div_ceil(8)]);
+                (
+                    x.as_mut_ptr() as u64,
+                    dscratches.last_mut().unwrap().as_mut_ptr() as u64,
+                )
+            }
+            None => (0, 0),
+        };
         jobs.push(DecJob {
             frame: frames.last().unwrap().as_ptr() as u64,
             frame_len: c.frame.len() as u64,
@@ -205,11 +229,14 @@ pub fn decode(dtype: u32, chunks: &mut [DecChunk<'_>]) -> Vec<Result<(), Refused
             version: c.version,
             warm: c.warm as u64,
             full: c.full as u64,
+            ctx,
+            dscratch,
         });
     }
     // SAFETY: every job's addresses point to live buffers of the sizes the kernels need
-    // (frame frame_len, out n*size, cache n, scratch dec_scratch_bytes(n)), the written
-    // ones borrowed exclusively for the call.
+    // (frame frame_len, out n*size, cache n, scratch dec_scratch_bytes(n); a delta job's ctx
+    // n and dscratch delta_scratch_bytes(n)), the written ones borrowed exclusively for the
+    // call.
     let rc = unsafe { ciera_emu_decode(dtype, jobs.as_ptr(), jobs.len() as u32) };
     assert_eq!(rc, 0, "dtype {dtype}");
     scratch
@@ -246,6 +273,13 @@ pub fn enc_scratch_bytes(n: usize, full: bool) -> usize {
 pub fn dec_scratch_bytes(n: usize) -> usize {
     // SAFETY: a pure function of n.
     unsafe { ciera_emu_dec_scratch_bytes(n as u64) as usize }
+}
+
+/// Scratch bytes the kernels need for the Delta model of a decode job of `n` elements into a
+/// delta cache (`delta_scratch_bytes`).
+pub fn delta_scratch_bytes(n: usize) -> usize {
+    // SAFETY: a pure function of n.
+    unsafe { ciera_emu_delta_scratch_bytes(n as u64) as usize }
 }
 
 extern "C" {

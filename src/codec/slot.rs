@@ -182,6 +182,13 @@ impl CacheSlot {
         (self.warm && self.mode.holds_values() && self.state.len() == bytes).then_some(&self.state)
     }
 
+    /// The move contexts of a warm delta slot: one byte per element, the previous move
+    /// clipped to -8..8, plus 8 (docs/WIRE.md, "Delta"); None for other modes and cold slots.
+    pub fn contexts(&self) -> Option<&[u8]> {
+        (self.warm && self.mode == CacheMode::Delta && self.ctx.len() == self.len)
+            .then_some(&self.ctx)
+    }
+
     /// The same cache in another mode, at the same version, without a frame: a warm
     /// full-value or delta slot holds every value, so it makes a warm slot of any mode (a
     /// delta slot's move contexts start at "no previous move", as after a fill). Every rank

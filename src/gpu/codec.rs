@@ -3,8 +3,9 @@
 //! order `cuda/host/emulator.cpp` runs the same block bodies on the CPU). bf16, fp16 and fp32,
 //! byte for byte the frames of `crate::codec`: Exp and FILL frames against an exponent cache
 //! (1 byte per element), and Exp, Hybrid and FILL frames against a full-value cache (the
-//! previous values; Hybrid where the CPU's estimate picks it, or as asked). Delta caches and
-//! frames are CPU-only.
+//! previous values; Hybrid where the CPU's estimate picks it, or as asked). A decode job may
+//! also hold a delta cache (the previous values and a context byte per element,
+//! [`DeviceDelta`]): it takes Delta frames too. Delta frames are encoded on the CPU only.
 //!
 //! - [`device`]: the codec on GPU 0 (or `CIERA_CUDA_DEVICE`), opened once per process. This is
 //!   the only place the library loads the CUDA driver itself, and only when asked: it first
@@ -17,16 +18,19 @@
 //!   both, and `*_results` waits for the stream and reads each job's frame length or refusal.
 //! - [`GpuCodec::encode_host`] / [`GpuCodec::decode_host`] (and `_batch`): the same from host
 //!   slices, copying both ways (tests, tools).
-//! - [`enc_scratch_bytes`], [`dec_scratch_bytes`], [`max_frame_bytes`], [`cache_bytes`]: what
-//!   each job's buffers must hold, as codec.cu computes it.
+//! - [`enc_scratch_bytes`], [`dec_scratch_bytes`], [`delta_scratch_bytes`],
+//!   [`max_frame_bytes`], [`cache_bytes`]: what each job's buffers must hold, as codec.cu
+//!   computes it.
 //!
 //! Launch geometry (codec.cu): 256 threads per block; grid.y is the job, grid.x the tile (4096
 //! elements; the widest job's tile count) for the tile kernels and 1 for the per-job ones; at
 //! most 65,535 jobs per launch, so a bigger batch is launched in groups. Nothing returns to
 //! the host between the launches of a batch. Encode: enc_tile, enc_plan, hyb_compact,
 //! hyb_masks, enc_emit, hyb_pack, enc_finish (the hyb_ kernels return at once unless the job
-//! sends a Hybrid frame); decode: dec_parse, dec_mask, dec_rans, dec_scan (0), dec_hier2,
-//! dec_scan (1), dec_hier3, dec_scan (2), dec_hyb, dec_tile, dec_tile_hyb, dec_finish.
+//! sends a Hybrid frame); decode: dec_parse, dec_delta_model, dec_delta, dec_mask, dec_rans,
+//! dec_scan (0), dec_hier2, dec_scan (1), dec_hier3, dec_scan (2), dec_hyb, dec_tile,
+//! dec_tile_hyb, dec_finish (the delta kernels return at once unless the frame is a Delta
+//! frame, or, for a delta cache, set the contexts of its other frames to "no move").
 
 use std::ffi::c_int;
 use std::fmt;
@@ -106,6 +110,17 @@ pub const fn dec_scratch_bytes(n: usize) -> usize {
         + n.div_ceil(TILE) * (DEC_TILE_BYTES + DEC_OFF_BYTES)
         + 16 * words
         + align8(4 * words)
+}
+
+/// `sizeof(DeltaPlan)`: 4 u64 (lanes, group, groups, the group lengths' offset), 17 u32 token
+/// counts, and per context 86 u16 cumulative frequencies and 86 frequencies, padded to 8.
+const DELTA_PLAN_BYTES: usize = align8(4 * 8 + 17 * 4 + 2 * 17 * 86 * 2);
+
+/// Scratch bytes of the Delta model of a decode job of `n` elements into a delta cache
+/// (`delta_scratch_bytes` in codec.cu): the plan, the decoder lookup (17 contexts x 4096 u32
+/// entries, 272 KiB) and every 64th group's start (a frame has at most `n` groups).
+pub const fn delta_scratch_bytes(n: usize) -> usize {
+    DELTA_PLAN_BYTES + 4 * 17 * 4096 + 8 * n.div_ceil(64)
 }
 
 /// Bytes of a job's cache: an exponent per element, or (`full`) the previous values.
@@ -265,6 +280,16 @@ const DEC_TILE_HYB: [&str; 3] = [
     "ciera_dec_tile_hyb_f16",
     "ciera_dec_tile_hyb_f32",
 ];
+const DEC_DELTA_MODEL: [&str; 3] = [
+    "ciera_dec_delta_model_bf16",
+    "ciera_dec_delta_model_f16",
+    "ciera_dec_delta_model_f32",
+];
+const DEC_DELTA: [&str; 3] = [
+    "ciera_dec_delta_bf16",
+    "ciera_dec_delta_f16",
+    "ciera_dec_delta_f32",
+];
 
 /// Every kernel this module launches, by name (tests check the cubin declares each).
 pub fn kernel_names() -> Vec<&'static str> {
@@ -280,6 +305,8 @@ pub fn kernel_names() -> Vec<&'static str> {
         DEC_HYB,
         DEC_TILE,
         DEC_TILE_HYB,
+        DEC_DELTA_MODEL,
+        DEC_DELTA,
     ]
     .iter()
     .flatten()
@@ -325,6 +352,8 @@ struct Typed {
     dec_hyb: Kernel,
     dec_tile: Kernel,
     dec_tile_hyb: Kernel,
+    dec_delta_model: Kernel,
+    dec_delta: Kernel,
 }
 
 /// The codec kernels loaded on one GPU. Shared by every thread ([`device`] hands out one per
@@ -469,6 +498,8 @@ impl GpuCodec {
                 dec_hyb: kernel(DEC_HYB[t])?,
                 dec_tile: kernel(DEC_TILE[t])?,
                 dec_tile_hyb: kernel(DEC_TILE_HYB[t])?,
+                dec_delta_model: kernel(DEC_DELTA_MODEL[t])?,
+                dec_delta: kernel(DEC_DELTA[t])?,
             })
         };
         let typed = [typed(0)?, typed(1)?, typed(2)?];
@@ -779,6 +810,22 @@ impl GpuCodec {
                 true,
             )?;
             check_len(i, "scratch", job.scratch.len(), dec_scratch_bytes(n), false)?;
+            if let Some(d) = &job.delta {
+                if !full {
+                    return Err(job_error(
+                        i,
+                        "a delta cache holds full values: `full` must be set".into(),
+                    ));
+                }
+                check_len(i, "contexts", d.ctx.len(), n, true)?;
+                check_len(
+                    i,
+                    "delta scratch",
+                    d.scratch.len(),
+                    delta_scratch_bytes(n),
+                    false,
+                )?;
+            }
             let DeviceDecJob {
                 frame,
                 out,
@@ -787,6 +834,7 @@ impl GpuCodec {
                 offset,
                 version,
                 warm,
+                delta,
                 ..
             } = job;
             let frame_len = frame.len() as u64;
@@ -799,7 +847,18 @@ impl GpuCodec {
             check_align(i, "out", po, size)?;
             check_align(i, "cache", pc, if full { size } else { 1 })?;
             check_align(i, "scratch", ps, ALIGN)?;
-            // DecJob: frame, frame_len, out, cache, scratch, n, offset, version, warm, full.
+            let (px, pd) = match delta {
+                Some(DeviceDelta { ctx, scratch }) => {
+                    let (px, gx) = ctx.device_ptr_mut(stream);
+                    let (pd, gd) = scratch.device_ptr_mut(stream);
+                    guards.extend([gx, gd]);
+                    check_align(i, "delta scratch", pd, ALIGN)?;
+                    (px, pd)
+                }
+                None => (0, 0),
+            };
+            // DecJob: frame, frame_len, out, cache, scratch, n, offset, version, warm, full,
+            // ctx, dscratch.
             rows.extend([
                 pf,
                 frame_len,
@@ -811,6 +870,8 @@ impl GpuCodec {
                 *version,
                 u64::from(*warm),
                 u64::from(full),
+                px,
+                pd,
             ]);
             tiles.push(n.div_ceil(TILE));
         }
@@ -995,6 +1056,8 @@ impl GpuCodec {
         let s = &self.stream;
         let size = dtype.size();
         let mut bufs: Vec<[CudaSlice<u8>; 4]> = Vec::with_capacity(chunks.len());
+        // A delta chunk's contexts and Delta model scratch.
+        let mut deltas: Vec<Option<[CudaSlice<u8>; 2]>> = Vec::with_capacity(chunks.len());
         for (i, c) in chunks.iter().enumerate() {
             let n = elements(i, "out", c.out.len(), size)?;
             check_len(
@@ -1022,11 +1085,24 @@ impl GpuCodec {
                 s.alloc_zeros(dec_scratch_bytes(n))
                     .map_err(driver("cuMemAlloc (scratch)"))?,
             ]);
+            deltas.push(match c.ctx.as_deref() {
+                Some(x) => {
+                    check_len(i, "contexts", x.len(), n, true)?;
+                    Some([
+                        s.clone_htod(x)
+                            .map_err(driver("cuMemcpyHtoDAsync (contexts)"))?,
+                        s.alloc_zeros(delta_scratch_bytes(n))
+                            .map_err(driver("cuMemAlloc (delta scratch)"))?,
+                    ])
+                }
+                None => None,
+            });
         }
         let mut jobs: Vec<DeviceDecJob<'_>> = bufs
             .iter_mut()
+            .zip(deltas.iter_mut())
             .zip(chunks.iter())
-            .map(|([frame, out, cache, scratch], c)| DeviceDecJob {
+            .map(|(([frame, out, cache, scratch], d), c)| DeviceDecJob {
                 frame: frame.slice(0..c.frame.len()),
                 out: out.as_view_mut(),
                 cache: cache.as_view_mut(),
@@ -1035,6 +1111,10 @@ impl GpuCodec {
                 version: c.version,
                 warm: c.warm,
                 full: c.full,
+                delta: d.as_mut().map(|[ctx, scratch]| DeviceDelta {
+                    ctx: ctx.as_view_mut(),
+                    scratch: scratch.as_view_mut(),
+                }),
             })
             .collect();
         let verdicts = self.decode(s, dtype, &mut jobs)?;
@@ -1043,6 +1123,10 @@ impl GpuCodec {
                 .map_err(driver("cuMemcpyDtoHAsync (out)"))?;
             s.memcpy_dtoh(&job.cache, &mut *c.cache)
                 .map_err(driver("cuMemcpyDtoHAsync (cache)"))?;
+            if let (Some(d), Some(x)) = (&job.delta, c.ctx.as_deref_mut()) {
+                s.memcpy_dtoh(&d.ctx, x)
+                    .map_err(driver("cuMemcpyDtoHAsync (contexts)"))?;
+            }
         }
         s.synchronize()
             .map_err(driver("cuStreamSynchronize (decode copies)"))?;
@@ -1070,6 +1154,7 @@ impl GpuCodec {
             version,
             warm,
             full: false,
+            ctx: None,
         }];
         let mut verdicts = self.decode_host_batch(dtype, &mut chunk)?;
         Ok(verdicts.pop().unwrap_or(Ok(())))
@@ -1078,7 +1163,7 @@ impl GpuCodec {
 
 /// u64 fields of an `EncJob` and of a `DecJob`.
 const ENC_ROW: usize = 8;
-const DEC_ROW: usize = 10;
+const DEC_ROW: usize = 12;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Direction {
@@ -1176,6 +1261,8 @@ impl<'j> Batch<'j> {
                 }
                 Direction::Decode => {
                     run(&t.dec_parse, None, 1)?;
+                    run(&t.dec_delta_model, None, 1)?;
+                    run(&t.dec_delta, None, gx)?;
                     run(&c.dec_mask, None, gx)?;
                     run(&c.dec_rans, None, 1)?;
                     run(&c.dec_scan, Some(0), 1)?;
@@ -1291,6 +1378,17 @@ pub struct DeviceDecJob<'a> {
     pub warm: bool,
     /// The cache holds full values (which also take Hybrid frames), not exponents.
     pub full: bool,
+    /// A delta cache (with `full`): its context bytes and the Delta model's scratch. Such a
+    /// job also takes Delta frames; an Exp, Hybrid or FILL frame resets its contexts.
+    pub delta: Option<DeviceDelta<'a>>,
+}
+
+/// The delta cache's part of a [`DeviceDecJob`].
+pub struct DeviceDelta<'a> {
+    /// One context byte per element (docs/WIRE.md, "Delta"): read, then updated.
+    pub ctx: CudaViewMut<'a, u8>,
+    /// At least [`delta_scratch_bytes`], [`ALIGN`]-aligned; its contents do not matter.
+    pub scratch: CudaViewMut<'a, u8>,
 }
 
 /// One host chunk to encode on the GPU (the fields are [`DeviceEncJob`]'s).
@@ -1313,6 +1411,8 @@ pub struct HostDecChunk<'a> {
     pub version: u64,
     pub warm: bool,
     pub full: bool,
+    /// A delta cache's context bytes (with `full`), updated as the device's.
+    pub ctx: Option<&'a mut [u8]>,
 }
 
 // Refusal codes (`DE_*` in codec.cu).
@@ -1326,6 +1426,7 @@ const DE_MASK: u32 = 7;
 const DE_EXCEPTION: u32 = 8;
 const DE_PADDING: u32 = 9;
 const DE_DTYPE: u32 = 10;
+const DE_DELTA: u32 = 11;
 
 /// Why the decode kernels refused a frame: `DecPlan.err` and its two details (`DE_*` in
 /// codec.cu).
@@ -1448,6 +1549,22 @@ impl Refusal {
                 (Some(expected), Some(found)) => CodecError::DTypeMismatch { expected, found },
                 _ => CodecError::corrupt("dtype", format!("unknown element type {b}")),
             },
+            // (1, context or 17): the model; (2, group): the lane states or a group's stream.
+            DE_DELTA if a == 1 => CodecError::corrupt(
+                "delta tables",
+                format!(
+                    "the model is malformed (lanes, group size, the table of context {} or \
+                     the group lengths; GPU decoder)",
+                    b as i64 - 8
+                ),
+            ),
+            DE_DELTA => CodecError::corrupt(
+                "delta lanes",
+                format!(
+                    "group {b}: a length, a lane state or the word stream is malformed (GPU \
+                     decoder)"
+                ),
+            ),
             code => CodecError::corrupt(
                 "GPU decoder",
                 format!("unknown refusal code {code} ({a}, {b})"),

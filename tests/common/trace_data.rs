@@ -157,3 +157,37 @@ pub fn drift(
     }
     out
 }
+
+/// Values moved by a few ulps (a share `p_move` per mille of them; a tenth of those by up to
+/// 2^(W-2)), a share `p_special` per mille replaced by NaN payloads, infinities, -0, 0 or
+/// subnormals: the moves Delta frames code, across exponents, through zero and into the
+/// special values. A move steps the W-bit pattern as an integer monotone in the value
+/// (negative values reversed, -0 just below +0), from the IEEE layout, not from the codec.
+pub fn ulp_drift(dtype: DType, prev: &[u8], p_move: u64, p_special: u64, rng: &mut Rng) -> Vec<u8> {
+    let size = dtype.size();
+    let w = 8 * size as u32;
+    let (top, all) = (1u64 << (w - 1), (1u64 << w) - 1);
+    let mut out = drift(dtype, prev, 0, p_special, 1000 - p_special, rng);
+    for v in out.chunks_exact_mut(size) {
+        if rng.below(1000) >= p_move {
+            continue;
+        }
+        let mut b = [0u8; 8];
+        b[..size].copy_from_slice(v);
+        let u = u64::from_le_bytes(b);
+        let m = if rng.below(10) == 0 {
+            rng.below(1 << (w - 2))
+        } else {
+            1 + rng.below(15)
+        };
+        let key = if u & top != 0 { !u & all } else { u | top };
+        let k = if rng.below(2) == 0 {
+            key.wrapping_add(m)
+        } else {
+            key.wrapping_sub(m)
+        } & all;
+        let u = if k & top != 0 { k & !top } else { !k & all };
+        v.copy_from_slice(&u.to_le_bytes()[..size]);
+    }
+    out
+}
