@@ -1,11 +1,13 @@
 //! `cargo bench --bench gpu_codec`: the codec kernels on a GPU (`ciera::gpu::codec`), encode
 //! and decode throughput in GB/s of uncompressed bytes, each beside a device-to-device copy of
 //! the same bytes timed in the same run (CUDA events around the kernels alone, best of the
-//! repetitions), with the compression ratio, for an exponent cache (Exp frames) and a
-//! full-value cache (Exp or Hybrid, as the CPU chooses). Data: the bf16 and fp32 tensors of
-//! consecutive snapshots of the real trace (fp16: the fp32 ones cast), concatenated and tiled
-//! to at least 256 MiB per run, coded as one batch of 1 Mi-element jobs; every run is a real
-//! delta of one step (the two steps alternate, so the caches never need restoring). The first
+//! repetitions), with the compression ratio, for an exponent cache (Exp frames), a
+//! full-value cache (Exp or Hybrid, as the CPU chooses) and a delta cache (decode only: Delta
+//! frames the CPU encodes, decoded on the device into values and contexts). Data: the bf16
+//! and fp32 tensors of consecutive snapshots of the real trace (fp16: the fp32 ones cast),
+//! concatenated and tiled to at least 256 MiB per run, coded as one batch of 1 Mi-element
+//! jobs; every run is a real delta of one step (the two steps alternate, so the caches never
+//! need restoring; the delta row restores its receiver by device copies instead). The first
 //! repetition's decodes (every frame of both steps) are compared bit for bit with the input,
 //! and every decode's verdicts are checked.
 //!
@@ -22,7 +24,7 @@ use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ciera::codec::{FrameChoice, FrameInfo, Mode};
+use ciera::codec::{CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode};
 use ciera::gpu::codec::{self as gpu, DeviceDecJob, DeviceEncJob, GpuCodec};
 use ciera::safetensors::SafeTensors;
 use ciera::DType;
@@ -234,9 +236,32 @@ impl Runner<'_> {
         warm: bool,
         timer: Option<&Timer>,
     ) -> Res<()> {
+        self.decode_into(infos, b, None, version, warm, timer)
+    }
+
+    /// [`Runner::decode`], into delta caches when `delta` gives their contexts and Delta model
+    /// scratch (per job at strides `l.job` and `delta_stride`).
+    fn decode_into(
+        &self,
+        infos: &[FrameInfo],
+        b: &mut Buffers,
+        delta: Option<(&mut CudaSlice<u8>, &mut CudaSlice<u8>, usize)>,
+        version: u64,
+        warm: bool,
+        timer: Option<&Timer>,
+    ) -> Res<()> {
         let (g, s, l) = (self.g, &self.s, self.l);
         let size = l.dtype.size();
         let frames = &b.frames;
+        let mut deltas: Vec<Option<gpu::DeviceDelta<'_>>> = match delta {
+            Some((ctx, scratch, stride)) => ctx
+                .as_view_mut()
+                .chunks_exact_mut(l.job)
+                .zip(scratch.as_view_mut().chunks_exact_mut(stride))
+                .map(|(ctx, scratch)| Some(gpu::DeviceDelta { ctx, scratch }))
+                .collect(),
+            None => (0..l.jobs).map(|_| None).collect(),
+        };
         let mut jobs: Vec<DeviceDecJob<'_>> = b
             .out
             .as_view_mut()
@@ -244,8 +269,9 @@ impl Runner<'_> {
             .zip(b.cache_rx.as_view_mut().chunks_exact_mut(l.cache_stride))
             .zip(b.dec_scratch.as_view_mut().chunks_exact_mut(l.dec_stride))
             .zip(infos)
+            .zip(deltas.iter_mut())
             .enumerate()
-            .map(|(j, (((out, cache), scratch), info))| DeviceDecJob {
+            .map(|(j, ((((out, cache), scratch), info), d))| DeviceDecJob {
                 frame: frames.slice(j * l.frame_stride..j * l.frame_stride + info.frame_bytes),
                 out,
                 cache,
@@ -254,7 +280,7 @@ impl Runner<'_> {
                 version,
                 warm,
                 full: l.full,
-                delta: None,
+                delta: d.take(),
             })
             .collect();
         {
@@ -358,6 +384,115 @@ fn run(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> 
     Ok(row)
 }
 
+/// A delta cache's row: Delta frames encoded on the CPU (`CacheSlot`, forced Delta, one frame
+/// per job; the kernels do not encode them), copied to the device once, and decoded there into
+/// delta caches (values and contexts), timed; before each repetition the receiver's values and
+/// contexts are put back to step a (untimed device copies). The first decode is compared bit
+/// for bit with the input and the CPU receiver's values and contexts.
+fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> {
+    let r = Runner {
+        g,
+        s: g.stream().clone(),
+        l,
+    };
+    let s = &r.s;
+    let size = l.dtype.size();
+    let dstride = gpu::delta_scratch_bytes(l.job).next_multiple_of(gpu::ALIGN);
+    let mut b = Buffers {
+        cache_tx: s.alloc_zeros(8)?,
+        cache_rx: s.alloc_zeros(l.jobs * l.cache_stride)?,
+        frames: s.alloc_zeros(l.jobs * l.frame_stride)?,
+        enc_scratch: s.alloc_zeros(8)?,
+        dec_scratch: s.alloc_zeros(l.jobs * l.dec_stride)?,
+        out: s.alloc_zeros(l.bytes())?,
+    };
+    let mut ctx = s.alloc_zeros::<u8>(l.elements())?;
+    let mut dscratch = s.alloc_zeros::<u8>(l.jobs * dstride)?;
+    // The CPU's frames: FILLs of step a, then Delta frames of step b against it.
+    let mut tx = CacheSlot::new(l.dtype, CacheMode::Delta, l.elements());
+    tx.set_frame_choice(FrameChoice::Delta);
+    let mut rx = CacheSlot::new(l.dtype, CacheMode::Delta, l.elements());
+    let mut frames_of = |x: &[u8], rx: &mut CacheSlot| -> Res<(Vec<u8>, Vec<FrameInfo>)> {
+        let mut packed = vec![0u8; l.jobs * l.frame_stride];
+        let mut infos = Vec::new();
+        for (j, c) in tx.chunks(l.job).iter_mut().enumerate() {
+            let mut f = Vec::new();
+            let info = c.encode(&x[j * l.job * size..(j + 1) * l.job * size], &mut f)?;
+            packed[j * l.frame_stride..j * l.frame_stride + f.len()].copy_from_slice(&f);
+            infos.push(info);
+        }
+        tx.commit(&infos)?;
+        let mut out = vec![0u8; x.len()];
+        let mut rinfos = Vec::new();
+        for (j, c) in rx.chunks(l.job).iter_mut().enumerate() {
+            let f = &packed[j * l.frame_stride..j * l.frame_stride + infos[j].frame_bytes];
+            let f = ciera::codec::frame::parse(f)?;
+            rinfos.push(c.decode(&f, &mut out[j * l.job * size..(j + 1) * l.job * size])?);
+        }
+        rx.commit(&rinfos)?;
+        Ok((packed, infos))
+    };
+    let (f0, i0) = frames_of(x0, &mut rx)?;
+    let (f1, i1) = frames_of(x1, &mut rx)?;
+    let version = i1[0].version;
+    s.memcpy_htod(&f0, &mut b.frames)?;
+    r.decode_into(
+        &i0,
+        &mut b,
+        Some((&mut ctx, &mut dscratch, dstride)),
+        version,
+        false,
+        None,
+    )?;
+    if s.clone_dtoh(&b.out)? != x0 {
+        return Err("the FILL frames decode to other values".into());
+    }
+    let (cache_a, ctx_a) = (s.clone_dtod(&b.cache_rx)?, s.clone_dtod(&ctx)?);
+    s.memcpy_htod(&f1, &mut b.frames)?;
+    let td = Timer::new(g)?;
+    let tc = Timer::new(g)?;
+    let d1 = s.clone_htod(x1)?;
+    let mut copy_dst = s.alloc_zeros::<u8>(l.bytes())?;
+    let mut row = Row {
+        enc: f64::NAN,
+        dec: f64::INFINITY,
+        copy: f64::INFINITY,
+        ratio: i1.iter().map(|i| i.raw_bytes).sum::<usize>() as f64
+            / i1.iter().map(|i| i.frame_bytes).sum::<usize>() as f64,
+        fills: i1.iter().filter(|i| i.fill).count(),
+        hybrids: 0,
+    };
+    for rep in 0..reps {
+        s.memcpy_dtod(&cache_a, &mut b.cache_rx)?;
+        s.memcpy_dtod(&ctx_a, &mut ctx)?;
+        r.decode_into(
+            &i1,
+            &mut b,
+            Some((&mut ctx, &mut dscratch, dstride)),
+            version,
+            true,
+            Some(&td),
+        )?;
+        row.dec = row.dec.min(td.seconds()?);
+        if rep == 0 {
+            if s.clone_dtoh(&b.out)? != x1 {
+                return Err("decoded values differ from the input".into());
+            }
+            if Some(&s.clone_dtoh(&b.cache_rx)?[..]) != rx.values() {
+                return Err("the GPU's cached values differ from the CPU receiver's".into());
+            }
+            if Some(&s.clone_dtoh(&ctx)?[..]) != rx.contexts() {
+                return Err("the GPU's contexts differ from the CPU receiver's".into());
+            }
+        }
+        tc.start.record(s)?;
+        s.memcpy_dtod(&d1, &mut copy_dst)?;
+        tc.end.record(s)?;
+        row.copy = row.copy.min(tc.seconds()?);
+    }
+    Ok(row)
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` would pass nothing: run only when asked.
     if !std::env::args().any(|a| a == "--bench") {
@@ -412,12 +547,12 @@ fn main() {
             "x copy",
             "copy GB/s"
         );
-        for (full, &(a, b)) in [false, true]
+        for (cache, &(a, b)) in ["exp", "full", "delta"]
             .into_iter()
-            .flat_map(|f| pairs.iter().map(move |p| (f, p)))
+            .flat_map(|c| pairs.iter().map(move |p| (c, p)))
         {
-            let l = Layout::new(dtype, full, mib << 20, job);
-            let label = format!("{:<6} {a}->{b}", if full { "full" } else { "exp" });
+            let l = Layout::new(dtype, cache != "exp", mib << 20, job);
+            let label = format!("{cache:<6} {a}->{b}");
             let row = snapshot(&dir, a, dtype)
                 .and_then(|s0| Ok((s0, snapshot(&dir, b, dtype)?)))
                 .and_then(|(s0, s1)| {
@@ -425,7 +560,11 @@ fn main() {
                         v.iter().copied().cycle().take(l.bytes()).collect()
                     };
                     let (x0, x1) = (tile(&s0), tile(&s1));
-                    run(&g, &l, &x0, &x1, reps)
+                    if cache == "delta" {
+                        run_delta(&g, &l, &x0, &x1, reps)
+                    } else {
+                        run(&g, &l, &x0, &x1, reps)
+                    }
                 });
             match row {
                 Ok(r) => {
@@ -452,7 +591,8 @@ fn main() {
         "\ncache: exp (exponents, Exp frames) or full (previous values, Exp or Hybrid as the \
          CPU chooses); GB/s: uncompressed bytes per second of the kernels alone (CUDA events); \
          x copy: against cuMemcpyDtoDAsync of the same bytes; every decode checked (bit-exact \
-         on the first repetition, the kernels' verdicts on all)"
+         on the first repetition, the kernels' verdicts on all); delta: Delta frames the CPU \
+         encoded (the kernels decode them, NaN: no device encoder), decoded into delta caches"
     );
     if failed > 0 {
         println!("{failed} row(s) failed");
