@@ -1550,7 +1550,19 @@ struct DecMaskShm {
     u32 cnt[TILE_WORDS];
     u32 pre[TILE_WORDS];
     u64 red[4][NT];
+    u32 go;
 };
+
+// Whether a job's frame is not refused, read once for the whole block (into `go`, shared):
+// the blocks of one launch refuse frames (set_err) while others start, and on a device a
+// barrier that only some of a block's threads reach is undefined behaviour (a hang). A tile
+// kernel that can be refused by another block of its launch asks this, after its block-uniform
+// returns, before its first phase.
+HD bool block_go(Blk& b, const DecPlan& p, u32& go) {
+    b.one([&] { go = p.err == 0; });
+    b.sync();
+    return go != 0;
+}
 
 // Sum of sh.cnt[0..64) by thread 0 into *dst; exclusive prefix into sh.pre.
 HD void tile_prefix(DecMaskShm& sh, u32* dst) {
@@ -1568,7 +1580,7 @@ HD void dec_mask(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.mode != 1 || p.coding == MASK_RANS) return;
+    if (p.fill || p.mode != 1 || p.coding == MASK_RANS || !block_go(b, p, sh.go)) return;
     const u8* pay = (const u8*)j.frame + p.s1_off + 1;
     u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
     b.each([&](u32 t) {
@@ -1747,7 +1759,7 @@ HD void dec_hier2(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.mode != 1 || p.coding != MASK_HIER) return;
+    if (p.fill || p.mode != 1 || p.coding != MASK_HIER || !block_go(b, p, sh.go)) return;
     const u8* pay = (const u8*)j.frame + p.s1_off + 1;
     u64 W = cdiv(n, 64);
     b.each([&](u32 t) {
@@ -1784,7 +1796,7 @@ HD void dec_hier3(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.mode != 1 || p.coding != MASK_HIER) return;
+    if (p.fill || p.mode != 1 || p.coding != MASK_HIER || !block_go(b, p, sh.go)) return;
     const u8* l3 = (const u8*)j.frame + p.s1_off + 1 + p.l1_len + p.nzw;
     u64 W = cdiv(n, 64);
     b.each([&](u32 t) {
@@ -1890,7 +1902,7 @@ template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskSh
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || !(p.fill || p.mode == 1)) return;
+    if (!(p.fill || p.mode == 1) || !block_go(b, p, sh.go)) return;
     u64 base = tile * TILE, tn = min64(TILE, n - base);
     const u8* f = (const u8*)j.frame;
     u8* out = (u8*)j.out;
@@ -1987,7 +1999,7 @@ template <class L> HD void dec_tile_hyb(const DecJob& j, u64 tile, Blk& b, DecMa
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.err || p.mode != 2 || p.fill) return;
+    if (p.mode != 2 || p.fill || !block_go(b, p, sh.go)) return;
     u64 base = tile * TILE, tn = min64(TILE, n - base);
     const u8* f = (const u8*)j.frame;
     u8* out = (u8*)j.out;
@@ -2213,10 +2225,7 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
     if (tile >= T) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    // Other blocks of this launch may refuse the frame meanwhile: one read for the block.
-    b.one([&] { sh.go = p.err == 0; });
-    b.sync();
-    if (!sh.go) return;
+    if (!block_go(b, p, sh.go)) return;
     u8* ctx = (u8*)j.ctx;
     if (p.mode != 3) {
         if (!ctx) return;
