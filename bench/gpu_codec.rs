@@ -2,8 +2,8 @@
 //! and decode throughput in GB/s of uncompressed bytes, each beside a device-to-device copy of
 //! the same bytes timed in the same run (CUDA events around the kernels alone, best of the
 //! repetitions), with the compression ratio, for an exponent cache (Exp frames), a
-//! full-value cache (Exp or Hybrid, as the CPU chooses) and a delta cache (decode only: Delta
-//! frames the CPU encodes, decoded on the device into values and contexts). Data: the bf16
+//! full-value cache (Exp or Hybrid, as the CPU chooses) and a delta cache (Delta frames,
+//! values and contexts; checked against the CPU's frames). Data: the bf16
 //! and fp32 tensors of consecutive snapshots of the real trace (fp16: the fp32 ones cast),
 //! concatenated and tiled to at least 256 MiB per run, coded as one batch of 1 Mi-element
 //! jobs; every run is a real delta of one step (the two steps alternate, so the caches never
@@ -192,26 +192,58 @@ impl Runner<'_> {
         cold: bool,
         timer: Option<&Timer>,
     ) -> Res<Vec<FrameInfo>> {
+        self.encode_into(input, b, None, version, cold, timer)
+    }
+
+    /// [`Runner::encode`], with delta caches (Delta frames) when `delta` gives their contexts
+    /// and Delta frame scratch (per job at strides `l.job` and the given one).
+    fn encode_into(
+        &self,
+        input: &CudaSlice<u8>,
+        b: &mut Buffers,
+        delta: Option<(&mut CudaSlice<u8>, &mut CudaSlice<u8>, usize)>,
+        version: u64,
+        cold: bool,
+        timer: Option<&Timer>,
+    ) -> Res<Vec<FrameInfo>> {
         let (g, s, l) = (self.g, &self.s, self.l);
         let size = l.dtype.size();
         let iv = input.as_view();
+        let choice = if delta.is_some() {
+            FrameChoice::Delta
+        } else {
+            FrameChoice::Auto
+        };
+        let mut deltas: Vec<Option<gpu::DeviceDelta<'_>>> = match delta {
+            Some((ctx, scratch, stride)) => ctx
+                .as_view_mut()
+                .chunks_exact_mut(l.job)
+                .zip(scratch.as_view_mut().chunks_exact_mut(stride))
+                .map(|(ctx, scratch)| Some(gpu::DeviceDelta { ctx, scratch }))
+                .collect(),
+            None => (0..l.jobs).map(|_| None).collect(),
+        };
         let mut jobs: Vec<DeviceEncJob<'_>> = iv
             .chunks_exact(l.job * size)
             .zip(b.cache_tx.as_view_mut().chunks_exact_mut(l.cache_stride))
             .zip(b.frames.as_view_mut().chunks_exact_mut(l.frame_stride))
             .zip(b.enc_scratch.as_view_mut().chunks_exact_mut(l.enc_stride))
+            .zip(deltas.iter_mut())
             .enumerate()
-            .map(|(j, (((input, cache), frame), scratch))| DeviceEncJob {
-                input,
-                cache,
-                frame,
-                scratch,
-                offset: (j * l.job) as u64,
-                version,
-                cold,
-                full: l.full,
-                choice: FrameChoice::Auto,
-            })
+            .map(
+                |(j, ((((input, cache), frame), scratch), d))| DeviceEncJob {
+                    input,
+                    cache,
+                    frame,
+                    scratch,
+                    offset: (j * l.job) as u64,
+                    version,
+                    cold,
+                    full: l.full,
+                    choice,
+                    delta: d.take(),
+                },
+            )
             .collect();
         {
             let batch = g.prepare_encode(s, l.dtype, &mut jobs)?;
@@ -384,11 +416,12 @@ fn run(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> 
     Ok(row)
 }
 
-/// A delta cache's row: Delta frames encoded on the CPU (`CacheSlot`, forced Delta, one frame
-/// per job; the kernels do not encode them), copied to the device once, and decoded there into
-/// delta caches (values and contexts), timed; before each repetition the receiver's values and
-/// contexts are put back to step a (untimed device copies). The first decode is compared bit
-/// for bit with the input and the CPU receiver's values and contexts.
+/// A delta cache's row: Delta frames encoded on the device (a FILL of step a, then step b
+/// against it, `FrameChoice::Delta`) and decoded there into delta caches, both timed; before
+/// each repetition both sides' values and contexts are put back to step a (untimed device
+/// copies). The first repetition's frames are compared byte for byte with the CPU's
+/// (`CacheSlot`, the same jobs as chunks), and its decode with the input and the CPU
+/// receiver's values and contexts.
 fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> {
     let r = Runner {
         g,
@@ -398,48 +431,62 @@ fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res
     let s = &r.s;
     let size = l.dtype.size();
     let dstride = gpu::delta_scratch_bytes(l.job).next_multiple_of(gpu::ALIGN);
+    let estride = gpu::enc_delta_scratch_bytes(l.job).next_multiple_of(gpu::ALIGN);
     let mut b = Buffers {
-        cache_tx: s.alloc_zeros(8)?,
+        cache_tx: s.alloc_zeros(l.jobs * l.cache_stride)?,
         cache_rx: s.alloc_zeros(l.jobs * l.cache_stride)?,
         frames: s.alloc_zeros(l.jobs * l.frame_stride)?,
-        enc_scratch: s.alloc_zeros(8)?,
+        enc_scratch: s.alloc_zeros(l.jobs * l.enc_stride)?,
         dec_scratch: s.alloc_zeros(l.jobs * l.dec_stride)?,
         out: s.alloc_zeros(l.bytes())?,
     };
-    let mut ctx = s.alloc_zeros::<u8>(l.elements())?;
+    let (mut ctx_tx, mut ctx_rx) = (
+        s.alloc_zeros::<u8>(l.elements())?,
+        s.alloc_zeros::<u8>(l.elements())?,
+    );
+    let mut escratch = s.alloc_zeros::<u8>(l.jobs * estride)?;
     let mut dscratch = s.alloc_zeros::<u8>(l.jobs * dstride)?;
-    // The CPU's frames: FILLs of step a, then Delta frames of step b against it.
+    // The CPU's side, for reference: step a, then step b's frames and its receiver.
     let mut tx = CacheSlot::new(l.dtype, CacheMode::Delta, l.elements());
     tx.set_frame_choice(FrameChoice::Delta);
     let mut rx = CacheSlot::new(l.dtype, CacheMode::Delta, l.elements());
-    let mut frames_of = |x: &[u8], rx: &mut CacheSlot| -> Res<(Vec<u8>, Vec<FrameInfo>)> {
-        let mut packed = vec![0u8; l.jobs * l.frame_stride];
+    let mut cpu_frames = |x: &[u8], rx: &mut CacheSlot| -> Res<Vec<Vec<u8>>> {
+        let mut frames = Vec::new();
         let mut infos = Vec::new();
         for (j, c) in tx.chunks(l.job).iter_mut().enumerate() {
             let mut f = Vec::new();
-            let info = c.encode(&x[j * l.job * size..(j + 1) * l.job * size], &mut f)?;
-            packed[j * l.frame_stride..j * l.frame_stride + f.len()].copy_from_slice(&f);
-            infos.push(info);
+            infos.push(c.encode(&x[j * l.job * size..(j + 1) * l.job * size], &mut f)?);
+            frames.push(f);
         }
         tx.commit(&infos)?;
         let mut out = vec![0u8; x.len()];
         let mut rinfos = Vec::new();
         for (j, c) in rx.chunks(l.job).iter_mut().enumerate() {
-            let f = &packed[j * l.frame_stride..j * l.frame_stride + infos[j].frame_bytes];
-            let f = ciera::codec::frame::parse(f)?;
+            let f = ciera::codec::frame::parse(&frames[j])?;
             rinfos.push(c.decode(&f, &mut out[j * l.job * size..(j + 1) * l.job * size])?);
         }
         rx.commit(&rinfos)?;
-        Ok((packed, infos))
+        Ok(frames)
     };
-    let (f0, i0) = frames_of(x0, &mut rx)?;
-    let (f1, i1) = frames_of(x1, &mut rx)?;
-    let version = i1[0].version;
-    s.memcpy_htod(&f0, &mut b.frames)?;
+    let cpu0 = cpu_frames(x0, &mut rx)?;
+    let cpu1 = cpu_frames(x1, &mut rx)?;
+    // The slot versions the frames carry (a slot's version moves on after each frame).
+    let version_of = |f: &[u8]| u64::from_le_bytes(f[24..32].try_into().unwrap());
+    let (v0, version) = (version_of(&cpu0[0]), version_of(&cpu1[0]));
+    // The device: step a as FILLs (a cold slot), decoded.
+    let (d0, d1) = (s.clone_htod(x0)?, s.clone_htod(x1)?);
+    let i0 = r.encode_into(
+        &d0,
+        &mut b,
+        Some((&mut ctx_tx, &mut escratch, estride)),
+        v0,
+        true,
+        None,
+    )?;
     r.decode_into(
         &i0,
         &mut b,
-        Some((&mut ctx, &mut dscratch, dstride)),
+        Some((&mut ctx_rx, &mut dscratch, dstride)),
         version,
         false,
         None,
@@ -447,42 +494,67 @@ fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res
     if s.clone_dtoh(&b.out)? != x0 {
         return Err("the FILL frames decode to other values".into());
     }
-    let (cache_a, ctx_a) = (s.clone_dtod(&b.cache_rx)?, s.clone_dtod(&ctx)?);
-    s.memcpy_htod(&f1, &mut b.frames)?;
-    let td = Timer::new(g)?;
-    let tc = Timer::new(g)?;
-    let d1 = s.clone_htod(x1)?;
+    let saved = [
+        s.clone_dtod(&b.cache_tx)?,
+        s.clone_dtod(&ctx_tx)?,
+        s.clone_dtod(&b.cache_rx)?,
+        s.clone_dtod(&ctx_rx)?,
+    ];
+    let (te, td, tc) = (Timer::new(g)?, Timer::new(g)?, Timer::new(g)?);
     let mut copy_dst = s.alloc_zeros::<u8>(l.bytes())?;
     let mut row = Row {
-        enc: f64::NAN,
+        enc: f64::INFINITY,
         dec: f64::INFINITY,
         copy: f64::INFINITY,
-        ratio: i1.iter().map(|i| i.raw_bytes).sum::<usize>() as f64
-            / i1.iter().map(|i| i.frame_bytes).sum::<usize>() as f64,
-        fills: i1.iter().filter(|i| i.fill).count(),
+        ratio: 0.0,
+        fills: 0,
         hybrids: 0,
     };
     for rep in 0..reps {
-        s.memcpy_dtod(&cache_a, &mut b.cache_rx)?;
-        s.memcpy_dtod(&ctx_a, &mut ctx)?;
+        s.memcpy_dtod(&saved[0], &mut b.cache_tx)?;
+        s.memcpy_dtod(&saved[1], &mut ctx_tx)?;
+        s.memcpy_dtod(&saved[2], &mut b.cache_rx)?;
+        s.memcpy_dtod(&saved[3], &mut ctx_rx)?;
+        let i1 = r.encode_into(
+            &d1,
+            &mut b,
+            Some((&mut ctx_tx, &mut escratch, estride)),
+            version,
+            false,
+            Some(&te),
+        )?;
+        row.enc = row.enc.min(te.seconds()?);
         r.decode_into(
             &i1,
             &mut b,
-            Some((&mut ctx, &mut dscratch, dstride)),
+            Some((&mut ctx_rx, &mut dscratch, dstride)),
             version,
             true,
             Some(&td),
         )?;
         row.dec = row.dec.min(td.seconds()?);
+        row.ratio = i1.iter().map(|i| i.raw_bytes).sum::<usize>() as f64
+            / i1.iter().map(|i| i.frame_bytes).sum::<usize>() as f64;
+        row.fills = i1.iter().filter(|i| i.fill).count();
         if rep == 0 {
+            let frames = s.clone_dtoh(&b.frames)?;
+            for (j, (info, c)) in i1.iter().zip(&cpu1).enumerate() {
+                let gf = &frames[j * l.frame_stride..j * l.frame_stride + info.frame_bytes];
+                if gf != &c[..] {
+                    return Err(format!("job {j}: the GPU's frame differs from the CPU's").into());
+                }
+            }
             if s.clone_dtoh(&b.out)? != x1 {
                 return Err("decoded values differ from the input".into());
             }
-            if Some(&s.clone_dtoh(&b.cache_rx)?[..]) != rx.values() {
-                return Err("the GPU's cached values differ from the CPU receiver's".into());
+            let (vals, ctx) = (s.clone_dtoh(&b.cache_rx)?, s.clone_dtoh(&ctx_rx)?);
+            if Some(&vals[..]) != rx.values() || Some(&ctx[..]) != rx.contexts() {
+                return Err("the GPU receiver's values or contexts differ from the CPU's".into());
             }
-            if Some(&s.clone_dtoh(&ctx)?[..]) != rx.contexts() {
-                return Err("the GPU's contexts differ from the CPU receiver's".into());
+            if s.clone_dtoh(&b.cache_tx)? != vals || s.clone_dtoh(&ctx_tx)? != ctx {
+                return Err(
+                    "the GPU encoder's values or contexts differ from its receiver's".into(),
+                );
             }
         }
         tc.start.record(s)?;
@@ -591,8 +663,9 @@ fn main() {
         "\ncache: exp (exponents, Exp frames) or full (previous values, Exp or Hybrid as the \
          CPU chooses); GB/s: uncompressed bytes per second of the kernels alone (CUDA events); \
          x copy: against cuMemcpyDtoDAsync of the same bytes; every decode checked (bit-exact \
-         on the first repetition, the kernels' verdicts on all); delta: Delta frames the CPU \
-         encoded (the kernels decode them, NaN: no device encoder), decoded into delta caches"
+         on the first repetition, the kernels' verdicts on all); delta: Delta frames encoded \
+         on the device (forced Delta; the first repetition's equal to the CPU's byte for byte), \
+         decoded into delta caches"
     );
     if failed > 0 {
         println!("{failed} row(s) failed");

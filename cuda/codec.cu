@@ -1,7 +1,7 @@
 // CIERA codec kernels: Exp frames (exponent cache), Exp and Hybrid frames (full-value cache)
 // and FILL frames for bf16, fp16 and fp32, written and read in the wire format of docs/WIRE.md
 // byte for byte (checksums included), so a frame encoded here decodes on a CPU and the other
-// way round; Delta frames (delta cache) are decoded here, encoded on the CPU.
+// way round; and Delta frames (delta cache), encoded as the CPU's FrameChoice::Delta does.
 //
 // One source, two builds:
 // - NVRTC (src/gpu/nvrtc.rs) compiles it for the device: the `extern "C" __global__` wrappers
@@ -30,6 +30,7 @@
 //   ciera_enc_emit_<t>   grid (max tiles, jobs) x 256: mask bytes (Flat/Hier) and exceptions,
 //                        or the raw values of a FILL
 //   ciera_enc_finish_<t> grid (1, jobs) x 256: header, SH64, XXH3 (8 lanes), frame length
+//   ciera_enc_delta_*_<t>: a delta cache's Delta frames (see "Encode of Delta frames")
 // Decode (per batch of DecJob): see the sections "Decode" and "Decode of Delta frames" below.
 //
 // Tiles are 4096 elements (64 mask words): the sign+mantissa of a tile starts on a 32-byte
@@ -679,10 +680,15 @@ struct EncJob {
     u64 flags;   // bit 0: the slot is cold (send a FILL); bit 1: a full-value cache; bits 2-3:
                  // its frame choice (0 the smaller of Exp and Hybrid as the CPU estimates, 1 Exp,
                  // 2 Hybrid)
+    u64 ctx;      // a delta cache (with bit 1): the n context bytes, read, then updated; such a
+                  // job sends Delta frames (see "Encode of Delta frames"); else 0
+    u64 dscratch; // with `ctx`: enc_delta_scratch_bytes(n), 8-aligned; else 0
 };
 HD bool job_cold(const EncJob& j) { return j.flags & 1; }
 HD bool job_full(const EncJob& j) { return (j.flags >> 1) & 1; }
 HD u32 job_choice(const EncJob& j) { return (u32)(j.flags >> 2) & 3; }
+// A warm delta cache's job: a Delta frame (or a FILL where it would be longer than the values).
+HD bool job_delta_frame(const EncJob& j) { return j.ctx && !job_cold(j); }
 
 // Per job, in scratch: the plan (what enc_plan decided; the host reads `frame_len`, `mode`,
 // `fill` and `ones` back), then per-tile counts and partial sums, then the mask words and the
@@ -797,6 +803,7 @@ HD void block_reduce4(Blk& b, u64 (*red)[NT]) {
 // A full-value cache reads and writes n*size cache bytes instead, and also writes the changed
 // mask; its s0 is the Exp frame's (overwritten if the plan picks Hybrid).
 template <class L> HD void enc_tile(const EncJob& j, u64 tile, Blk& b, EncTileShm<L>& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     if (tile * TILE >= n) return;
     u64 base = tile * TILE, tn = min64(TILE, n - base);
@@ -911,6 +918,7 @@ template <u32 K> HD void block_scan(Blk& b, u64 (*x)[NT], u64 (*tmp)[NT]) {
 // chooses the mask coding as bitmask::plan does (with the same integer estimates), codes a rANS
 // mask on one thread when that wins, and decides FILL.
 template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
     EncView v(j.scratch, n);
     b.each([&](u32 t) {
@@ -1037,6 +1045,7 @@ struct EmitShm {
 // bytes at the scanned offsets) and its exceptions (the new cached fields, read back from the
 // updated cache) are written. Reads n/8 bytes of words plus the cache bytes of exceptions.
 template <class L> HD void enc_emit(const EncJob& j, u64 tile, Blk& b, EmitShm& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     if (tile * TILE >= n) return;
     EncView v(j.scratch, n);
@@ -1124,6 +1133,7 @@ template <class L> HD void enc_emit(const EncJob& j, u64 tile, Blk& b, EmitShm& 
 // exponents of those (at the tile's exception offset). Reads n/4 bytes of masks plus the
 // changed values; writes 4k + k + ke bytes of scratch.
 template <class L> HD void hyb_compact(const EncJob& j, u64 tile, Blk& b, EmitShm& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     if (tile * TILE >= n) return;
     EncView v(j.scratch, n);
@@ -1173,6 +1183,7 @@ struct HybShm {
 // both masks planned and coded as the CPU does (bitmask::plan_gated, one thread: the rANS
 // stream is sequential), the frame laid out, or a FILL where it would be longer than the values.
 template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     EncView v(j.scratch, n);
     Plan& p = *v.plan;
@@ -1216,6 +1227,7 @@ template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
 // hyb_pack (Hybrid only): one block per 4096 changed values: their packed sm into s0 and its
 // SH64 partial sums. Reads 4k, writes sm_len(k) bytes.
 template <class L> HD void hyb_pack(const EncJob& j, u64 tile, Blk& b, EncTileShm<L>& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     EncView v(j.scratch, n);
     const Plan& p = *v.plan;
@@ -1282,6 +1294,7 @@ HD void block_xxh3(Blk& b, const u8* hdr, const u8* tail, u64 tail_len, u64* lan
 
 // enc_finish: one block per job. The header, SH64 of s0 and the frame checksum.
 template <class L> HD void enc_finish(const EncJob& j, Blk& b, FinishShm& sh) {
+    if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     EncView v(j.scratch, n);
     Plan& p = *v.plan;
@@ -2218,6 +2231,40 @@ struct DeltaShm {
 // The ordered key of a W-bit value and its inverse (`delta::key`, `delta::unkey`).
 HD u32 d_key(u32 u, u32 sign, u32 mk) { return u ^ (sign | ((u & sign) ? (mk ^ sign) : 0)); }
 HD u32 d_unkey(u32 k, u32 sign, u32 mk) { return (k & sign) ? (k & ~sign) : (~k & mk); }
+// The context byte a W-bit move leaves (`delta::context_of`): the move clipped to -8..8, + 8.
+template <class L> HD u8 de_context(u32 d) {
+    const u32 W = 8 * L::BYTES;
+    int s = (int)(d << (32 - W)) >> (32 - W);
+    s = s < -8 ? -8 : s > 8 ? 8 : s;
+    return (u8)(s + 8);
+}
+
+// The groups a block codes at a time (encoder and decoder): D_GPB groups from g0 of a frame of
+// `groups` groups of `group` elements (n in all), `lanes` lanes each, a thread per lane.
+struct DBlockGroups {
+    u64 g0, groups, group, n, lanes;
+    // The most rows among them (the block runs this many; block-uniform).
+    HD u64 rows() const {
+        u64 rows = 0;
+        for (u32 s = 0; s < D_GPB; ++s) {
+            u64 g = g0 + s;
+            if (g < groups) {
+                u64 r = cdiv(min64(group, n - g * group), lanes);
+                rows = r > rows ? r : rows;
+            }
+        }
+        return rows;
+    }
+    // Thread t's element in row r, if any: lane t % 64 of group g0 + t / 64.
+    HD bool elem(u32 t, u64 r, u64* i) const {
+        u64 g = g0 + t / D_LANES, l = t % D_LANES;
+        if (g >= groups || l >= lanes) return false;
+        u64 jg = r * lanes + l;
+        if (jg >= min64(group, n - g * group)) return false;
+        *i = g * group + jg;
+        return true;
+    }
+};
 
 // dec_delta: one block per tile of the job (see above).
 template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm& sh) {
@@ -2254,23 +2301,9 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
     });
     b.sync();
     for (u64 g0 = D_GPB * tile; g0 < G; g0 += D_GPB * T) {
-        u64 rows = 0;
-        for (u32 s = 0; s < D_GPB; ++s) {
-            u64 g = g0 + s;
-            if (g < G) {
-                u64 r = cdiv(min64(group, n - g * group), lanes);
-                rows = r > rows ? r : rows;
-            }
-        }
-        // Thread t's element in row r, if any: lane t % 64 of group g0 + t / 64.
-        auto elem = [&](u32 t, u64 r, u64* i) {
-            u64 g = g0 + t / D_LANES, l = t % D_LANES;
-            if (g >= G || l >= lanes) return false;
-            u64 jg = r * lanes + l;
-            if (jg >= min64(group, n - g * group)) return false;
-            *i = g * group + jg;
-            return true;
-        };
+        const DBlockGroups bg{g0, G, group, n, lanes};
+        const u64 rows = bg.rows();
+        auto elem = [&](u32 t, u64 r, u64* i) { return bg.elem(t, r, i); };
         // The group's start: every 64th kept by the model, the lengths after it summed.
         b.each([&](u32 t) {
             u32 s = t / D_LANES, l = t % D_LANES;
@@ -2319,9 +2352,7 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
             u32 nu = d_unkey((d_key(load_val<L>(cache, i), sign, mk) + dm) & mk, sign, mk);
             store_val<L>(out, i, nu);
             store_val<L>(cache, i, nu);
-            int sd = (int)(dm << (32 - W)) >> (32 - W);
-            sd = sd < -8 ? -8 : sd > 8 ? 8 : sd;
-            ctx[i] = (u8)(sd + 8);
+            ctx[i] = de_context<L>(dm);
         };
         for (u64 r = 0; r < rows; ++r) {
             b.each([&](u32 t) {
@@ -2387,6 +2418,482 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
 }
 
 // ---------------------------------------------------------------------------------------------
+// Encode of Delta frames (mode 3) against a delta cache: `EncJob.ctx` set (with a full-value
+// cache: `cache` holds the previous values), its Delta model and group streams in
+// `EncJob.dscratch` (enc_delta_scratch_bytes(n)). A warm delta job always sends a Delta frame
+// (the CPU's FrameChoice::Delta), or a FILL where that would be longer than the values; a cold
+// one a FILL (the kernels above, with the contexts set to 8 here). The kernels above return at
+// once on a warm delta job; these on any other. Launches, after ciera_enc_finish_<t>:
+//   ciera_enc_delta_hist_<t>   grid (tiles, jobs): per tile the (context, token) counts of its
+//                              moves, and its changed values and changed fields
+//   ciera_enc_delta_model_<t>  grid (1, jobs): the counts summed, one table per context scaled to
+//                              4096 (a thread per context, as `delta::normalize`), the model's
+//                              bytes (s1 before the group lengths) and the encoder's table
+//   ciera_enc_delta_groups_<t> grid (tiles, jobs): groups of 32768 elements coded backwards, four
+//                              per block (a thread per lane), into per-group word buffers; the
+//                              cache takes the new values and the contexts the moves leave
+//   ciera_enc_delta_lay_<t>    grid (1, jobs): group offsets, the frame's length, FILL or not,
+//                              s1 written
+//   ciera_enc_delta_pack_<t>   grid (tiles, jobs): each group's lane states and words into s0;
+//                              a FILL's values into s0 and its contexts set to 8; a cold job's
+//                              contexts set to 8
+//   ciera_enc_delta_sum_<t>    grid (tiles, jobs): SH64 partial sums of s0
+//   ciera_enc_delta_finish_<t> grid (1, jobs): header, SH64, XXH3
+// A coding step of a row gives the lanes whose state must shed a word (x at or over its
+// limit) the next places of the group's words in descending lane order (the encoder's order,
+// reversed when packed): each counts the emitting lanes above it, through shared memory.
+
+constexpr u32 DE_GROUP = 32768; // elements per group the encoder uses
+constexpr u32 DE_LANES = 32;    // most lanes the encoder uses
+
+HD u32 de_lanes(u64 n) { return (u32)(n / 512 < 1 ? 1 : n / 512 > DE_LANES ? DE_LANES : n / 512); }
+
+struct DEncPlan {
+    u64 lanes, groups, model_len, s0_len, s1_len, fill, changed, exp_changed;
+    u64 acc[4];
+};
+struct DEncView {
+    DEncPlan* plan;
+    u32* tile_hist;   // per tile D_CTX * D_MAXTOK counts
+    u64* tile_cnt;    // per tile: changed values, changed fields
+    u32* table;       // per (context, token): cum | freq << 16
+    u8* model;        // s1 before the group lengths (at most 5 + 17 * (1 + 86 * 3) bytes)
+    u64* glen;        // per group: its bytes in s0 (states and words)
+    u64* goff;        // per group: its offset in s0
+    u32* states;      // per group DE_LANES final lane states
+    u64* sums;        // per tile: SH64 partial sums of s0 (4 each)
+    u16* words;       // per group 3 * DE_GROUP + 16 words, in coding order
+    HD DEncView(u64 scratch, u64 n) {
+        u8* s = (u8*)scratch;
+        u64 T = cdiv(n, TILE), G = cdiv(n, DE_GROUP);
+        plan = (DEncPlan*)s;
+        u64 o = align8(sizeof(DEncPlan));
+        tile_hist = (u32*)(s + o);
+        o += align8(4ull * T * D_CTX * D_MAXTOK);
+        tile_cnt = (u64*)(s + o);
+        o += 16 * T;
+        table = (u32*)(s + o);
+        o += align8(4ull * D_CTX * D_MAXTOK);
+        model = s + o;
+        o += align8(5 + D_CTX * (1 + 3 * D_MAXTOK));
+        glen = (u64*)(s + o);
+        o += 8 * G;
+        goff = (u64*)(s + o);
+        o += 8 * G;
+        states = (u32*)(s + o);
+        o += 4ull * DE_LANES * G;
+        sums = (u64*)(s + o);
+        o += 32 * T;
+        words = (u16*)(s + o);
+    }
+};
+HD u64 enc_delta_scratch_bytes(u64 n) {
+    u64 T = cdiv(n, TILE), G = cdiv(n, DE_GROUP);
+    return align8(sizeof(DEncPlan)) + align8(4ull * T * D_CTX * D_MAXTOK) + 16 * T +
+           align8(4ull * D_CTX * D_MAXTOK) + align8(5 + D_CTX * (1 + 3 * D_MAXTOK)) + 16 * G +
+           4ull * DE_LANES * G + 32 * T + 2 * G * (3ull * DE_GROUP + 16);
+}
+
+HD void add_u32(u32* p, u32 v) {
+#if defined(CIERA_DEVICE_BUILD)
+    atomicAdd(p, v);
+#else
+    *p += v;
+#endif
+}
+
+// A move's zigzag value, token and extra bit count (`delta::token_of`).
+template <class L> HD void de_token(u32 a, u32 bnew, u32* z, u32* tk, u32* eb, u32* dm) {
+    const u32 W = 8 * L::BYTES, sign = 1u << (W - 1), mk = W == 32 ? ~0u : (1u << W) - 1;
+    u32 d = (d_key(bnew, sign, mk) - d_key(a, sign, mk)) & mk;
+    int s = (int)(d << (32 - W)) >> (32 - W);
+    u32 zz = ((u32)s << 1 ^ (u32)(s >> 31)) & mk;
+    *dm = d;
+    *z = zz;
+    if (zz < 32) {
+        *tk = zz;
+        *eb = 0;
+    } else {
+        u32 bl = 31 - clz32(zz);
+        *tk = 32 + (bl - 5) * 2 + ((zz >> (bl - 1)) & 1);
+        *eb = bl - 1;
+    }
+}
+
+struct DEncShm {
+    u32 hist[D_CTX * D_MAXTOK];
+    u64 cnt[2][NT];
+    u32 freq[D_CTX][D_MAXTOK];
+    u32 x[NT], z[NT], eb[NT], sym[NT], need[2][NT];
+    u64 pos[D_GPB][2];
+    u64 red[4][NT];
+    u8 hdr[64];
+    u64 lane[8];
+};
+
+template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEncShm& sh) {
+    u64 n = j.n;
+    if (!job_delta_frame(j) || tile * TILE >= n) return;
+    DEncView d(j.dscratch, n);
+    const u32 ntok = 32 + 2 * (8 * L::BYTES - 5);
+    const u8* in = (const u8*)j.input;
+    const u8* cache = (const u8*)j.cache;
+    const u8* ctx = (const u8*)j.ctx;
+    u64 base = tile * TILE, tn = min64(TILE, n - base);
+    b.each([&](u32 t) {
+        for (u32 k = t; k < D_CTX * D_MAXTOK; k += NT) sh.hist[k] = 0;
+    });
+    b.sync();
+    b.each([&](u32 t) {
+        u64 ch = 0, ech = 0;
+        for (u64 q = t; q < tn; q += NT) {
+            u64 i = base + q;
+            u32 a = load_val<L>(cache, i), nu = load_val<L>(in, i), z, tk, eb, dm;
+            de_token<L>(a, nu, &z, &tk, &eb, &dm);
+            u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1;
+            add_u32(&sh.hist[c * ntok + tk], 1);
+            ch += a != nu;
+            ech += exp_of<L>(a) != exp_of<L>(nu);
+        }
+        sh.cnt[0][t] = ch;
+        sh.cnt[1][t] = ech;
+    });
+    b.sync();
+    b.each([&](u32 t) {
+        for (u32 k = t; k < D_CTX * D_MAXTOK; k += NT)
+            d.tile_hist[tile * D_CTX * D_MAXTOK + k] = sh.hist[k];
+        if (t < 2) {
+            u64 s = 0;
+            for (u32 q = 0; q < NT; ++q) s += sh.cnt[t][q];
+            d.tile_cnt[2 * tile + t] = s;
+        }
+    });
+}
+
+// `delta::normalize`: a histogram of m tokens scaled to frequencies summing to 4096, every
+// present token at least 1, the rounding error spread over the largest (ties: lower token).
+HD void de_normalize(const u32* hist, u32 m, u32* freq) {
+    u64 total = 0;
+    for (u32 t = 0; t < m; ++t) total += hist[t];
+    i64 sum = 0;
+    u8 order[D_MAXTOK];
+    u32 no = 0;
+    for (u32 t = 0; t < m; ++t) {
+        u64 f = hist[t] ? ((u64)hist[t] * D_SCALE + total / 2) / total : 0;
+        freq[t] = hist[t] ? (u32)(f < 1 ? 1 : f) : 0;
+        sum += freq[t];
+        if (hist[t]) {
+            // Insertion, stable: after every token of a larger or equal frequency.
+            u32 at = no++;
+            while (at > 0 && freq[order[at - 1]] < freq[t]) {
+                order[at] = order[at - 1];
+                --at;
+            }
+            order[at] = (u8)t;
+        }
+    }
+    i64 diff = (i64)D_SCALE - sum;
+    while (diff != 0) {
+        for (u32 k = 0; k < no && diff != 0; ++k) {
+            u32 t = order[k];
+            if (diff > 0) {
+                freq[t] += 1;
+                diff -= 1;
+            } else if (freq[t] > 1) {
+                freq[t] -= 1;
+                diff += 1;
+            }
+        }
+    }
+}
+
+template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh) {
+    u64 n = j.n;
+    if (!job_delta_frame(j)) return;
+    DEncView d(j.dscratch, n);
+    const u32 ntok = 32 + 2 * (8 * L::BYTES - 5);
+    u64 T = cdiv(n, TILE);
+    b.each([&](u32 t) {
+        for (u32 k = t; k < D_CTX * ntok; k += NT) {
+            u32 s = 0;
+            for (u64 x = 0; x < T; ++x) s += d.tile_hist[x * D_CTX * D_MAXTOK + k];
+            sh.hist[k] = s;
+        }
+        if (t < 2) {
+            u64 s = 0;
+            for (u64 x = 0; x < T; ++x) s += d.tile_cnt[2 * x + t];
+            if (t == 0) d.plan->changed = s;
+            else d.plan->exp_changed = s;
+        }
+    });
+    b.sync();
+    b.each([&](u32 c) {
+        if (c >= D_CTX) return;
+        const u32* h = sh.hist + c * ntok;
+        u32 m = 0;
+        for (u32 t = 0; t < ntok; ++t)
+            if (h[t]) m = t + 1;
+        for (u32 t = 0; t < D_MAXTOK; ++t) sh.freq[c][t] = 0;
+        if (m) de_normalize(h, m, sh.freq[c]);
+        u32 cum = 0;
+        for (u32 t = 0; t < ntok; ++t) {
+            d.table[c * ntok + t] = cum | sh.freq[c][t] << 16;
+            cum += sh.freq[c][t];
+        }
+    });
+    b.sync();
+    b.one([&] {
+        DEncPlan& p = *d.plan;
+        u8* o = d.model;
+        u64 k = 0;
+        u32 lanes = de_lanes(n);
+        o[k++] = (u8)lanes;
+        wr32(o + k, DE_GROUP);
+        k += 4;
+        for (u32 c = 0; c < D_CTX; ++c) {
+            const u32* h = sh.hist + c * ntok;
+            u32 m = 0;
+            for (u32 t = 0; t < ntok; ++t)
+                if (h[t]) m = t + 1;
+            o[k++] = (u8)m;
+            for (u32 t = 0; t < m; ++t) {
+                u32 v = sh.freq[c][t];
+                while (v >= 0x80) {
+                    o[k++] = (u8)(v | 0x80);
+                    v >>= 7;
+                }
+                o[k++] = (u8)v;
+            }
+        }
+        p.lanes = lanes;
+        p.groups = cdiv(n, DE_GROUP);
+        p.model_len = k;
+    });
+}
+
+template <class L> HD void enc_delta_groups(const EncJob& j, u64 tile, Blk& b, DEncShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE);
+    if (!job_delta_frame(j) || tile >= T) return;
+    DEncView d(j.dscratch, n);
+    const DEncPlan& p = *d.plan;
+    const u32 W = 8 * L::BYTES, ntok = 32 + 2 * (W - 5);
+    const u8* in = (const u8*)j.input;
+    u8* cache = (u8*)j.cache;
+    u8* ctx = (u8*)j.ctx;
+    const u64 lanes = p.lanes, G = p.groups;
+    const u64 cap = 3ull * DE_GROUP + 16;
+    for (u64 g0 = D_GPB * tile; g0 < G; g0 += D_GPB * T) {
+        const DBlockGroups bg{g0, G, DE_GROUP, n, lanes};
+        const u64 rows = bg.rows();
+        auto elem = [&](u32 t, u64 r, u64* i) { return bg.elem(t, r, i); };
+        b.each([&](u32 t) {
+            sh.x[t] = D_RANS_L;
+            if (t % D_LANES == 0) sh.pos[t / D_LANES][0] = 0;
+        });
+        b.sync();
+        u32 par = 0, cur = 0;
+        // One coding step: the lanes flagged in need[cur] shed a word (descending lane order),
+        // then `step` codes into each active lane's state and says whether the next step
+        // sheds (into need[cur ^ 1]).
+        auto emit_then = [&](u64 r, auto step) {
+            b.each([&](u32 t) {
+                u32 s = t / D_LANES, l = t % D_LANES;
+                if (g0 + s >= G) return;
+                const u32* need = sh.need[cur] + s * D_LANES;
+                u64 p0 = sh.pos[s][par];
+                u32 x = sh.x[t];
+                if (need[l]) {
+                    u32 rank = 0;
+                    for (u32 k = l + 1; k < D_LANES; ++k) rank += need[k];
+                    d.words[(g0 + s) * cap + p0 + rank] = (u16)x;
+                    x >>= 16;
+                }
+                if (l == 0) {
+                    u32 all = 0;
+                    for (u32 k = 0; k < D_LANES; ++k) all += need[k];
+                    sh.pos[s][par ^ 1] = p0 + all;
+                }
+                u64 i;
+                sh.need[cur ^ 1][t] = 0;
+                if (elem(t, r, &i)) step(t, x);
+                else sh.x[t] = x;
+            });
+            b.sync();
+            par ^= 1;
+            cur ^= 1;
+        };
+        auto bits_limit = [](u32 bits) { return (D_RANS_L << 16) >> bits; };
+        for (u64 r = rows; r-- > 0;) {
+            // The row's moves; the cache takes the new values and the contexts they leave.
+            b.each([&](u32 t) {
+                u64 i;
+                sh.need[cur][t] = 0;
+                if (!elem(t, r, &i)) return;
+                u32 a = load_val<L>(cache, i), nu = load_val<L>(in, i), z, tk, eb, dm;
+                de_token<L>(a, nu, &z, &tk, &eb, &dm);
+                u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1;
+                sh.z[t] = z;
+                sh.eb[t] = eb;
+                sh.sym[t] = c * ntok + tk;
+                ctx[i] = de_context<L>(dm);
+                store_val<L>(cache, i, nu);
+                u32 first = W == 32 ? (eb > 15 ? eb - 15 : 0) : (eb < 15 ? eb : 15);
+                sh.need[cur][t] = sh.x[t] >= bits_limit(first);
+            });
+            b.sync();
+            if (W == 32) {
+                // The high extra bits, then the low ones.
+                emit_then(r, [&](u32 t, u32 x) {
+                    u32 eb = sh.eb[t], hi = eb > 15 ? eb - 15 : 0, lo = eb < 15 ? eb : 15;
+                    x = (x << hi) | ((sh.z[t] >> 15) & ((1u << hi) - 1));
+                    sh.x[t] = x;
+                    sh.need[cur ^ 1][t] = x >= bits_limit(lo);
+                });
+            }
+            emit_then(r, [&](u32 t, u32 x) {
+                u32 eb = sh.eb[t], lo = eb < 15 ? eb : 15;
+                x = (x << lo) | (sh.z[t] & ((1u << lo) - 1));
+                sh.x[t] = x;
+                u32 f = d.table[sh.sym[t]] >> 16;
+                sh.need[cur ^ 1][t] = x >= (f << 19);
+            });
+            emit_then(r, [&](u32 t, u32 x) {
+                u32 e = d.table[sh.sym[t]], f = e >> 16, c = e & 0xffff;
+                sh.x[t] = (x / f) * D_SCALE + x % f + c;
+            });
+        }
+        b.each([&](u32 t) {
+            u32 s = t / D_LANES, l = t % D_LANES;
+            u64 g = g0 + s;
+            if (g >= G) return;
+            if (l < DE_LANES) d.states[g * DE_LANES + l] = sh.x[t];
+            if (l == 0) d.glen[g] = 4 * lanes + 2 * sh.pos[s][par];
+        });
+        b.sync();
+    }
+}
+
+template <class L> HD void enc_delta_lay(const EncJob& j, Blk& b, DEncShm& sh) {
+    u64 n = j.n;
+    if (!job_delta_frame(j)) return;
+    DEncView d(j.dscratch, n);
+    EncView v(j.scratch, n);
+    b.one([&] {
+        DEncPlan& p = *d.plan;
+        u64 o = 0;
+        for (u64 g = 0; g < p.groups; ++g) {
+            d.goff[g] = o;
+            o += d.glen[g];
+        }
+        p.s0_len = o;
+        p.s1_len = p.model_len + 4 * p.groups;
+        // A delta larger than the values: a FILL (as the CPU decides).
+        p.fill = o + p.s1_len > n * L::BYTES;
+        Plan& q = *v.plan;
+        q.fill = p.fill;
+        q.mode = p.fill ? 0 : 3;
+        q.frame_len = p.fill ? 64 + n * L::BYTES : 64 + o + p.s1_len;
+        q.ones = p.fill ? 0 : p.exp_changed; // read back as the frame's exp_changes
+        q.k = p.fill ? 0 : p.changed;        // and value_changes
+        sh.cnt[0][0] = p.fill;
+    });
+    b.sync();
+    if (sh.cnt[0][0]) return;
+    const DEncPlan& p = *d.plan;
+    u8* s1 = (u8*)j.frame + 64 + p.s0_len;
+    b.each([&](u32 t) {
+        for (u64 k = t; k < p.model_len; k += NT) s1[k] = d.model[k];
+        for (u64 g = t; g < p.groups; g += NT) wr32(s1 + p.model_len + 4 * g, (u32)d.glen[g]);
+    });
+}
+
+template <class L> HD void enc_delta_pack(const EncJob& j, u64 tile, Blk& b, DEncShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE);
+    if (!j.ctx || tile >= T) return;
+    u8* ctx = (u8*)j.ctx;
+    u64 base = tile * TILE, tn = min64(TILE, n - base);
+    if (job_cold(j)) {
+        b.each([&](u32 t) {
+            for (u64 q = t; q < tn; q += NT) ctx[base + q] = D_CTX_NONE;
+        });
+        return;
+    }
+    DEncView d(j.dscratch, n);
+    const DEncPlan& p = *d.plan;
+    u8* s0 = (u8*)j.frame + 64;
+    if (p.fill) {
+        const u8* in = (const u8*)j.input;
+        b.each([&](u32 t) {
+            for (u64 q = t; q < tn; q += NT) {
+                u64 i = base + q;
+                store_val<L>(s0, i, load_val<L>(in, i));
+                ctx[i] = D_CTX_NONE;
+            }
+        });
+        return;
+    }
+    const u64 cap = 3ull * DE_GROUP + 16;
+    for (u64 g = tile; g < p.groups; g += T) {
+        u8* o = s0 + d.goff[g];
+        u64 nw = (d.glen[g] - 4 * p.lanes) / 2;
+        const u16* w = d.words + g * cap;
+        b.each([&](u32 t) {
+            if (t < p.lanes) wr32(o + 4 * t, d.states[g * DE_LANES + t]);
+            for (u64 q = t; q < nw; q += NT) {
+                u16 x = w[nw - 1 - q];
+                o[4 * p.lanes + 2 * q] = (u8)x;
+                o[4 * p.lanes + 2 * q + 1] = (u8)(x >> 8);
+            }
+        });
+    }
+}
+
+template <class L> HD void enc_delta_sum(const EncJob& j, u64 tile, Blk& b, DEncShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE);
+    if (!job_delta_frame(j) || tile >= T) return;
+    DEncView d(j.dscratch, n);
+    const DEncPlan& p = *d.plan;
+    u64 len = p.fill ? n * L::BYTES : p.s0_len;
+    u64 S = cdiv(cdiv(len, 32), T) * 32, at = min64(tile * S, len), bytes = min64(S, len - at);
+    const u8* s0 = (const u8*)j.frame + 64;
+    b.each([&](u32 t) { s0_share(t, s0 + at, bytes, at, sh.red); });
+    b.sync();
+    block_reduce4(b, sh.red);
+    b.one([&] {
+        for (u32 l = 0; l < 4; ++l) d.sums[4 * tile + l] = sh.red[l][0];
+    });
+}
+
+template <class L> HD void enc_delta_finish(const EncJob& j, Blk& b, DEncShm& sh) {
+    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    if (!job_delta_frame(j)) return;
+    DEncView d(j.dscratch, n);
+    const DEncPlan& p = *d.plan;
+    u8* f = (u8*)j.frame;
+    b.each([&](u32 t) {
+        u64 acc[4] = {0, 0, 0, 0};
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
+            for (u32 l = 0; l < 4; ++l) acc[l] += d.sums[4 * i + l];
+        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
+    });
+    b.sync();
+    block_reduce4(b, sh.red);
+    u64 s0 = p.fill ? n * L::BYTES : p.s0_len;
+    b.one([&] {
+        u64 sec[4] = {s0, p.fill ? 0 : p.s1_len, 0, 0};
+        u64 part[4] = {sh.red[0][0], sh.red[1][0], sh.red[2][0], sh.red[3][0]};
+        write_header(sh.hdr, L::DT, p.fill ? 0 : 3, p.fill ? 1 : 0, n, j.offset, j.version, sec);
+        wr64(sh.hdr + 48, sh_finish(part, s0));
+    });
+    b.sync();
+    block_xxh3(b, sh.hdr, f + 64 + s0, p.fill ? 0 : p.s1_len, sh.lane);
+    b.one([&] {
+        wr64(sh.hdr + 56, sh.lane[0]);
+        for (u32 q = 0; q < 64; ++q) f[q] = sh.hdr[q];
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Device entry points. Grids: x = tile (or 1), y = job; every block of a job's kernel returns at
 // once if its tile is past the job's end.
 
@@ -2429,7 +2936,44 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
         Blk b{NT};                                                                              \
         enc_finish<L>(jobs[blockIdx.y], b, sh);                                                 \
     }
+#define CIERA_ENC_DELTA(name, L)                                                                \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_hist_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_hist<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_groups_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_groups<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_pack_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_pack<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_sum_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_sum<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_model_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_model<L>(jobs[blockIdx.y], b, sh);                                               \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_lay_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_lay<L>(jobs[blockIdx.y], b, sh);                                               \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(NT) ciera_enc_delta_finish_##name(const EncJob* jobs) { \
+        __shared__ DEncShm sh;                                                                  \
+        Blk b{NT};                                                                              \
+        enc_delta_finish<L>(jobs[blockIdx.y], b, sh);                                               \
+    }
 CIERA_TYPES(CIERA_ENC)
+CIERA_TYPES(CIERA_ENC_DELTA)
 #define CIERA_DEC(name, L)                                                                      \
     extern "C" __global__ void __launch_bounds__(NT) ciera_dec_parse_##name(const DecJob* jobs) { \
         __shared__ ParseShm sh;                                                                 \

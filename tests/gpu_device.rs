@@ -5,7 +5,7 @@
 //! the middle of a tile; the kernels decode the CPU's frames to the input bit for bit and leave
 //! the encoder's cache; damaged frames are refused, with the same errors the host build of the
 //! kernels gives; jobs carved from one device allocation, as a collective would lay them out;
-//! Delta frames decoded into delta caches (values and contexts) as the CPU decodes them.
+//! Delta frames encoded (the CPU's bytes) and decoded with delta caches (values and contexts).
 //!
 //! Without a GPU those tests print a SKIPPED line naming what is missing (driver, device,
 //! NVRTC), unless CIERA_REQUIRE_GPU=1 (bench/gpu_check.sh sets it), where they fail. What needs
@@ -22,7 +22,7 @@ mod trace_data;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ciera::codec::{CacheMode, CacheSlot, CodecError, FrameChoice, FrameInfo, HEADER_LEN};
+use ciera::codec::{CacheMode, CacheSlot, CodecError, FrameChoice, HEADER_LEN};
 use ciera::gpu::codec::{
     self as gpu, DeviceDecJob, DeviceEncJob, GpuCodec, HostDecChunk, HostEncChunk, Refusal,
 };
@@ -118,6 +118,11 @@ fn scratch_sizes_match_the_kernels() {
             gpu::delta_scratch_bytes(n as usize),
             ciera_cuda_host::delta_scratch_bytes(n as usize),
             "delta decode n={n}"
+        );
+        assert_eq!(
+            gpu::enc_delta_scratch_bytes(n as usize),
+            ciera_cuda_host::enc_delta_scratch_bytes(n as usize),
+            "delta encode n={n}"
         );
     }
 }
@@ -223,18 +228,7 @@ fn same_frames_in(
     for (it, input) in iters.iter().enumerate() {
         assert_eq!(input.len(), n * size);
         let (version, cold) = (tx.version(), !tx.is_warm());
-        let mut cpu: Vec<Vec<u8>> = Vec::new();
-        let mut infos: Vec<FrameInfo> = Vec::new();
-        for c in tx.chunks(chunk).iter_mut() {
-            let (off, len) = (c.offset(), c.len());
-            let mut f = Vec::new();
-            infos.push(
-                c.encode(&input[off * size..(off + len) * size], &mut f)
-                    .unwrap(),
-            );
-            cpu.push(f);
-        }
-        tx.commit(&infos).unwrap();
+        let (cpu, infos) = encode_chunks(&mut tx, input, chunk);
 
         let mut jobs: Vec<HostEncChunk<'_>> = cache
             .chunks_mut(chunk * per)
@@ -249,6 +243,7 @@ fn same_frames_in(
                     cold,
                     full,
                     choice,
+                    ctx: None,
                 }
             })
             .collect();
@@ -407,44 +402,25 @@ fn gpu_frames_match_the_cpu_on_the_trace() {
         return;
     };
     let dir = trace_dir();
-    let snaps = snapshots(&dir);
     let mut seen = Seen::default();
-    let mut tensors = 0;
-    for t in &snaps[0].tensors {
-        let Some(dtype) = [DType::BF16, DType::F32]
-            .into_iter()
-            .find(|&d| d == t.dtype)
-        else {
-            continue;
+    let series = trace_series(&dir);
+    for (name, dtype, iters) in &series {
+        // fp16 (the fp32 tensors cast): 5000-element chunks.
+        let chunks: &[usize] = if *dtype == DType::F16 {
+            &[5000]
+        } else {
+            &[usize::MAX, 5000]
         };
-        let iters: Vec<Vec<u8>> = snaps
-            .iter()
-            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
-            .collect();
-        for chunk in [usize::MAX, 5000] {
-            same_frames(&g, dtype, &iters, chunk, &t.name, &mut seen);
+        for &chunk in chunks {
+            same_frames(&g, *dtype, iters, chunk, name, &mut seen);
         }
-        if dtype == DType::F32 {
-            let half: Vec<Vec<u8>> = iters
-                .iter()
-                .map(|v| {
-                    v.chunks_exact(4)
-                        .flat_map(|c| {
-                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-                        })
-                        .collect()
-                })
-                .collect();
-            same_frames(&g, DType::F16, &half, 5000, &t.name, &mut seen);
-        }
-        tensors += 1;
     }
-    assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
+    let tensors = series.iter().filter(|s| s.1 != DType::F16).count();
     skip::show(&format!(
         "GPU frames == CPU frames on {} ({tensors} tensors, {} snapshots): {} frames, {} FILL, \
          {} Hybrid, Exp mask codings {:?}\n",
         dir.display(),
-        snaps.len(),
+        series.first().map_or(0, |s| s.2.len()),
         seen.frames,
         seen.fills,
         seen.hybrid,
@@ -805,6 +781,7 @@ fn gpu_jobs_share_device_buffers() {
                             cold,
                             full,
                             choice,
+                            delta: None,
                         })
                         .collect();
                     let got = g.encode(&s, dtype, &mut jobs).unwrap();
@@ -1031,18 +1008,7 @@ fn gpu_decodes_delta_frames_like_the_cpu() {
         let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
         let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
         for (it, input) in iters.iter().enumerate() {
-            let mut frames = Vec::new();
-            let mut infos = Vec::new();
-            for c in tx.chunks(chunk).iter_mut() {
-                let (off, len) = (c.offset(), c.len());
-                let mut f = Vec::new();
-                infos.push(
-                    c.encode(&input[off * size..(off + len) * size], &mut f)
-                        .unwrap(),
-                );
-                frames.push(f);
-            }
-            tx.commit(&infos).unwrap();
+            let (frames, _) = encode_chunks(&mut tx, input, chunk);
             let (version, warm) = (rx.version(), rx.is_warm());
             let mut got = vec![0u8; n * size];
             let mut jobs: Vec<HostDecChunk<'_>> = cache
@@ -1070,17 +1036,11 @@ fn gpu_decodes_delta_frames_like_the_cpu() {
                 );
                 *modes.entry(frames[k][6]).or_default() += 1;
             }
-            let mut out = vec![0u8; n * size];
-            let mut infos = Vec::new();
-            for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
-                let (off, len) = (c.offset(), c.len());
-                let f = ciera::codec::frame::parse(&frames[k]).unwrap();
-                infos.push(
-                    c.decode(&f, &mut out[off * size..(off + len) * size])
-                        .unwrap(),
-                );
-            }
-            rx.commit(&infos).unwrap();
+            let out = decode_chunks(&mut rx, &frames, chunk);
+            assert!(
+                out == *input,
+                "{what} {dtype} iteration {it}: CPU decode differs"
+            );
             assert!(
                 got == *input,
                 "{what} {dtype} iteration {it}: GPU decode differs"
@@ -1102,13 +1062,7 @@ fn gpu_decodes_delta_frames_like_the_cpu() {
             (70_001, 70_001),
             (300_000, 65_536),
         ] {
-            let mut rng = Rng(3 + di as u64 * 1000 + n as u64);
-            let mut v = rng.bytes(n * dtype.size());
-            let mut iters = vec![v.clone()];
-            for (p_move, p_special) in [(500, 0), (900, 5), (100, 0), (999, 50), (300, 1)] {
-                v = ulp_drift(dtype, &v, p_move, p_special, &mut rng);
-                iters.push(v.clone());
-            }
+            let iters = ulp_series(dtype, n, 3 + di as u64 * 1000 + n as u64);
             run(
                 dtype,
                 &iters,
@@ -1117,20 +1071,98 @@ fn gpu_decodes_delta_frames_like_the_cpu() {
             );
         }
     }
-    let dir = trace_dir();
-    let snaps = snapshots(&dir);
-    for t in &snaps[0].tensors {
-        if t.dtype != DType::BF16 && t.dtype != DType::F32 {
-            continue;
-        }
-        let iters: Vec<Vec<u8>> = snaps
-            .iter()
-            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
-            .collect();
-        run(t.dtype, &iters, 1 << 20, &t.name);
+    for (name, dtype, iters) in &trace_series(&trace_dir()) {
+        run(*dtype, iters, 1 << 20, name);
     }
     skip::show(&format!(
         "GPU {} ({}): Delta decode == CPU (values, caches, contexts); frames by mode {modes:?}\n",
+        g.name(),
+        g.arch()
+    ));
+    assert!(
+        modes.get(&3).copied().unwrap_or(0) > 0,
+        "no Delta frame: {modes:?}"
+    );
+}
+
+/// Delta frames encoded on the GPU (delta caches in device memory): the CPU's frames byte for
+/// byte (`FrameChoice::Delta`; FILLs where a Delta frame is longer) and the same `FrameInfo`,
+/// values and contexts, over synthetic ulp drift with special values and the trace.
+#[test]
+fn gpu_encodes_delta_frames_like_the_cpu() {
+    let Some(g) = gpu("gpu_encodes_delta_frames_like_the_cpu") else {
+        return;
+    };
+    let mut modes: BTreeMap<u8, usize> = BTreeMap::new();
+    let mut run = |dtype: DType, iters: &[Vec<u8>], chunk: usize, what: &str| {
+        let size = dtype.size();
+        let n = iters[0].len() / size;
+        let chunk = chunk.min(n);
+        let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        tx.set_frame_choice(FrameChoice::Delta);
+        let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
+        for (it, input) in iters.iter().enumerate() {
+            let (version, cold) = (tx.version(), !tx.is_warm());
+            let (cpu, infos) = encode_chunks(&mut tx, input, chunk);
+            let mut jobs: Vec<HostEncChunk<'_>> = cache
+                .chunks_mut(chunk * size)
+                .zip(ctx.chunks_mut(chunk))
+                .enumerate()
+                .map(|(i, (c, x))| HostEncChunk {
+                    input: &input[i * chunk * size..(i * chunk + x.len()) * size],
+                    cache: c,
+                    offset: (i * chunk) as u64,
+                    version,
+                    cold,
+                    full: true,
+                    choice: FrameChoice::Delta,
+                    ctx: Some(x),
+                })
+                .collect();
+            let got = g.encode_host_batch(dtype, &mut jobs).unwrap();
+            for (k, ((f, info), (c, ci))) in got.iter().zip(cpu.iter().zip(&infos)).enumerate() {
+                assert!(
+                    f == c,
+                    "{what} {dtype} iteration {it} chunk {k}: GPU frame differs"
+                );
+                assert_eq!(
+                    info, ci,
+                    "{what} {dtype} iteration {it} chunk {k}: FrameInfo"
+                );
+                *modes.entry(c[6]).or_default() += 1;
+            }
+            assert!(
+                tx.values() == Some(&cache[..]),
+                "{what} {dtype} iteration {it}: values"
+            );
+            assert!(
+                tx.contexts() == Some(&ctx[..]),
+                "{what} {dtype} iteration {it}: contexts"
+            );
+        }
+    };
+    for (di, dtype) in TYPES.into_iter().enumerate() {
+        for (n, chunk) in [
+            (1usize, 1usize),
+            (600, 600),
+            (70_001, 70_001),
+            (300_000, 65_536),
+        ] {
+            let iters = ulp_series(dtype, n, 13 + di as u64 * 1000 + n as u64);
+            run(
+                dtype,
+                &iters,
+                chunk,
+                &format!("synthetic n={n} chunk={chunk}"),
+            );
+        }
+    }
+    for (name, dtype, iters) in &trace_series(&trace_dir()) {
+        run(*dtype, iters, 1 << 20, name);
+    }
+    skip::show(&format!(
+        "GPU {} ({}): Delta frames == CPU frames (and FrameInfo, values, contexts); frames by \
+         mode {modes:?}\n",
         g.name(),
         g.arch()
     ));

@@ -3,9 +3,9 @@
 //! write the Rust codec's frames byte for byte: every consecutive snapshot pair of the real
 //! trace (../shared/traces when present, else the bundled slice), every tensor, bf16, fp16
 //! (cast from the fp32 masters) and fp32; special values (NaN payloads, infinities, -0,
-//! subnormals); every mask coding; odd lengths and chunk edges (proptest). Its decoder must read
-//! the CPU's Delta frames into delta caches as the CPU does (values, cached values, contexts),
-//! and refuse the damaged ones the CPU refuses. What the host build cannot show (blocks
+//! subnormals); every mask coding; odd lengths and chunk edges (proptest). Against delta
+//! caches it must write the CPU's Delta frames (forced Delta) and read them as the CPU does
+//! (values, cached values, contexts), and refuse the damaged ones the CPU refuses. What the host build cannot show (blocks
 //! running concurrently on a device) is bench/gpu_check.sh's part.
 
 #[path = "common/skip.rs"]
@@ -73,18 +73,7 @@ fn same_frames_in(
     for (it, input) in iters.iter().enumerate() {
         assert_eq!(input.len(), n * size);
         let (version, cold) = (tx.version(), !tx.is_warm());
-        let mut cpu = Vec::new();
-        let mut infos = Vec::new();
-        for c in tx.chunks(chunk).iter_mut() {
-            let (off, len) = (c.offset(), c.len());
-            let mut f = Vec::new();
-            infos.push(
-                c.encode(&input[off * size..(off + len) * size], &mut f)
-                    .unwrap(),
-            );
-            cpu.push(f);
-        }
-        tx.commit(&infos).unwrap();
+        let (cpu, _) = encode_chunks(&mut tx, input, chunk);
         let mut jobs: Vec<EncChunk<'_>> = cache
             .chunks_mut(chunk * per)
             .enumerate()
@@ -98,6 +87,7 @@ fn same_frames_in(
                     cold,
                     full,
                     choice: choice_code,
+                    ctx: None,
                 }
             })
             .collect();
@@ -178,17 +168,7 @@ fn same_frames_in(
             dcache == cache,
             "{ctx} {dtype} iteration {it}: decoder and encoder caches differ"
         );
-        let mut out = vec![0u8; input.len()];
-        let mut infos = Vec::new();
-        for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
-            let (off, len) = (c.offset(), c.len());
-            let f = ciera::codec::frame::parse(&emu[k]).unwrap();
-            infos.push(
-                c.decode(&f, &mut out[off * size..(off + len) * size])
-                    .unwrap(),
-            );
-        }
-        rx.commit(&infos).unwrap();
+        let out = decode_chunks(&mut rx, &emu, chunk);
         assert!(
             out == *input,
             "{ctx} {dtype} iteration {it}: decode differs"
@@ -201,45 +181,26 @@ fn same_frames_in(
 #[test]
 fn kernel_frames_match_the_cpu_on_the_trace() {
     let dir = trace_dir();
-    let snaps = snapshots(&dir);
     let mut seen = Seen::default();
-    let mut tensors = 0;
-    for t in &snaps[0].tensors {
-        let Some(dtype) = [DType::BF16, DType::F32]
-            .into_iter()
-            .find(|&d| d == t.dtype)
-        else {
-            continue;
+    let series = trace_series(&dir);
+    for (name, dtype, iters) in &series {
+        // fp16 (the fp32 tensors cast): 5000-element chunks.
+        let chunks: &[usize] = if *dtype == DType::F16 {
+            &[5000]
+        } else {
+            &[usize::MAX, 5000]
         };
-        let iters: Vec<Vec<u8>> = snaps
-            .iter()
-            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
-            .collect();
-        for chunk in [usize::MAX, 5000] {
-            same_frames(dtype, &iters, chunk, &t.name, &mut seen);
+        for &chunk in chunks {
+            same_frames(*dtype, iters, chunk, name, &mut seen);
         }
-        if dtype == DType::F32 {
-            let half: Vec<Vec<u8>> = iters
-                .iter()
-                .map(|v| {
-                    v.chunks_exact(4)
-                        .flat_map(|c| {
-                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-                        })
-                        .collect()
-                })
-                .collect();
-            same_frames(DType::F16, &half, 5000, &t.name, &mut seen);
-        }
-        tensors += 1;
     }
-    assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
+    let tensors = series.iter().filter(|s| s.1 != DType::F16).count();
     skip::show(&format!(
         "kernel frames == CPU frames on {} ({} tensors, {} snapshots; exponent and full-value \
          caches): {} frames, {} FILL, {} Hybrid, Exp mask codings {:?}\n",
         dir.display(),
         tensors,
-        snaps.len(),
+        series.first().map_or(0, |s| s.2.len()),
         seen.frames,
         seen.fills,
         seen.hybrid,
@@ -522,18 +483,7 @@ fn same_delta_decode(
     let mut cache = vec![0u8; n * size];
     let mut ctx = vec![0u8; n];
     for (it, input) in iters.iter().enumerate() {
-        let mut frames = Vec::new();
-        let mut infos = Vec::new();
-        for c in tx.chunks(chunk).iter_mut() {
-            let (off, len) = (c.offset(), c.len());
-            let mut f = Vec::new();
-            infos.push(
-                c.encode(&input[off * size..(off + len) * size], &mut f)
-                    .unwrap(),
-            );
-            frames.push(f);
-        }
-        tx.commit(&infos).unwrap();
+        let (frames, _) = encode_chunks(&mut tx, input, chunk);
         let (version, warm) = (rx.version(), rx.is_warm());
         let mut got = vec![0u8; n * size];
         let mut jobs: Vec<DecChunk<'_>> = cache
@@ -565,17 +515,7 @@ fn same_delta_decode(
             );
             *seen.entry(frames[k][6]).or_default() += 1;
         }
-        let mut out = vec![0u8; n * size];
-        let mut infos = Vec::new();
-        for (k, c) in rx.chunks(chunk).iter_mut().enumerate() {
-            let (off, len) = (c.offset(), c.len());
-            let f = ciera::codec::frame::parse(&frames[k]).unwrap();
-            infos.push(
-                c.decode(&f, &mut out[off * size..(off + len) * size])
-                    .unwrap(),
-            );
-        }
-        rx.commit(&infos).unwrap();
+        let out = decode_chunks(&mut rx, &frames, chunk);
         assert!(
             out == *input,
             "{what} {dtype} iteration {it}: CPU decode differs"
@@ -609,48 +549,25 @@ fn same_delta_decode(
 #[test]
 fn kernel_decodes_delta_frames_like_the_cpu() {
     let dir = trace_dir();
-    let snaps = snapshots(&dir);
     let mut seen = BTreeMap::new();
-    let mut tensors = 0;
-    for t in &snaps[0].tensors {
-        let Some(dtype) = [DType::BF16, DType::F32]
-            .into_iter()
-            .find(|&d| d == t.dtype)
-        else {
-            continue;
+    let series = trace_series(&dir);
+    for (name, dtype, iters) in &series {
+        // fp16 (the fp32 tensors cast): the slot's own choice, in chunks.
+        let (chunks, choices): (&[usize], &[FrameChoice]) = if *dtype == DType::F16 {
+            (&[5000], &[FrameChoice::Auto])
+        } else {
+            (
+                &[usize::MAX, 5000],
+                &[FrameChoice::Delta, FrameChoice::Auto],
+            )
         };
-        let iters: Vec<Vec<u8>> = snaps
-            .iter()
-            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
-            .collect();
-        for chunk in [usize::MAX, 5000] {
-            for choice in [FrameChoice::Delta, FrameChoice::Auto] {
-                same_delta_decode(dtype, choice, &iters, chunk, &t.name, &mut seen);
+        for &chunk in chunks {
+            for &choice in choices {
+                same_delta_decode(*dtype, choice, iters, chunk, name, &mut seen);
             }
         }
-        if dtype == DType::F32 {
-            let half: Vec<Vec<u8>> = iters
-                .iter()
-                .map(|v| {
-                    v.chunks_exact(4)
-                        .flat_map(|c| {
-                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
-                        })
-                        .collect()
-                })
-                .collect();
-            same_delta_decode(
-                DType::F16,
-                FrameChoice::Auto,
-                &half,
-                5000,
-                &t.name,
-                &mut seen,
-            );
-        }
-        tensors += 1;
     }
-    assert!(tensors > 0, "no bf16/fp32 tensors in {}", dir.display());
+    let tensors = series.iter().filter(|s| s.1 != DType::F16).count();
     let trace = seen.clone();
     for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
         .into_iter()
@@ -663,13 +580,7 @@ fn kernel_decodes_delta_frames_like_the_cpu() {
             (40_000, 17_000),
             (70_001, 70_001),
         ] {
-            let mut rng = Rng(5 + di as u64 * 1000 + n as u64);
-            let mut v = rng.bytes(n * dtype.size());
-            let mut iters = vec![v.clone()];
-            for (p_move, p_special) in [(500, 0), (900, 5), (100, 0), (999, 50), (300, 1)] {
-                v = ulp_drift(dtype, &v, p_move, p_special, &mut rng);
-                iters.push(v.clone());
-            }
+            let iters = ulp_series(dtype, n, 5 + di as u64 * 1000 + n as u64);
             for choice in [FrameChoice::Delta, FrameChoice::Auto] {
                 same_delta_decode(
                     dtype,
@@ -698,6 +609,121 @@ fn kernel_decodes_delta_frames_like_the_cpu() {
         seen.get(&3).copied().unwrap_or(0) > 0 && seen.contains_key(&1),
         "{seen:?}"
     );
+}
+
+/// `iters` through a CPU delta slot sending Delta frames (`FrameChoice::Delta`) and through the
+/// kernels' host build with a delta cache, chunk by chunk: the same frames byte for byte
+/// (FILLs of a cold slot and where a Delta frame would be longer, Delta frames otherwise) and
+/// the same cached values and contexts after every iteration. Counts frame modes into `seen`.
+fn same_delta_frames(
+    dtype: DType,
+    iters: &[Vec<u8>],
+    chunk: usize,
+    what: &str,
+    seen: &mut BTreeMap<u8, usize>,
+) {
+    let size = dtype.size();
+    let n = iters[0].len() / size;
+    let chunk = chunk.min(n);
+    let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+    tx.set_frame_choice(FrameChoice::Delta);
+    let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
+    for (it, input) in iters.iter().enumerate() {
+        let (version, cold) = (tx.version(), !tx.is_warm());
+        let (cpu, _) = encode_chunks(&mut tx, input, chunk);
+        let mut jobs: Vec<EncChunk<'_>> = cache
+            .chunks_mut(chunk * size)
+            .zip(ctx.chunks_mut(chunk))
+            .enumerate()
+            .map(|(i, (c, x))| {
+                let off = i * chunk;
+                EncChunk {
+                    input: &input[off * size..(off + x.len()) * size],
+                    cache: c,
+                    offset: off as u64,
+                    version,
+                    cold,
+                    full: true,
+                    choice: 0,
+                    ctx: Some(x),
+                }
+            })
+            .collect();
+        let emu = ciera_cuda_host::encode(dtype.code() as u32, &mut jobs);
+        for (k, (g, c)) in emu.iter().zip(&cpu).enumerate() {
+            let at = g.iter().zip(c).position(|(a, b)| a != b);
+            assert!(
+                g.len() == c.len() && at.is_none(),
+                "{what} {dtype} iteration {it} chunk {k}: kernel frame ({} bytes, mode {}) differs \
+                 from the CPU's ({} bytes, mode {}) at byte {at:?}",
+                g.len(),
+                g.get(6).copied().unwrap_or(0),
+                c.len(),
+                c[6]
+            );
+            *seen.entry(c[6]).or_default() += 1;
+        }
+        assert!(
+            tx.values() == Some(&cache[..]),
+            "{what} {dtype} iteration {it}: kernel and CPU cached values differ"
+        );
+        assert!(
+            tx.contexts() == Some(&ctx[..]),
+            "{what} {dtype} iteration {it}: kernel and CPU contexts differ"
+        );
+    }
+}
+
+/// The kernels encode Delta frames as the CPU does, byte for byte: every trace tensor (bf16,
+/// fp32, fp16 cast; whole and 5000-element chunks: 32 and 9 lanes) and synthetic ulp drift
+/// with special values (1 to 70,001 elements: FILLs where a Delta frame is longer, 1 to 32
+/// lanes, up to three groups per chunk).
+#[test]
+fn kernel_encodes_delta_frames_like_the_cpu() {
+    let dir = trace_dir();
+    let mut seen = BTreeMap::new();
+    for (name, dtype, iters) in &trace_series(&dir) {
+        let chunks: &[usize] = if *dtype == DType::F16 {
+            &[5000]
+        } else {
+            &[usize::MAX, 5000]
+        };
+        for &chunk in chunks {
+            same_delta_frames(*dtype, iters, chunk, name, &mut seen);
+        }
+    }
+    let trace = seen.clone();
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        for (n, chunk) in [
+            (1usize, 1usize),
+            (63, 64),
+            (600, 600),
+            (40_000, 17_000),
+            (70_001, 70_001),
+        ] {
+            let iters = ulp_series(dtype, n, 8 + di as u64 * 1000 + n as u64);
+            same_delta_frames(
+                dtype,
+                &iters,
+                chunk,
+                &format!("synthetic n={n} chunk={chunk}"),
+                &mut seen,
+            );
+        }
+    }
+    skip::show(&format!(
+        "kernel Delta frames == CPU frames on {} and synthetic ulp drift: frames by mode {seen:?} \
+         (trace alone {trace:?}); cached values and contexts alike\n",
+        dir.display()
+    ));
+    assert!(
+        trace.get(&3).copied().unwrap_or(0) > 0,
+        "no trace Delta frame: {trace:?}"
+    );
+    assert!(seen.get(&0).copied().unwrap_or(0) > 0, "no FILL: {seen:?}");
 }
 
 /// Damaged Delta frames (bytes flipped with stale or recomputed checksums, so that damage

@@ -26,11 +26,20 @@ template <class L> static void encode_batch(const EncJob* jobs, u32 nj) {
     tiled([&](const EncJob& j, u64 x) { enc_emit<L>(j, x, b, *es); });
     tiled([&](const EncJob& j, u64 x) { hyb_pack<L>(j, x, b, *ts); });
     for (u32 y = 0; y < nj; ++y) enc_finish<L>(jobs[y], b, *fs);
+    auto ds = std::make_unique<DEncShm>();
+    tiled([&](const EncJob& j, u64 x) { enc_delta_hist<L>(j, x, b, *ds); });
+    for (u32 y = 0; y < nj; ++y) enc_delta_model<L>(jobs[y], b, *ds);
+    tiled([&](const EncJob& j, u64 x) { enc_delta_groups<L>(j, x, b, *ds); });
+    for (u32 y = 0; y < nj; ++y) enc_delta_lay<L>(jobs[y], b, *ds);
+    tiled([&](const EncJob& j, u64 x) { enc_delta_pack<L>(j, x, b, *ds); });
+    tiled([&](const EncJob& j, u64 x) { enc_delta_sum<L>(j, x, b, *ds); });
+    for (u32 y = 0; y < nj; ++y) enc_delta_finish<L>(jobs[y], b, *ds);
 }
 
 extern "C" {
 
 u64 ciera_emu_enc_scratch_bytes(u64 n, u32 full) { return enc_scratch_bytes(n, full != 0); }
+u64 ciera_emu_enc_delta_scratch_bytes(u64 n) { return enc_delta_scratch_bytes(n); }
 u64 ciera_emu_plan_bytes() { return sizeof(Plan); }
 
 // dtype: ncclDataType_t numbering (6 fp16, 7 fp32, 9 bf16). Returns 0, or -1 for another type.

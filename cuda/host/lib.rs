@@ -19,11 +19,14 @@ struct EncJob {
     offset: u64,
     version: u64,
     flags: u64,
+    ctx: u64,
+    dscratch: u64,
 }
 
 extern "C" {
     fn ciera_emu_plan_bytes() -> u64;
     fn ciera_emu_enc_scratch_bytes(n: u64, full: u32) -> u64;
+    fn ciera_emu_enc_delta_scratch_bytes(n: u64) -> u64;
     fn ciera_emu_encode(dtype: u32, jobs: *const EncJob, njobs: u32) -> c_int;
     fn ciera_emu_xxh3(head56: *const u8, tail: *const u8, tail_len: u64) -> u64;
     fn ciera_emu_log2_q16(x: u64) -> u64;
@@ -45,6 +48,9 @@ pub struct EncChunk<'a> {
     pub full: bool,
     /// A full-value cache's frame choice: 0 as the CPU's Auto, 1 Exp, 2 Hybrid.
     pub choice: u8,
+    /// A delta cache (with `full`): the chunk's `n` context bytes, updated. A warm one sends
+    /// a Delta frame (the CPU's `FrameChoice::Delta`), or a FILL where that is longer.
+    pub ctx: Option<&'a mut [u8]>,
 }
 
 /// Element size of the codec's float types by `ncclDataType_t` number, or None.
@@ -65,6 +71,7 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
     let size = elem_size(dtype).expect("a codec float type");
     let mut frames: Vec<Vec<u64>> = Vec::new();
     let mut scratch: Vec<Vec<u64>> = Vec::new();
+    let mut dscratches: Vec<Vec<u64>> = Vec::new();
     let mut jobs = Vec::new();
     for c in chunks.iter_mut() {
         let n = c.input.len() / size;
@@ -74,6 +81,21 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
             "chunk of {n} elements"
         );
         assert!(c.choice < 3, "choice {}", c.choice);
+        assert!(
+            c.ctx.as_ref().is_none_or(|x| c.full && x.len() == n),
+            "contexts of a chunk of {n} elements"
+        );
+        let (ctx, dscratch) = match c.ctx.as_mut() {
+            Some(x) => {
+                let db = enc_delta_scratch_bytes(n);
+                dscratches.push(vec![0u64; db.div_ceil(8)]);
+                (
+                    x.as_mut_ptr() as u64,
+                    dscratches.last_mut().unwrap().as_mut_ptr() as u64,
+                )
+            }
+            None => (0, 0),
+        };
         frames.push(vec![0u64; (64 + n * size).div_ceil(8)]);
         let sb = enc_scratch_bytes(n, c.full);
         scratch.push(vec![0u64; sb.div_ceil(8)]);
@@ -86,11 +108,14 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
             offset: c.offset,
             version: c.version,
             flags: c.cold as u64 | (c.full as u64) << 1 | (c.choice as u64) << 2,
+            ctx,
+            dscratch,
         });
     }
     // SAFETY: every job's addresses point to live buffers of the sizes the kernels need
-    // (input n*size, cache n, frame 64+n*size, scratch enc_scratch_bytes(n)), borrowed
-    // exclusively (cache, frame, scratch) for the call.
+    // (input n*size, cache n, frame 64+n*size, scratch enc_scratch_bytes(n); a delta job's ctx
+    // n and dscratch enc_delta_scratch_bytes(n)), borrowed exclusively (cache, frame, scratch,
+    // ctx, dscratch) for the call.
     let rc = unsafe { ciera_emu_encode(dtype, jobs.as_ptr(), jobs.len() as u32) };
     assert_eq!(rc, 0, "dtype {dtype}");
     frames
@@ -267,6 +292,13 @@ pub fn plan_bytes() -> usize {
 pub fn enc_scratch_bytes(n: usize, full: bool) -> usize {
     // SAFETY: a pure function of its arguments.
     unsafe { ciera_emu_enc_scratch_bytes(n as u64, full as u32) as usize }
+}
+
+/// Scratch bytes the kernels need for the Delta frame of an encode job of `n` elements into a
+/// delta cache (`enc_delta_scratch_bytes`).
+pub fn enc_delta_scratch_bytes(n: usize) -> usize {
+    // SAFETY: a pure function of n.
+    unsafe { ciera_emu_enc_delta_scratch_bytes(n as u64) as usize }
 }
 
 /// Scratch bytes the kernels need for a decode job of `n` elements (`dec_scratch_bytes`).

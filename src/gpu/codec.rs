@@ -3,9 +3,10 @@
 //! order `cuda/host/emulator.cpp` runs the same block bodies on the CPU). bf16, fp16 and fp32,
 //! byte for byte the frames of `crate::codec`: Exp and FILL frames against an exponent cache
 //! (1 byte per element), and Exp, Hybrid and FILL frames against a full-value cache (the
-//! previous values; Hybrid where the CPU's estimate picks it, or as asked). A decode job may
-//! also hold a delta cache (the previous values and a context byte per element,
-//! [`DeviceDelta`]): it takes Delta frames too. Delta frames are encoded on the CPU only.
+//! previous values; Hybrid where the CPU's estimate picks it, or as asked); and against a
+//! delta cache (the previous values and a context byte per element, [`DeviceDelta`]) Delta
+//! frames, as the CPU's `FrameChoice::Delta` sends them (FILL where one would be longer), and
+//! on the decode side any frame.
 //!
 //! - [`device`]: the codec on GPU 0 (or `CIERA_CUDA_DEVICE`), opened once per process. This is
 //!   the only place the library loads the CUDA driver itself, and only when asked: it first
@@ -18,16 +19,18 @@
 //!   both, and `*_results` waits for the stream and reads each job's frame length or refusal.
 //! - [`GpuCodec::encode_host`] / [`GpuCodec::decode_host`] (and `_batch`): the same from host
 //!   slices, copying both ways (tests, tools).
-//! - [`enc_scratch_bytes`], [`dec_scratch_bytes`], [`delta_scratch_bytes`],
-//!   [`max_frame_bytes`], [`cache_bytes`]: what each job's buffers must hold, as codec.cu
-//!   computes it.
+//! - [`enc_scratch_bytes`], [`dec_scratch_bytes`], [`enc_delta_scratch_bytes`],
+//!   [`delta_scratch_bytes`], [`max_frame_bytes`], [`cache_bytes`]: what each job's buffers
+//!   must hold, as codec.cu computes it.
 //!
 //! Launch geometry (codec.cu): 256 threads per block; grid.y is the job, grid.x the tile (4096
 //! elements; the widest job's tile count) for the tile kernels and 1 for the per-job ones; at
 //! most 65,535 jobs per launch, so a bigger batch is launched in groups. Nothing returns to
 //! the host between the launches of a batch. Encode: enc_tile, enc_plan, hyb_compact,
 //! hyb_masks, enc_emit, hyb_pack, enc_finish (the hyb_ kernels return at once unless the job
-//! sends a Hybrid frame); decode: dec_parse, dec_delta_model, dec_delta, dec_mask, dec_rans,
+//! sends a Hybrid frame, and all of them on a warm delta cache's job), then enc_delta_hist,
+//! enc_delta_model, enc_delta_groups, enc_delta_lay, enc_delta_pack, enc_delta_sum,
+//! enc_delta_finish (at once unless a delta cache's job); decode: dec_parse, dec_delta_model, dec_delta, dec_mask, dec_rans,
 //! dec_scan (0), dec_hier2, dec_scan (1), dec_hier3, dec_scan (2), dec_hyb, dec_tile,
 //! dec_tile_hyb, dec_finish (the delta kernels return at once unless the frame is a Delta
 //! frame, or, for a delta cache, set the contexts of its other frames to "no move").
@@ -121,6 +124,30 @@ const DELTA_PLAN_BYTES: usize = align8(4 * 8 + 17 * 4 + 2 * 17 * 86 * 2);
 /// entries, 272 KiB) and every 64th group's start (a frame has at most `n` groups).
 pub const fn delta_scratch_bytes(n: usize) -> usize {
     DELTA_PLAN_BYTES + 4 * 17 * 4096 + 8 * n.div_ceil(64)
+}
+
+/// Elements per group and most lanes of the Delta frames the kernels encode (the CPU's).
+const DELTA_GROUP: usize = 32768;
+const DELTA_LANES: usize = 32;
+/// `sizeof(DEncPlan)`: 12 u64.
+const DENC_PLAN_BYTES: usize = 96;
+
+/// Scratch bytes of the Delta frame of an encode job of `n` elements into a delta cache
+/// (`enc_delta_scratch_bytes` in codec.cu): the plan, per tile its (context, token) counts
+/// (17 x 86 u32), two counts and SH64 sums, the encoder's table and model bytes, per group its
+/// length, offset and lane states, and per group a buffer of 3 x 32768 + 16 words (about 6
+/// bytes per element).
+pub const fn enc_delta_scratch_bytes(n: usize) -> usize {
+    let (tiles, groups) = (n.div_ceil(TILE), n.div_ceil(DELTA_GROUP));
+    align8(DENC_PLAN_BYTES)
+        + align8(4 * tiles * 17 * 86)
+        + 16 * tiles
+        + align8(4 * 17 * 86)
+        + align8(5 + 17 * (1 + 3 * 86))
+        + 16 * groups
+        + 4 * DELTA_LANES * groups
+        + 32 * tiles
+        + 2 * groups * (3 * DELTA_GROUP + 16)
 }
 
 /// Bytes of a job's cache: an exponent per element, or (`full`) the previous values.
@@ -280,6 +307,45 @@ const DEC_TILE_HYB: [&str; 3] = [
     "ciera_dec_tile_hyb_f16",
     "ciera_dec_tile_hyb_f32",
 ];
+const ENC_DELTA: [[&str; 3]; 7] = [
+    [
+        "ciera_enc_delta_hist_bf16",
+        "ciera_enc_delta_hist_f16",
+        "ciera_enc_delta_hist_f32",
+    ],
+    [
+        "ciera_enc_delta_model_bf16",
+        "ciera_enc_delta_model_f16",
+        "ciera_enc_delta_model_f32",
+    ],
+    [
+        "ciera_enc_delta_groups_bf16",
+        "ciera_enc_delta_groups_f16",
+        "ciera_enc_delta_groups_f32",
+    ],
+    [
+        "ciera_enc_delta_lay_bf16",
+        "ciera_enc_delta_lay_f16",
+        "ciera_enc_delta_lay_f32",
+    ],
+    [
+        "ciera_enc_delta_pack_bf16",
+        "ciera_enc_delta_pack_f16",
+        "ciera_enc_delta_pack_f32",
+    ],
+    [
+        "ciera_enc_delta_sum_bf16",
+        "ciera_enc_delta_sum_f16",
+        "ciera_enc_delta_sum_f32",
+    ],
+    [
+        "ciera_enc_delta_finish_bf16",
+        "ciera_enc_delta_finish_f16",
+        "ciera_enc_delta_finish_f32",
+    ],
+];
+/// Whether each of `ENC_DELTA`'s kernels runs a block per tile (else one per job).
+const ENC_DELTA_TILED: [bool; 7] = [true, false, true, false, true, true, false];
 const DEC_DELTA_MODEL: [&str; 3] = [
     "ciera_dec_delta_model_bf16",
     "ciera_dec_delta_model_f16",
@@ -312,6 +378,7 @@ pub fn kernel_names() -> Vec<&'static str> {
     .flatten()
     .copied()
     .collect();
+    v.extend(ENC_DELTA.iter().flatten());
     v.extend([
         "ciera_dec_mask",
         "ciera_dec_rans",
@@ -354,6 +421,8 @@ struct Typed {
     dec_tile_hyb: Kernel,
     dec_delta_model: Kernel,
     dec_delta: Kernel,
+    /// `ENC_DELTA`'s, in launch order.
+    enc_delta: [Kernel; 7],
 }
 
 /// The codec kernels loaded on one GPU. Shared by every thread ([`device`] hands out one per
@@ -500,6 +569,15 @@ impl GpuCodec {
                 dec_tile_hyb: kernel(DEC_TILE_HYB[t])?,
                 dec_delta_model: kernel(DEC_DELTA_MODEL[t])?,
                 dec_delta: kernel(DEC_DELTA[t])?,
+                enc_delta: [
+                    kernel(ENC_DELTA[0][t])?,
+                    kernel(ENC_DELTA[1][t])?,
+                    kernel(ENC_DELTA[2][t])?,
+                    kernel(ENC_DELTA[3][t])?,
+                    kernel(ENC_DELTA[4][t])?,
+                    kernel(ENC_DELTA[5][t])?,
+                    kernel(ENC_DELTA[6][t])?,
+                ],
             })
         };
         let typed = [typed(0)?, typed(1)?, typed(2)?];
@@ -648,17 +726,35 @@ impl GpuCodec {
                 enc_scratch_bytes(n, full),
                 false,
             )?;
-            let choice: u64 = match (full, job.choice) {
-                (false, _) | (true, FrameChoice::Auto | FrameChoice::NoDelta) => 0,
-                (true, FrameChoice::Exp) => 1,
-                (true, FrameChoice::Hybrid) => 2,
-                (true, FrameChoice::Delta) => {
-                    return Err(job_error(
+            let choice: u64 =
+                match (full, job.choice, job.delta.is_some()) {
+                    (true, FrameChoice::Delta, true) => 0,
+                    (_, _, true) => return Err(job_error(
                         i,
-                        "Delta frames are coded on the CPU only".into(),
-                    ))
-                }
-            };
+                        "a delta cache's job holds full values (`full`) and sends Delta frames \
+                         (`choice` FrameChoice::Delta)"
+                            .into(),
+                    )),
+                    (false, _, _) | (true, FrameChoice::Auto | FrameChoice::NoDelta, _) => 0,
+                    (true, FrameChoice::Exp, _) => 1,
+                    (true, FrameChoice::Hybrid, _) => 2,
+                    (true, FrameChoice::Delta, false) => {
+                        return Err(job_error(
+                            i,
+                            "Delta frames need a delta cache (`delta`: its contexts)".into(),
+                        ))
+                    }
+                };
+            if let Some(d) = &job.delta {
+                check_len(i, "contexts", d.ctx.len(), n, true)?;
+                check_len(
+                    i,
+                    "delta scratch",
+                    d.scratch.len(),
+                    enc_delta_scratch_bytes(n),
+                    false,
+                )?;
+            }
             let DeviceEncJob {
                 input,
                 cache,
@@ -667,6 +763,7 @@ impl GpuCodec {
                 offset,
                 version,
                 cold,
+                delta,
                 ..
             } = job;
             let (pi, gi) = input.device_ptr(stream);
@@ -678,10 +775,11 @@ impl GpuCodec {
             check_align(i, "cache", pc, if full { size } else { 1 })?;
             check_align(i, "frame", pf, ALIGN)?;
             check_align(i, "scratch", ps, ALIGN)?;
+            let (px, pd) = delta_ptrs(i, delta, stream, &mut guards)?;
             // EncJob: input, cache, frame, scratch, n, offset, version, flags (bit 0 cold,
-            // bit 1 a full-value cache, bits 2-3 its frame choice).
+            // bit 1 a full-value cache, bits 2-3 its frame choice), ctx, dscratch.
             let flags = u64::from(*cold) | u64::from(full) << 1 | choice << 2;
-            rows.extend([pi, pc, pf, ps, n as u64, *offset, *version, flags]);
+            rows.extend([pi, pc, pf, ps, n as u64, *offset, *version, flags, px, pd]);
             tiles.push(n.div_ceil(TILE));
         }
         Batch::new(self, stream, Direction::Encode, typed, rows, tiles, guards)
@@ -736,8 +834,9 @@ impl GpuCodec {
                 let frame_bytes = usize::try_from(frame_len).unwrap_or(usize::MAX);
                 let mode = match (mode, fill) {
                     (0, true) => Some(Mode::Raw),
-                    (1, false) => Some(Mode::Exp),
-                    (2, false) if job.full => Some(Mode::Hybrid),
+                    (1, false) if job.delta.is_none() => Some(Mode::Exp),
+                    (2, false) if job.full && job.delta.is_none() => Some(Mode::Hybrid),
+                    (3, false) if job.delta.is_some() => Some(Mode::Delta),
                     _ => None,
                 };
                 let Some(mode) = mode.filter(|_| (HEADER_LEN..=max).contains(&frame_bytes)) else {
@@ -755,6 +854,8 @@ impl GpuCodec {
                 let (exp_changes, value_changes) = match mode {
                     Mode::Exp => (ones, None),
                     Mode::Hybrid => (s3_len, Some(to_usize(k))),
+                    // enc_delta_lay: the changed fields and values.
+                    Mode::Delta => (ones, Some(to_usize(k))),
                     _ => (0, None),
                 };
                 Ok(FrameInfo {
@@ -847,16 +948,7 @@ impl GpuCodec {
             check_align(i, "out", po, size)?;
             check_align(i, "cache", pc, if full { size } else { 1 })?;
             check_align(i, "scratch", ps, ALIGN)?;
-            let (px, pd) = match delta {
-                Some(DeviceDelta { ctx, scratch }) => {
-                    let (px, gx) = ctx.device_ptr_mut(stream);
-                    let (pd, gd) = scratch.device_ptr_mut(stream);
-                    guards.extend([gx, gd]);
-                    check_align(i, "delta scratch", pd, ALIGN)?;
-                    (px, pd)
-                }
-                None => (0, 0),
-            };
+            let (px, pd) = delta_ptrs(i, delta, stream, &mut guards)?;
             // DecJob: frame, frame_len, out, cache, scratch, n, offset, version, warm, full,
             // ctx, dscratch.
             rows.extend([
@@ -970,6 +1062,8 @@ impl GpuCodec {
         let s = &self.stream;
         let size = dtype.size();
         let mut bufs: Vec<[CudaSlice<u8>; 4]> = Vec::with_capacity(chunks.len());
+        // A delta chunk's contexts and Delta frame scratch.
+        let mut deltas: Vec<Option<[CudaSlice<u8>; 2]>> = Vec::with_capacity(chunks.len());
         for (i, c) in chunks.iter().enumerate() {
             let n = elements(i, "input", c.input.len(), size)?;
             check_len(
@@ -989,11 +1083,19 @@ impl GpuCodec {
                 s.alloc_zeros(enc_scratch_bytes(n, c.full))
                     .map_err(driver("cuMemAlloc (scratch)"))?,
             ]);
+            deltas.push(delta_buffers(
+                s,
+                i,
+                c.ctx.as_deref(),
+                n,
+                enc_delta_scratch_bytes(n),
+            )?);
         }
         let mut jobs: Vec<DeviceEncJob<'_>> = bufs
             .iter_mut()
+            .zip(deltas.iter_mut())
             .zip(chunks.iter())
-            .map(|([input, cache, frame, scratch], c)| DeviceEncJob {
+            .map(|(([input, cache, frame, scratch], d), c)| DeviceEncJob {
                 input: input.as_view(),
                 cache: cache.as_view_mut(),
                 frame: frame.as_view_mut(),
@@ -1003,6 +1105,10 @@ impl GpuCodec {
                 cold: c.cold,
                 full: c.full,
                 choice: c.choice,
+                delta: d.as_mut().map(|[ctx, scratch]| DeviceDelta {
+                    ctx: ctx.as_view_mut(),
+                    scratch: scratch.as_view_mut(),
+                }),
             })
             .collect();
         let infos = self.encode(s, dtype, &mut jobs)?;
@@ -1013,6 +1119,10 @@ impl GpuCodec {
                 .map_err(driver("cuMemcpyDtoHAsync (frame)"))?;
             s.memcpy_dtoh(&job.cache, &mut *c.cache)
                 .map_err(driver("cuMemcpyDtoHAsync (cache)"))?;
+            if let (Some(d), Some(x)) = (&job.delta, c.ctx.as_deref_mut()) {
+                s.memcpy_dtoh(&d.ctx, x)
+                    .map_err(driver("cuMemcpyDtoHAsync (contexts)"))?;
+            }
             out.push((frame, info));
         }
         s.synchronize()
@@ -1032,6 +1142,7 @@ impl GpuCodec {
         cold: bool,
     ) -> Result<Vec<u8>, GpuError> {
         let mut chunk = [HostEncChunk {
+            ctx: None,
             input,
             cache,
             offset,
@@ -1085,18 +1196,13 @@ impl GpuCodec {
                 s.alloc_zeros(dec_scratch_bytes(n))
                     .map_err(driver("cuMemAlloc (scratch)"))?,
             ]);
-            deltas.push(match c.ctx.as_deref() {
-                Some(x) => {
-                    check_len(i, "contexts", x.len(), n, true)?;
-                    Some([
-                        s.clone_htod(x)
-                            .map_err(driver("cuMemcpyHtoDAsync (contexts)"))?,
-                        s.alloc_zeros(delta_scratch_bytes(n))
-                            .map_err(driver("cuMemAlloc (delta scratch)"))?,
-                    ])
-                }
-                None => None,
-            });
+            deltas.push(delta_buffers(
+                s,
+                i,
+                c.ctx.as_deref(),
+                n,
+                delta_scratch_bytes(n),
+            )?);
         }
         let mut jobs: Vec<DeviceDecJob<'_>> = bufs
             .iter_mut()
@@ -1162,7 +1268,7 @@ impl GpuCodec {
 }
 
 /// u64 fields of an `EncJob` and of a `DecJob`.
-const ENC_ROW: usize = 8;
+const ENC_ROW: usize = 10;
 const DEC_ROW: usize = 12;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1258,6 +1364,9 @@ impl<'j> Batch<'j> {
                     run(&t.enc_emit, None, gx)?;
                     run(&t.hyb_pack, None, gx)?;
                     run(&t.enc_finish, None, 1)?;
+                    for (k, tiled) in t.enc_delta.iter().zip(ENC_DELTA_TILED) {
+                        run(k, None, if tiled { gx } else { 1 })?;
+                    }
                 }
                 Direction::Decode => {
                     run(&t.dec_parse, None, 1)?;
@@ -1279,6 +1388,45 @@ impl<'j> Batch<'j> {
         }
         Ok(())
     }
+}
+
+/// Job `i`'s delta cache (contexts, scratch) as device addresses, (0, 0) without one; the
+/// buffers' stream guards go to `guards`.
+fn delta_ptrs<'j>(
+    i: usize,
+    delta: &'j mut Option<DeviceDelta<'_>>,
+    stream: &'j Arc<CudaStream>,
+    guards: &mut Vec<SyncOnDrop<'j>>,
+) -> Result<(u64, u64), GpuError> {
+    let Some(DeviceDelta { ctx, scratch }) = delta else {
+        return Ok((0, 0));
+    };
+    let (px, gx) = ctx.device_ptr_mut(stream);
+    let (pd, gd) = scratch.device_ptr_mut(stream);
+    guards.extend([gx, gd]);
+    check_align(i, "delta scratch", pd, ALIGN)?;
+    Ok((px, pd))
+}
+
+/// Job `i`'s delta cache on the device, for a host chunk of `n` elements with contexts `ctx`:
+/// the contexts (copied) and `scratch` bytes of Delta scratch; None without contexts.
+fn delta_buffers(
+    s: &Arc<CudaStream>,
+    i: usize,
+    ctx: Option<&[u8]>,
+    n: usize,
+    scratch: usize,
+) -> Result<Option<[CudaSlice<u8>; 2]>, GpuError> {
+    let Some(x) = ctx else {
+        return Ok(None);
+    };
+    check_len(i, "contexts", x.len(), n, true)?;
+    Ok(Some([
+        s.clone_htod(x)
+            .map_err(driver("cuMemcpyHtoDAsync (contexts)"))?,
+        s.alloc_zeros(scratch)
+            .map_err(driver("cuMemAlloc (delta scratch)"))?,
+    ]))
 }
 
 /// The elements of a job whose `what` (its values) holds `bytes`: at least one, whole.
@@ -1354,8 +1502,12 @@ pub struct DeviceEncJob<'a> {
     /// The cache holds full values (Exp or Hybrid frames), not exponents (Exp frames).
     pub full: bool,
     /// A full-value cache's frame: `Exp`, `Hybrid`, or (`Auto`, `NoDelta`) the smaller as the
-    /// CPU estimates them. `Delta` is refused; exponent caches ignore it.
+    /// CPU estimates them; `Delta` with `delta` (and only then). Exponent caches ignore it.
     pub choice: FrameChoice,
+    /// A delta cache (with `full` and `choice` Delta): its context bytes and the Delta frame's
+    /// scratch ([`enc_delta_scratch_bytes`]). A warm one sends a Delta frame, or a FILL where
+    /// that would be longer than the values, as the CPU's `FrameChoice::Delta` does.
+    pub delta: Option<DeviceDelta<'a>>,
 }
 
 /// One frame to decode in device memory, its buffers lent for the batch.
@@ -1387,7 +1539,8 @@ pub struct DeviceDecJob<'a> {
 pub struct DeviceDelta<'a> {
     /// One context byte per element (docs/WIRE.md, "Delta"): read, then updated.
     pub ctx: CudaViewMut<'a, u8>,
-    /// At least [`delta_scratch_bytes`], [`ALIGN`]-aligned; its contents do not matter.
+    /// At least [`delta_scratch_bytes`] (decode) or [`enc_delta_scratch_bytes`] (encode),
+    /// [`ALIGN`]-aligned; its contents do not matter.
     pub scratch: CudaViewMut<'a, u8>,
 }
 
@@ -1400,6 +1553,8 @@ pub struct HostEncChunk<'a> {
     pub cold: bool,
     pub full: bool,
     pub choice: FrameChoice,
+    /// A delta cache's context bytes (with `full` and `choice` Delta), updated as the device's.
+    pub ctx: Option<&'a mut [u8]>,
 }
 
 /// One host frame to decode on the GPU (the fields are [`DeviceDecJob`]'s).

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ciera::codec::{CacheSlot, FrameInfo};
 use ciera::safetensors::SafeTensors;
 use ciera::DType;
 
@@ -189,5 +190,94 @@ pub fn ulp_drift(dtype: DType, prev: &[u8], p_move: u64, p_special: u64, rng: &m
         let u = if k & top != 0 { k & !top } else { !k & all };
         v.copy_from_slice(&u.to_le_bytes()[..size]);
     }
+    out
+}
+
+/// The trace's series for the codec tests: every bf16 and fp32 tensor of `dir`'s snapshots in
+/// order (name, type, its values per snapshot), each fp32 one followed by its cast to fp16.
+pub fn trace_series(dir: &Path) -> Vec<(String, DType, Vec<Vec<u8>>)> {
+    let snaps = snapshots(dir);
+    let mut out = Vec::new();
+    for t in &snaps[0].tensors {
+        if t.dtype != DType::BF16 && t.dtype != DType::F32 {
+            continue;
+        }
+        let iters: Vec<Vec<u8>> = snaps
+            .iter()
+            .map(|s| s.bytes(s.get(&t.name).unwrap()).to_vec())
+            .collect();
+        let half = (t.dtype == DType::F32).then(|| {
+            iters
+                .iter()
+                .map(|v| {
+                    v.chunks_exact(4)
+                        .flat_map(|c| {
+                            f32_to_f16(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                        })
+                        .collect()
+                })
+                .collect()
+        });
+        out.push((t.name.clone(), t.dtype, iters));
+        if let Some(h) = half {
+            out.push((t.name.clone(), DType::F16, h));
+        }
+    }
+    assert!(!out.is_empty(), "no bf16/fp32 tensors in {}", dir.display());
+    out
+}
+
+/// Synthetic data for Delta frames: `n` random values of `dtype` (generator seeded with
+/// `seed`), then five steps of `ulp_drift`, from a tenth to nearly all of the values moving,
+/// with special values among them.
+pub fn ulp_series(dtype: DType, n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = Rng(seed);
+    let mut v = rng.bytes(n * dtype.size());
+    let mut iters = vec![v.clone()];
+    for (p_move, p_special) in [(500, 0), (900, 5), (100, 0), (999, 50), (300, 1)] {
+        v = ulp_drift(dtype, &v, p_move, p_special, &mut rng);
+        iters.push(v.clone());
+    }
+    iters
+}
+
+/// `input` through `slot` (the CPU codec), chunk by chunk (`chunk` elements): a frame per chunk
+/// and its `FrameInfo`, committed.
+pub fn encode_chunks(
+    slot: &mut CacheSlot,
+    input: &[u8],
+    chunk: usize,
+) -> (Vec<Vec<u8>>, Vec<FrameInfo>) {
+    let size = slot.dtype().size();
+    let mut frames = Vec::new();
+    let mut infos = Vec::new();
+    for c in slot.chunks(chunk).iter_mut() {
+        let (off, len) = (c.offset(), c.len());
+        let mut f = Vec::new();
+        infos.push(
+            c.encode(&input[off * size..(off + len) * size], &mut f)
+                .unwrap(),
+        );
+        frames.push(f);
+    }
+    slot.commit(&infos).unwrap();
+    (frames, infos)
+}
+
+/// `frames` (one per chunk of `chunk` elements, in order) decoded by `slot` (the CPU codec),
+/// committed: the values.
+pub fn decode_chunks(slot: &mut CacheSlot, frames: &[Vec<u8>], chunk: usize) -> Vec<u8> {
+    let size = slot.dtype().size();
+    let mut out = vec![0u8; slot.len() * size];
+    let mut infos = Vec::new();
+    for (k, c) in slot.chunks(chunk).iter_mut().enumerate() {
+        let (off, len) = (c.offset(), c.len());
+        let f = ciera::codec::frame::parse(&frames[k]).unwrap();
+        infos.push(
+            c.decode(&f, &mut out[off * size..(off + len) * size])
+                .unwrap(),
+        );
+    }
+    slot.commit(&infos).unwrap();
     out
 }
