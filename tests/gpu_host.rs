@@ -8,6 +8,8 @@
 //! (values, cached values, contexts), and refuse the damaged ones the CPU refuses. What the host build cannot show (blocks
 //! running concurrently on a device) is bench/gpu_check.sh's part.
 
+#[path = "common/delta_spec.rs"]
+mod delta_spec;
 #[path = "common/skip.rs"]
 mod skip;
 #[path = "common/trace_data.rs"]
@@ -724,6 +726,121 @@ fn kernel_encodes_delta_frames_like_the_cpu() {
         "no trace Delta frame: {trace:?}"
     );
     assert!(seen.get(&0).copied().unwrap_or(0) > 0, "no FILL: {seen:?}");
+}
+
+/// `f` with these sections (lengths in the header) and both checksums recomputed.
+fn with_sections(f: &[u8], secs: [&[u8]; 4]) -> Vec<u8> {
+    let mut g = f[..HEADER_LEN].to_vec();
+    for (q, sec) in secs.iter().enumerate() {
+        g[32 + 4 * q..36 + 4 * q].copy_from_slice(&(sec.len() as u32).to_le_bytes());
+    }
+    for sec in secs {
+        g.extend_from_slice(sec);
+    }
+    reseal(&mut g);
+    g
+}
+
+/// Delta frames of every geometry the format allows, not only the encoder's (lanes =
+/// clamp(n/512, 1, 32), groups of 32768): 1 to 64 lanes, groups of 1 to all elements (so up
+/// to thousands of groups, whose starts the kernels find from every 64th), written by the
+/// document's own encoder (tests/common/delta_spec.rs) for two consecutive steps of ulp drift
+/// (the second against the contexts the first leaves). The CPU decoder and the kernels both
+/// take each one, with the same values, cached values and contexts.
+#[test]
+fn kernel_decodes_delta_frames_of_any_geometry() {
+    let mut cases = 0;
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        let (size, w) = (dtype.size(), 8 * dtype.size() as u32);
+        let n = 3000usize;
+        let iters = ulp_series(dtype, n, 31 + di as u64);
+        let (v0, v1, v2) = (&iters[0], &iters[1], &iters[2]);
+        // A frame to take the header from (its sections are replaced).
+        let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        tx.set_frame_choice(FrameChoice::Delta);
+        let (mut f0, mut f1, mut f2) = (Vec::new(), Vec::new(), Vec::new());
+        tx.encode(v0, &mut f0).unwrap();
+        tx.encode(v1, &mut f1).unwrap();
+        tx.encode(v2, &mut f2).unwrap();
+        assert!(f1[6] == 3 && f2[6] == 3, "{dtype}: not Delta frames");
+        let val = |v: &[u8], i: usize| {
+            let mut b = [0u8; 4];
+            b[..size].copy_from_slice(&v[i * size..(i + 1) * size]);
+            u32::from_le_bytes(b)
+        };
+        let moves = |a: &[u8], b: &[u8]| -> Vec<u32> {
+            (0..n)
+                .map(|i| delta_spec::ulp_move(val(a, i), val(b, i), w))
+                .collect()
+        };
+        let (d1, d2) = (moves(v0, v1), moves(v1, v2));
+        let z1: Vec<u32> = d1.iter().map(|&d| delta_spec::zigzag(d, w)).collect();
+        let z2: Vec<u32> = d2.iter().map(|&d| delta_spec::zigzag(d, w)).collect();
+        let c1 = vec![delta_spec::CONTEXT_NONE; n];
+        let c2: Vec<u8> = d1.iter().map(|&d| delta_spec::context(d, w)).collect();
+        for (lanes, group) in [
+            (1usize, 1usize),
+            (64, 1),
+            (33, 97),
+            (64, 1000),
+            (7, 3000),
+            (63, 64),
+        ] {
+            let spec_frame = |z: &[u32], ctx: &[u8], like: &[u8]| {
+                let mut m = delta_spec::encoder_model(w, z, ctx, lanes, group);
+                let (s0, lens) = delta_spec::encode_groups(&m, w, z, ctx).unwrap();
+                m.lens = lens;
+                with_sections(like, [&s0, &delta_spec::write_s1(&m), &[], &[]])
+            };
+            let (g1, g2) = (spec_frame(&z1, &c1, &f1), spec_frame(&z2, &c2, &f2));
+            let what = format!("{dtype} lanes {lanes} group {group}");
+            // CPU.
+            let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+            let mut out = vec![0u8; n * size];
+            for (f, v) in [(&f0, v0), (&g1, v1), (&g2, v2)] {
+                rx.decode(f, &mut out)
+                    .unwrap_or_else(|e| panic!("{what}: the CPU refused: {e}"));
+                assert!(out == *v, "{what}: the CPU decoded other values");
+            }
+            // Kernels.
+            let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
+            for (k, (f, v)) in [(&f0, v0), (&g1, v1), (&g2, v2)].into_iter().enumerate() {
+                let version = u64::from_le_bytes(f[24..32].try_into().unwrap());
+                let mut got = vec![0u8; n * size];
+                let r = ciera_cuda_host::decode(
+                    dtype.code() as u32,
+                    &mut [DecChunk {
+                        frame: f,
+                        out: &mut got,
+                        cache: &mut cache,
+                        offset: 0,
+                        version,
+                        warm: k > 0,
+                        full: true,
+                        ctx: Some(&mut ctx),
+                    }],
+                );
+                assert_eq!(r[0], Ok(()), "{what}: frame {k}: the kernels refused");
+                assert!(
+                    got == *v,
+                    "{what}: frame {k}: the kernels decoded other values"
+                );
+            }
+            assert!(
+                rx.values() == Some(&cache[..]),
+                "{what}: cached values differ"
+            );
+            assert!(rx.contexts() == Some(&ctx[..]), "{what}: contexts differ");
+            cases += 1;
+        }
+    }
+    skip::show(&format!(
+        "Delta frames of {cases} geometries (1-64 lanes, groups of 1 to 3000 elements; two steps \
+         each) decoded alike by the CPU and the kernels\n"
+    ));
 }
 
 /// Damaged Delta frames (bytes flipped with stale or recomputed checksums, so that damage
