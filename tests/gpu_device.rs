@@ -979,9 +979,13 @@ fn delta_refusals_map_to_the_cpu_decoders_errors() {
 }
 
 /// Recompute a frame's two checksums (SH64 of s0, XXH3 of the header and s1..s3), so that
-/// damage reaches the decoders' section checks.
+/// damage reaches the decoders' section checks (a frame whose s0 length runs past its end is
+/// left as it is).
 fn reseal(f: &mut [u8]) {
     let s0 = u32::from_le_bytes(f[32..36].try_into().unwrap()) as usize;
+    if HEADER_LEN + s0 > f.len() {
+        return; // a damaged section length: nothing to seal
+    }
     let h = ciera::codec::checksum::sh64(&f[HEADER_LEN..HEADER_LEN + s0]);
     f[48..56].copy_from_slice(&h.to_le_bytes());
     let mut x = f[..56].to_vec();
@@ -1170,4 +1174,116 @@ fn gpu_encodes_delta_frames_like_the_cpu() {
         modes.get(&3).copied().unwrap_or(0) > 0,
         "no Delta frame: {modes:?}"
     );
+}
+
+/// The same kind of fault on both sides: both accept, or both refuse with the same error
+/// variant (and, for a corrupt frame, the same part named). The details may differ where a
+/// frame has several faults: blocks that run concurrently on a device report the first one
+/// they reach.
+fn same_fault(a: &Result<(), CodecError>, b: &Result<(), CodecError>) -> bool {
+    match (a, b) {
+        (Ok(()), Ok(())) => true,
+        (
+            Err(CodecError::CorruptFrame { what: x, .. }),
+            Err(CodecError::CorruptFrame { what: y, .. }),
+        ) => x == y,
+        (Err(x), Err(y)) => std::mem::discriminant(x) == std::mem::discriminant(y),
+        _ => false,
+    }
+}
+
+/// Damaged Delta frames decoded on the GPU into delta caches, in one batch beside intact ones:
+/// bytes flipped (three in four resealed, so the damage reaches the model, the lane states and
+/// the streams, where blocks of one launch refuse the frame concurrently), truncated, extended.
+/// The GPU refuses each damaged frame the host build refuses, naming the same part, and
+/// decodes the intact ones to the CPU receiver's values and contexts.
+#[test]
+fn gpu_refuses_damaged_delta_frames() {
+    let Some(g) = gpu("gpu_refuses_damaged_delta_frames") else {
+        return;
+    };
+    let (mut refused, mut accepted) = (0, 0);
+    for (di, dtype) in TYPES.into_iter().enumerate() {
+        for n in [100usize, 5000, 70_001] {
+            let size = dtype.size();
+            let iters = ulp_series(dtype, n, 51 + di as u64 * 31 + n as u64);
+            let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+            tx.set_frame_choice(FrameChoice::Delta);
+            let (mut f0, mut f1) = (Vec::new(), Vec::new());
+            tx.encode(&iters[0], &mut f0).unwrap();
+            tx.encode(&iters[1], &mut f1).unwrap();
+            assert_eq!(f1[6], 3, "{dtype} n={n}: not a Delta frame");
+            let version = u64::from_le_bytes(f1[24..32].try_into().unwrap());
+            // The CPU receiver after each frame: the intact frame's values and contexts.
+            let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+            let mut out = vec![0u8; n * size];
+            rx.decode(&f0, &mut out).unwrap();
+            rx.decode(&f1, &mut out).unwrap();
+            let mut rng = Rng(n as u64 ^ 0xde17a);
+            let mut frames: Vec<Vec<u8>> = Vec::new();
+            for k in 0..100 {
+                let mut f = f1.clone();
+                if k % 10 == 0 {
+                    frames.push(f); // intact
+                    continue;
+                }
+                let at = rng.below(f.len() as u64) as usize;
+                f[at] ^= 1 << rng.below(8);
+                if rng.below(4) > 0 {
+                    reseal(&mut f);
+                }
+                frames.push(f);
+            }
+            for cut in [1, 7, 64] {
+                frames.push(f1[..f1.len() - cut].to_vec());
+            }
+            let mut longer = f1.clone();
+            longer.push(0xa5);
+            frames.push(longer);
+            let mut caches: Vec<Vec<u8>> = frames.iter().map(|_| iters[0].clone()).collect();
+            let mut ctxs: Vec<Vec<u8>> = frames.iter().map(|_| vec![8u8; n]).collect();
+            let mut outs: Vec<Vec<u8>> = frames.iter().map(|_| vec![0u8; n * size]).collect();
+            let mut jobs: Vec<HostDecChunk<'_>> = frames
+                .iter()
+                .zip(caches.iter_mut().zip(ctxs.iter_mut().zip(outs.iter_mut())))
+                .map(|(f, (c, (x, o)))| HostDecChunk {
+                    frame: f,
+                    out: o,
+                    cache: c,
+                    offset: 0,
+                    version,
+                    warm: true,
+                    full: true,
+                    ctx: Some(x),
+                })
+                .collect();
+            let verdicts = g.decode_host_batch(dtype, &mut jobs).unwrap();
+            drop(jobs);
+            let what = format!("{dtype} n={n}");
+            for (k, (f, v)) in frames.iter().zip(&verdicts).enumerate() {
+                let (mut cache, mut ctx, mut o) =
+                    (iters[0].clone(), vec![8u8; n], vec![0u8; n * size]);
+                let want = emu_delta_error(dtype, f, &mut o, &mut cache, &mut ctx, version, true);
+                assert!(
+                    same_fault(v, &want),
+                    "{what} frame {k}: GPU {v:?}, host build {want:?}"
+                );
+                if k % 10 == 0 && k < 100 {
+                    assert_eq!(*v, Ok(()), "{what} frame {k}: intact frame refused");
+                    assert!(outs[k] == iters[1], "{what} frame {k}: values differ");
+                    assert!(
+                        rx.contexts() == Some(&ctxs[k][..]),
+                        "{what} frame {k}: contexts"
+                    );
+                    accepted += 1;
+                } else if v.is_err() {
+                    refused += 1;
+                }
+            }
+        }
+    }
+    skip::show(&format!(
+        "GPU Delta decoder: {refused} damaged frames refused as the host build refuses them, \
+         {accepted} intact ones decoded to the CPU's values and contexts\n"
+    ));
 }
