@@ -85,6 +85,14 @@ struct Blk {
 #endif
 
 HD u64 rotl64(u64 x, u32 r) { return (x << r) | (x >> (64 - r)); }
+// *p += v where several threads of a phase may add to the same counter (shared histograms).
+HD void add_u32(u32* p, u32 v) {
+#if defined(CIERA_DEVICE_BUILD)
+    atomicAdd(p, v);
+#else
+    *p += v;
+#endif
+}
 HD u64 min64(u64 a, u64 b) { return a < b ? a : b; }
 HD u64 cdiv(u64 a, u64 b) { return (a + b - 1) / b; }
 
@@ -797,6 +805,19 @@ HD void block_reduce4(Blk& b, u64 (*red)[NT]) {
     }
 }
 
+// The sums over T tiles of their four SH64 partial sums (`acc_of(i, l)`), into red[l][0].
+template <class F> HD void sum_tiles(Blk& b, u64 T, u64 (*red)[NT], F acc_of) {
+    u64 seg = cdiv(T, NT);
+    b.each([&](u32 t) {
+        u64 acc[4] = {0, 0, 0, 0};
+        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
+            for (u32 l = 0; l < 4; ++l) acc[l] += acc_of(i, l);
+        for (u32 l = 0; l < 4; ++l) red[l][t] = acc[l];
+    });
+    b.sync();
+    block_reduce4(b, red);
+}
+
 // enc_tile: one block per tile of 4096 elements, 256 threads, 2 groups of 8 elements each.
 // Reads n*size + n bytes (values, cache), writes sm_len(n) + n/8 bytes (s0, words) and the
 // cache bytes of groups of 8 with a changed field (about 15% of n at 2% exceptions).
@@ -990,12 +1011,7 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
         b.sync();
         b.each([&](u32 t) {
             for (u64 i = t; i < nbytes; i += NT) {
-                u32 s = mask_byte(v.words, i);
-#if defined(CIERA_DEVICE_BUILD)
-                atomicAdd(&sh.hist[s], 1u);
-#else
-                sh.hist[s] += 1;
-#endif
+                add_u32(&sh.hist[mask_byte(v.words, i)], 1);
             }
         });
         b.sync();
@@ -1301,17 +1317,10 @@ template <class L> HD void enc_finish(const EncJob& j, Blk& b, FinishShm& sh) {
     u8* f = (u8*)j.frame;
     // SH64 of s0 from the tiles' partial sums: a FILL's raw values, or a Hybrid frame's packed
     // changed values (enc_plan summed an Exp frame's).
-    u64 T = p.fill ? cdiv(n, TILE) : p.mode == 2 ? cdiv(p.k, TILE) : 0, seg = cdiv(T, NT);
-    if (T) {
-        b.each([&](u32 t) {
-            u64 acc[4] = {0, 0, 0, 0};
-            for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
-                for (u32 l = 0; l < 4; ++l) acc[l] += p.fill ? v.stat[i].facc[l] : v.stat[i].acc[l];
-            for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
-        });
-        b.sync();
-        block_reduce4(b, sh.red);
-    }
+    u64 T = p.fill ? cdiv(n, TILE) : p.mode == 2 ? cdiv(p.k, TILE) : 0;
+    if (T)
+        sum_tiles(b, T, sh.red,
+                  [&](u64 i, u32 l) { return p.fill ? v.stat[i].facc[l] : v.stat[i].acc[l]; });
     b.one([&] {
         u64 sec[4] = {p.sm_len, p.s1_len, p.ones, 0};
         u64 part[4];
@@ -1499,39 +1508,21 @@ template <class L> HD void dec_parse(const DecJob& j, Blk& b, ParseShm& sh) {
         } else if ((mode == 3 && !(j.full && j.ctx && j.dscratch)) || (mode == 2 && !j.full)) {
             set_err(&p, DE_SLOT, mode, 0); // the slot's cache cannot take this frame
             return;
+        } else if (!j.warm) {
+            set_err(&p, DE_SLOT, 1, 0);
+            return;
+        } else if (rd64(f + 24) != j.version) {
+            set_err(&p, DE_VERSION, j.version, rd64(f + 24));
+            return;
         } else if (mode == 3) {
-            if (!j.warm) {
-                set_err(&p, DE_SLOT, 1, 0);
-                return;
-            }
-            if (rd64(f + 24) != j.version) {
-                set_err(&p, DE_VERSION, j.version, rd64(f + 24));
-                return;
-            }
             if (sec[2] || sec[3]) {
                 set_err(&p, DE_HEADER, sec[2], sec[3]);
                 return;
             }
         } else if (mode == 2) {
-            if (!j.warm) {
-                set_err(&p, DE_SLOT, 1, 0);
-                return;
-            }
-            if (rd64(f + 24) != j.version) {
-                set_err(&p, DE_VERSION, j.version, rd64(f + 24));
-                return;
-            }
             p.s3_off = p.s2_off + sec[2];
             p.s3_len = sec[3];
         } else {
-            if (!j.warm) {
-                set_err(&p, DE_SLOT, 1, 0);
-                return;
-            }
-            if (rd64(f + 24) != j.version) {
-                set_err(&p, DE_VERSION, j.version, rd64(f + 24));
-                return;
-            }
             if (sec[0] != L::sm_len(n) || sec[3] != 0) {
                 set_err(&p, DE_LENGTH, L::sm_len(n), sec[0]);
                 return;
@@ -1910,6 +1901,19 @@ HD void s0_share(u32 t, const u8* s0, u64 bytes, u64 at, u64 (*red)[NT]) {
     for (u32 l = 0; l < 4; ++l) red[l][t] = acc[l];
 }
 
+// Tile `tile` of T's SH64 partial sums of s0 (`len` bytes at 8-aligned `s0`), where s0 is not
+// laid out by tiles (Delta frames): the tile-th of T equal runs of whole 32-byte stripes, its
+// four sums into out[0..4].
+HD void s0_tile_sums(Blk& b, const u8* s0, u64 len, u64 tile, u64 T, u64 (*red)[NT], u64* out) {
+    u64 S = cdiv(cdiv(len, 32), T) * 32, at = min64(tile * S, len), bytes = min64(S, len - at);
+    b.each([&](u32 t) { s0_share(t, s0 + at, bytes, at, red); });
+    b.sync();
+    block_reduce4(b, red);
+    b.one([&] {
+        for (u32 l = 0; l < 4; ++l) out[l] = red[l][0];
+    });
+}
+
 template <class L> HD void dec_tile(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     u64 n = j.n;
     if (tile * TILE >= n) return;
@@ -2069,18 +2073,11 @@ template <class L> HD void dec_tile_hyb(const DecJob& j, u64 tile, Blk& b, DecMa
 
 // dec_finish: SH64 of s0 from the tiles' sums, against the header's.
 HD void dec_finish(const DecJob& j, Blk& b, FinishShm& sh) {
-    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    u64 n = j.n, T = cdiv(n, TILE);
     DecView v(j.scratch, n);
     DecPlan& p = *v.plan;
     if (p.err) return;
-    b.each([&](u32 t) {
-        u64 acc[4] = {0, 0, 0, 0};
-        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
-            for (u32 l = 0; l < 4; ++l) acc[l] += v.stat[i].acc[l];
-        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
-    });
-    b.sync();
-    block_reduce4(b, sh.red);
+    sum_tiles(b, T, sh.red, [&](u64 i, u32 l) { return v.stat[i].acc[l]; });
     b.one([&] {
         u64 part[4] = {sh.red[0][0], sh.red[1][0], sh.red[2][0], sh.red[3][0]};
         u64 h = sh_finish(part, p.s0_len);
@@ -2113,12 +2110,19 @@ HD void dec_finish(const DecJob& j, Blk& b, FinishShm& sh) {
 // the start and 2^15 at the end, every word of each group's stream consumed exactly.
 
 constexpr u32 D_CTX = 17;             // contexts: the previous move clipped to -8..8
-constexpr u32 D_SCALE = 4096;         // the tables' probability scale (12 bits)
 constexpr u32 D_MAXTOK = 86;          // tokens of fp32 (16-bit types: 54)
 constexpr u32 D_LANES = 64;           // most lanes a frame may declare: threads per group
 constexpr u32 D_GPB = NT / D_LANES;   // groups per block
 constexpr u32 D_RANS_L = 1u << 15;    // lower bound of a lane state
 constexpr u32 D_CTX_NONE = 8;         // the context byte of "no previous move"
+// Tables use the masks' PROB_SCALE (4096), as delta.rs asserts of PROB_BITS on the CPU.
+
+// A W-bit type's Delta arithmetic: its width, sign bit, value mask and token count.
+template <class L> struct DBits {
+    static constexpr u32 W = 8 * L::BYTES, SIGN = 1u << (W - 1);
+    static constexpr u32 MASK = W == 32 ? ~0u : (1u << W) - 1;
+    static constexpr u32 NTOK = 32 + 2 * (W - 5);
+};
 
 struct DeltaPlan {
     u64 lanes, group, groups, lens_off; // lens_off: the group lengths' offset in the frame
@@ -2127,20 +2131,20 @@ struct DeltaPlan {
 };
 struct DeltaView {
     DeltaPlan* plan;
-    u32* table; // per context D_SCALE entries: token | (slot - cum) << 7 | freq << 19; 0: none
+    u32* table; // per context PROB_SCALE entries: token | (slot - cum) << 7 | freq << 19; 0: none
     u64* start; // start[g / 64]: byte of group g in s0, for g a multiple of 64
     HD DeltaView(u64 scratch) {
         u8* s = (u8*)scratch;
         plan = (DeltaPlan*)s;
         u64 o = align8(sizeof(DeltaPlan));
         table = (u32*)(s + o);
-        o += 4ull * D_CTX * D_SCALE;
+        o += 4ull * D_CTX * PROB_SCALE;
         start = (u64*)(s + o);
     }
 };
 // Scratch of a delta decode job of n elements (a frame has at most n groups).
 HD u64 delta_scratch_bytes(u64 n) {
-    return align8(sizeof(DeltaPlan)) + 4ull * D_CTX * D_SCALE + 8 * cdiv(n, 64);
+    return align8(sizeof(DeltaPlan)) + 4ull * D_CTX * PROB_SCALE + 8 * cdiv(n, 64);
 }
 
 // dec_delta_model: one block per job.
@@ -2154,7 +2158,7 @@ template <class L> HD void dec_delta_model(const DecJob& j, Blk& b, ParseShm& sh
         sh.ok = 0;
         DeltaPlan& dp = *d.plan;
         const u8* s1 = f + p.s1_off;
-        u64 len = p.s1_len, n = j.n, ntok = 32 + 2 * (8 * L::BYTES - 5);
+        u64 len = p.s1_len, n = j.n, ntok = DBits<L>::NTOK;
         if (len < 5) return set_err(&p, DE_DELTA, 1, 0);
         u64 lanes = s1[0], group = rd32(s1 + 1);
         if (lanes == 0 || lanes > D_LANES || group == 0 || group > (1ull << 24))
@@ -2176,12 +2180,12 @@ template <class L> HD void dec_delta_model(const DecJob& j, Blk& b, ParseShm& sh
                     fr |= (by & 0x7f) << sh7;
                     more = by >> 7;
                 }
-                if (more || fr > D_SCALE - cum) return set_err(&p, DE_DELTA, 1, c);
+                if (more || fr > PROB_SCALE - cum) return set_err(&p, DE_DELTA, 1, c);
                 dp.cum[c][t] = (u16)cum;
                 dp.freq[c][t] = (u16)fr;
                 cum += fr;
             }
-            if (cum != D_SCALE) return set_err(&p, DE_DELTA, 1, c);
+            if (cum != PROB_SCALE) return set_err(&p, DE_DELTA, 1, c);
         }
         u64 groups = cdiv(n, group);
         if (len - pos != 4 * groups) return set_err(&p, DE_DELTA, 1, D_CTX);
@@ -2206,7 +2210,7 @@ template <class L> HD void dec_delta_model(const DecJob& j, Blk& b, ParseShm& sh
     b.each([&](u32 t) {
         for (u32 c = 0; c < D_CTX; ++c) {
             u32 m = dp.m[c];
-            for (u32 s = t; s < D_SCALE; s += NT) {
+            for (u32 s = t; s < PROB_SCALE; s += NT) {
                 u32 e = 0;
                 for (u32 k = 0; k < m; ++k) {
                     u32 cu = dp.cum[c][k], fr = dp.freq[c][k];
@@ -2215,7 +2219,7 @@ template <class L> HD void dec_delta_model(const DecJob& j, Blk& b, ParseShm& sh
                         break;
                     }
                 }
-                d.table[c * D_SCALE + s] = e;
+                d.table[c * PROB_SCALE + s] = e;
             }
         }
     });
@@ -2233,10 +2237,26 @@ HD u32 d_key(u32 u, u32 sign, u32 mk) { return u ^ (sign | ((u & sign) ? (mk ^ s
 HD u32 d_unkey(u32 k, u32 sign, u32 mk) { return (k & sign) ? (k & ~sign) : (~k & mk); }
 // The context byte a W-bit move leaves (`delta::context_of`): the move clipped to -8..8, + 8.
 template <class L> HD u8 de_context(u32 d) {
-    const u32 W = 8 * L::BYTES;
+    const u32 W = DBits<L>::W;
     int s = (int)(d << (32 - W)) >> (32 - W);
     s = s < -8 ? -8 : s > 8 ? 8 : s;
     return (u8)(s + 8);
+}
+
+// Tile `tile`'s context bytes (of n) set to "no previous move": after a FILL, an Exp or a
+// Hybrid frame, as the CPU does.
+HD void ctx_none(Blk& b, u8* ctx, u64 n, u64 tile) {
+    u64 base = tile * TILE, tn = min64(TILE, n - base);
+    b.each([&](u32 t) {
+        for (u64 q = t; q < tn; q += NT) ctx[base + q] = D_CTX_NONE;
+    });
+}
+
+// Flags set among the lanes [from, to) of a group (`need`: the group's first lane's flag).
+HD u32 d_count(const u32* need, u32 from, u32 to) {
+    u32 c = 0;
+    for (u32 k = from; k < to; ++k) c += need[k];
+    return c;
 }
 
 // The groups a block codes at a time (encoder and decoder): D_GPB groups from g0 of a frame of
@@ -2275,11 +2295,7 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
     if (!block_go(b, p, sh.go)) return;
     u8* ctx = (u8*)j.ctx;
     if (p.mode != 3) {
-        if (!ctx) return;
-        u64 base = tile * TILE, tn = min64(TILE, n - base);
-        b.each([&](u32 t) {
-            for (u64 q = t; q < tn; q += NT) ctx[base + q] = D_CTX_NONE;
-        });
+        if (ctx) ctx_none(b, ctx, n, tile);
         return;
     }
     DeltaView d(j.dscratch);
@@ -2289,21 +2305,12 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
     u8* cache = (u8*)j.cache;
     const u8* lens = (const u8*)j.frame + dp.lens_off;
     const u64 lanes = dp.lanes, group = dp.group, G = dp.groups;
-    const u32 W = 8 * L::BYTES, sign = 1u << (W - 1), mk = W == 32 ? ~0u : (1u << W) - 1;
-    // SH64: this tile's share of s0, in whole stripes.
-    u64 S = cdiv(cdiv(p.s0_len, 32), T) * 32, at = min64(tile * S, p.s0_len);
-    u64 bytes = min64(S, p.s0_len - at);
-    b.each([&](u32 t) { s0_share(t, s0 + at, bytes, at, sh.red); });
-    b.sync();
-    block_reduce4(b, sh.red);
-    b.one([&] {
-        for (u32 l = 0; l < 4; ++l) v.stat[tile].acc[l] = sh.red[l][0];
-    });
+    const u32 W = DBits<L>::W, sign = DBits<L>::SIGN, mk = DBits<L>::MASK;
+    s0_tile_sums(b, s0, p.s0_len, tile, T, sh.red, v.stat[tile].acc);
     b.sync();
     for (u64 g0 = D_GPB * tile; g0 < G; g0 += D_GPB * T) {
         const DBlockGroups bg{g0, G, group, n, lanes};
         const u64 rows = bg.rows();
-        auto elem = [&](u32 t, u64 r, u64* i) { return bg.elem(t, r, i); };
         // The group's start: every 64th kept by the model, the lengths after it summed.
         b.each([&](u32 t) {
             u32 s = t / D_LANES, l = t % D_LANES;
@@ -2331,17 +2338,11 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
                 const u32* need = sh.need + s * D_LANES;
                 u64 p0 = sh.pos[s][par];
                 if (need[l]) {
-                    u32 rank = 0;
-                    for (u32 k = 0; k < l; ++k) rank += need[k];
-                    u64 a = p0 + 2 * rank;
+                    u64 a = p0 + 2 * d_count(need, 0, l); // lane order
                     u32 w = a + 2 <= sh.end[s] ? (u32)s0[a] | (u32)s0[a + 1] << 8 : 0;
                     sh.x[t] = sh.x[t] << 16 | w;
                 }
-                if (l == 0) {
-                    u32 all = 0;
-                    for (u32 k = 0; k < D_LANES; ++k) all += need[k];
-                    sh.pos[s][par ^ 1] = p0 + 2 * all;
-                }
+                if (l == 0) sh.pos[s][par ^ 1] = p0 + 2 * d_count(need, 0, D_LANES);
             });
             b.sync();
             par ^= 1;
@@ -2358,9 +2359,9 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
             b.each([&](u32 t) {
                 u64 i;
                 sh.need[t] = 0;
-                if (!elem(t, r, &i)) return;
+                if (!bg.elem(t, r, &i)) return;
                 u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1, x = sh.x[t];
-                u32 e = d.table[c * D_SCALE + (x & (D_SCALE - 1))];
+                u32 e = d.table[c * PROB_SCALE + (x & (PROB_SCALE - 1))];
                 if (e == 0) set_err(v.plan, DE_DELTA, 1, c);
                 x = (e >> 19) * (x >> 12) + ((e >> 7) & 0xfff);
                 u32 tk = e & 0x7f;
@@ -2380,7 +2381,7 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
             b.each([&](u32 t) {
                 u64 i;
                 sh.need[t] = 0;
-                if (!elem(t, r, &i)) return;
+                if (!bg.elem(t, r, &i)) return;
                 u32 eb = sh.eb[t], lo = eb < 15 ? eb : 15, x = sh.x[t];
                 sh.z[t] |= x & ((1u << lo) - 1);
                 x >>= lo;
@@ -2394,7 +2395,7 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
                 b.each([&](u32 t) {
                     u64 i;
                     sh.need[t] = 0;
-                    if (!elem(t, r, &i)) return;
+                    if (!bg.elem(t, r, &i)) return;
                     u32 eb = sh.eb[t], hi = eb > 15 ? eb - 15 : 0, x = sh.x[t];
                     sh.z[t] |= (x & ((1u << hi) - 1)) << 15;
                     x >>= hi;
@@ -2445,12 +2446,12 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
 
 constexpr u32 DE_GROUP = 32768; // elements per group the encoder uses
 constexpr u32 DE_LANES = 32;    // most lanes the encoder uses
+constexpr u64 DE_WORDS = 3ull * DE_GROUP + 16; // a group's word buffer (at most 3 per element)
 
 HD u32 de_lanes(u64 n) { return (u32)(n / 512 < 1 ? 1 : n / 512 > DE_LANES ? DE_LANES : n / 512); }
 
 struct DEncPlan {
     u64 lanes, groups, model_len, s0_len, s1_len, fill, changed, exp_changed;
-    u64 acc[4];
 };
 struct DEncView {
     DEncPlan* plan;
@@ -2462,7 +2463,7 @@ struct DEncView {
     u64* goff;        // per group: its offset in s0
     u32* states;      // per group DE_LANES final lane states
     u64* sums;        // per tile: SH64 partial sums of s0 (4 each)
-    u16* words;       // per group 3 * DE_GROUP + 16 words, in coding order
+    u16* words;       // per group DE_WORDS words, in coding order
     HD DEncView(u64 scratch, u64 n) {
         u8* s = (u8*)scratch;
         u64 T = cdiv(n, TILE), G = cdiv(n, DE_GROUP);
@@ -2491,20 +2492,12 @@ HD u64 enc_delta_scratch_bytes(u64 n) {
     u64 T = cdiv(n, TILE), G = cdiv(n, DE_GROUP);
     return align8(sizeof(DEncPlan)) + align8(4ull * T * D_CTX * D_MAXTOK) + 16 * T +
            align8(4ull * D_CTX * D_MAXTOK) + align8(5 + D_CTX * (1 + 3 * D_MAXTOK)) + 16 * G +
-           4ull * DE_LANES * G + 32 * T + 2 * G * (3ull * DE_GROUP + 16);
-}
-
-HD void add_u32(u32* p, u32 v) {
-#if defined(CIERA_DEVICE_BUILD)
-    atomicAdd(p, v);
-#else
-    *p += v;
-#endif
+           4ull * DE_LANES * G + 32 * T + 2 * G * DE_WORDS;
 }
 
 // A move's zigzag value, token and extra bit count (`delta::token_of`).
 template <class L> HD void de_token(u32 a, u32 bnew, u32* z, u32* tk, u32* eb, u32* dm) {
-    const u32 W = 8 * L::BYTES, sign = 1u << (W - 1), mk = W == 32 ? ~0u : (1u << W) - 1;
+    const u32 W = DBits<L>::W, sign = DBits<L>::SIGN, mk = DBits<L>::MASK;
     u32 d = (d_key(bnew, sign, mk) - d_key(a, sign, mk)) & mk;
     int s = (int)(d << (32 - W)) >> (32 - W);
     u32 zz = ((u32)s << 1 ^ (u32)(s >> 31)) & mk;
@@ -2524,18 +2517,20 @@ struct DEncShm {
     u32 hist[D_CTX * D_MAXTOK];
     u64 cnt[2][NT];
     u32 freq[D_CTX][D_MAXTOK];
+    u32 m[D_CTX]; // per context: one past its highest token (0: none)
     u32 x[NT], z[NT], eb[NT], sym[NT], need[2][NT];
     u64 pos[D_GPB][2];
     u64 red[4][NT];
     u8 hdr[64];
     u64 lane[8];
+    u32 fill;
 };
 
 template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEncShm& sh) {
     u64 n = j.n;
     if (!job_delta_frame(j) || tile * TILE >= n) return;
     DEncView d(j.dscratch, n);
-    const u32 ntok = 32 + 2 * (8 * L::BYTES - 5);
+    const u32 ntok = DBits<L>::NTOK;
     const u8* in = (const u8*)j.input;
     const u8* cache = (const u8*)j.cache;
     const u8* ctx = (const u8*)j.ctx;
@@ -2579,7 +2574,7 @@ HD void de_normalize(const u32* hist, u32 m, u32* freq) {
     u8 order[D_MAXTOK];
     u32 no = 0;
     for (u32 t = 0; t < m; ++t) {
-        u64 f = hist[t] ? ((u64)hist[t] * D_SCALE + total / 2) / total : 0;
+        u64 f = hist[t] ? ((u64)hist[t] * PROB_SCALE + total / 2) / total : 0;
         freq[t] = hist[t] ? (u32)(f < 1 ? 1 : f) : 0;
         sum += freq[t];
         if (hist[t]) {
@@ -2592,7 +2587,7 @@ HD void de_normalize(const u32* hist, u32 m, u32* freq) {
             order[at] = (u8)t;
         }
     }
-    i64 diff = (i64)D_SCALE - sum;
+    i64 diff = (i64)PROB_SCALE - sum;
     while (diff != 0) {
         for (u32 k = 0; k < no && diff != 0; ++k) {
             u32 t = order[k];
@@ -2611,7 +2606,7 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
     u64 n = j.n;
     if (!job_delta_frame(j)) return;
     DEncView d(j.dscratch, n);
-    const u32 ntok = 32 + 2 * (8 * L::BYTES - 5);
+    const u32 ntok = DBits<L>::NTOK;
     u64 T = cdiv(n, TILE);
     b.each([&](u32 t) {
         for (u32 k = t; k < D_CTX * ntok; k += NT) {
@@ -2633,6 +2628,7 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         u32 m = 0;
         for (u32 t = 0; t < ntok; ++t)
             if (h[t]) m = t + 1;
+        sh.m[c] = m;
         for (u32 t = 0; t < D_MAXTOK; ++t) sh.freq[c][t] = 0;
         if (m) de_normalize(h, m, sh.freq[c]);
         u32 cum = 0;
@@ -2651,10 +2647,7 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         wr32(o + k, DE_GROUP);
         k += 4;
         for (u32 c = 0; c < D_CTX; ++c) {
-            const u32* h = sh.hist + c * ntok;
-            u32 m = 0;
-            for (u32 t = 0; t < ntok; ++t)
-                if (h[t]) m = t + 1;
+            u32 m = sh.m[c];
             o[k++] = (u8)m;
             for (u32 t = 0; t < m; ++t) {
                 u32 v = sh.freq[c][t];
@@ -2676,16 +2669,14 @@ template <class L> HD void enc_delta_groups(const EncJob& j, u64 tile, Blk& b, D
     if (!job_delta_frame(j) || tile >= T) return;
     DEncView d(j.dscratch, n);
     const DEncPlan& p = *d.plan;
-    const u32 W = 8 * L::BYTES, ntok = 32 + 2 * (W - 5);
+    const u32 W = DBits<L>::W, ntok = DBits<L>::NTOK;
     const u8* in = (const u8*)j.input;
     u8* cache = (u8*)j.cache;
     u8* ctx = (u8*)j.ctx;
     const u64 lanes = p.lanes, G = p.groups;
-    const u64 cap = 3ull * DE_GROUP + 16;
     for (u64 g0 = D_GPB * tile; g0 < G; g0 += D_GPB * T) {
         const DBlockGroups bg{g0, G, DE_GROUP, n, lanes};
         const u64 rows = bg.rows();
-        auto elem = [&](u32 t, u64 r, u64* i) { return bg.elem(t, r, i); };
         b.each([&](u32 t) {
             sh.x[t] = D_RANS_L;
             if (t % D_LANES == 0) sh.pos[t / D_LANES][0] = 0;
@@ -2703,19 +2694,14 @@ template <class L> HD void enc_delta_groups(const EncJob& j, u64 tile, Blk& b, D
                 u64 p0 = sh.pos[s][par];
                 u32 x = sh.x[t];
                 if (need[l]) {
-                    u32 rank = 0;
-                    for (u32 k = l + 1; k < D_LANES; ++k) rank += need[k];
-                    d.words[(g0 + s) * cap + p0 + rank] = (u16)x;
+                    // Descending lane order: after the emitting lanes above this one.
+                    d.words[(g0 + s) * DE_WORDS + p0 + d_count(need, l + 1, D_LANES)] = (u16)x;
                     x >>= 16;
                 }
-                if (l == 0) {
-                    u32 all = 0;
-                    for (u32 k = 0; k < D_LANES; ++k) all += need[k];
-                    sh.pos[s][par ^ 1] = p0 + all;
-                }
+                if (l == 0) sh.pos[s][par ^ 1] = p0 + d_count(need, 0, D_LANES);
                 u64 i;
                 sh.need[cur ^ 1][t] = 0;
-                if (elem(t, r, &i)) step(t, x);
+                if (bg.elem(t, r, &i)) step(t, x);
                 else sh.x[t] = x;
             });
             b.sync();
@@ -2728,7 +2714,7 @@ template <class L> HD void enc_delta_groups(const EncJob& j, u64 tile, Blk& b, D
             b.each([&](u32 t) {
                 u64 i;
                 sh.need[cur][t] = 0;
-                if (!elem(t, r, &i)) return;
+                if (!bg.elem(t, r, &i)) return;
                 u32 a = load_val<L>(cache, i), nu = load_val<L>(in, i), z, tk, eb, dm;
                 de_token<L>(a, nu, &z, &tk, &eb, &dm);
                 u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1;
@@ -2759,7 +2745,7 @@ template <class L> HD void enc_delta_groups(const EncJob& j, u64 tile, Blk& b, D
             });
             emit_then(r, [&](u32 t, u32 x) {
                 u32 e = d.table[sh.sym[t]], f = e >> 16, c = e & 0xffff;
-                sh.x[t] = (x / f) * D_SCALE + x % f + c;
+                sh.x[t] = (x / f) * PROB_SCALE + x % f + c;
             });
         }
         b.each([&](u32 t) {
@@ -2795,10 +2781,10 @@ template <class L> HD void enc_delta_lay(const EncJob& j, Blk& b, DEncShm& sh) {
         q.frame_len = p.fill ? 64 + n * L::BYTES : 64 + o + p.s1_len;
         q.ones = p.fill ? 0 : p.exp_changed; // read back as the frame's exp_changes
         q.k = p.fill ? 0 : p.changed;        // and value_changes
-        sh.cnt[0][0] = p.fill;
+        sh.fill = p.fill;
     });
     b.sync();
-    if (sh.cnt[0][0]) return;
+    if (sh.fill) return;
     const DEncPlan& p = *d.plan;
     u8* s1 = (u8*)j.frame + 64 + p.s0_len;
     b.each([&](u32 t) {
@@ -2811,13 +2797,8 @@ template <class L> HD void enc_delta_pack(const EncJob& j, u64 tile, Blk& b, DEn
     u64 n = j.n, T = cdiv(n, TILE);
     if (!j.ctx || tile >= T) return;
     u8* ctx = (u8*)j.ctx;
+    if (job_cold(j)) return ctx_none(b, ctx, n, tile);
     u64 base = tile * TILE, tn = min64(TILE, n - base);
-    if (job_cold(j)) {
-        b.each([&](u32 t) {
-            for (u64 q = t; q < tn; q += NT) ctx[base + q] = D_CTX_NONE;
-        });
-        return;
-    }
     DEncView d(j.dscratch, n);
     const DEncPlan& p = *d.plan;
     u8* s0 = (u8*)j.frame + 64;
@@ -2832,11 +2813,10 @@ template <class L> HD void enc_delta_pack(const EncJob& j, u64 tile, Blk& b, DEn
         });
         return;
     }
-    const u64 cap = 3ull * DE_GROUP + 16;
     for (u64 g = tile; g < p.groups; g += T) {
         u8* o = s0 + d.goff[g];
         u64 nw = (d.glen[g] - 4 * p.lanes) / 2;
-        const u16* w = d.words + g * cap;
+        const u16* w = d.words + g * DE_WORDS;
         b.each([&](u32 t) {
             if (t < p.lanes) wr32(o + 4 * t, d.states[g * DE_LANES + t]);
             for (u64 q = t; q < nw; q += NT) {
@@ -2854,30 +2834,16 @@ template <class L> HD void enc_delta_sum(const EncJob& j, u64 tile, Blk& b, DEnc
     DEncView d(j.dscratch, n);
     const DEncPlan& p = *d.plan;
     u64 len = p.fill ? n * L::BYTES : p.s0_len;
-    u64 S = cdiv(cdiv(len, 32), T) * 32, at = min64(tile * S, len), bytes = min64(S, len - at);
-    const u8* s0 = (const u8*)j.frame + 64;
-    b.each([&](u32 t) { s0_share(t, s0 + at, bytes, at, sh.red); });
-    b.sync();
-    block_reduce4(b, sh.red);
-    b.one([&] {
-        for (u32 l = 0; l < 4; ++l) d.sums[4 * tile + l] = sh.red[l][0];
-    });
+    s0_tile_sums(b, (const u8*)j.frame + 64, len, tile, T, sh.red, d.sums + 4 * tile);
 }
 
 template <class L> HD void enc_delta_finish(const EncJob& j, Blk& b, DEncShm& sh) {
-    u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
+    u64 n = j.n, T = cdiv(n, TILE);
     if (!job_delta_frame(j)) return;
     DEncView d(j.dscratch, n);
     const DEncPlan& p = *d.plan;
     u8* f = (u8*)j.frame;
-    b.each([&](u32 t) {
-        u64 acc[4] = {0, 0, 0, 0};
-        for (u64 i = t * seg; i < T && i < (t + 1) * seg; ++i)
-            for (u32 l = 0; l < 4; ++l) acc[l] += d.sums[4 * i + l];
-        for (u32 l = 0; l < 4; ++l) sh.red[l][t] = acc[l];
-    });
-    b.sync();
-    block_reduce4(b, sh.red);
+    sum_tiles(b, T, sh.red, [&](u64 i, u32 l) { return d.sums[4 * i + l]; });
     u64 s0 = p.fill ? n * L::BYTES : p.s0_len;
     b.one([&] {
         u64 sec[4] = {s0, p.fill ? 0 : p.s1_len, 0, 0};

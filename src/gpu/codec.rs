@@ -129,8 +129,8 @@ pub const fn delta_scratch_bytes(n: usize) -> usize {
 /// Elements per group and most lanes of the Delta frames the kernels encode (the CPU's).
 const DELTA_GROUP: usize = 32768;
 const DELTA_LANES: usize = 32;
-/// `sizeof(DEncPlan)`: 12 u64.
-const DENC_PLAN_BYTES: usize = 96;
+/// `sizeof(DEncPlan)`: 8 u64.
+const DENC_PLAN_BYTES: usize = 64;
 
 /// Scratch bytes of the Delta frame of an encode job of `n` elements into a delta cache
 /// (`enc_delta_scratch_bytes` in codec.cu): the plan, per tile its (context, token) counts
