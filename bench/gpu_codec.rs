@@ -111,6 +111,9 @@ fn snapshot(dir: &Path, step: u64, dtype: DType) -> Res<Vec<u8>> {
     Ok(out)
 }
 
+/// A run's delta caches, if any: every job's contexts, their Delta scratch and its stride.
+type DeltaBufs<'a> = Option<(&'a mut CudaSlice<u8>, &'a mut CudaSlice<u8>, usize)>;
+
 /// A run's shape: `jobs` jobs of `job` elements, each job's cache, frame and scratch at a
 /// stride; the cache holds exponents, or (`full`) the previous values.
 struct Layout {
@@ -136,6 +139,19 @@ impl Layout {
             frame_stride: gpu::max_frame_bytes(dtype, job).next_multiple_of(gpu::ALIGN),
             enc_stride: gpu::enc_scratch_bytes(job, full).next_multiple_of(gpu::ALIGN),
             dec_stride: gpu::dec_scratch_bytes(job).next_multiple_of(gpu::ALIGN),
+        }
+    }
+    /// Each job's delta cache, from `delta`'s contexts and Delta scratch (at stride `.2`),
+    /// or None for every job.
+    fn deltas<'a>(&self, delta: DeltaBufs<'a>) -> Vec<Option<gpu::DeviceDelta<'a>>> {
+        match delta {
+            Some((ctx, scratch, stride)) => ctx
+                .as_view_mut()
+                .chunks_exact_mut(self.job)
+                .zip(scratch.as_view_mut().chunks_exact_mut(stride))
+                .map(|(ctx, scratch)| Some(gpu::DeviceDelta { ctx, scratch }))
+                .collect(),
+            None => (0..self.jobs).map(|_| None).collect(),
         }
     }
     fn elements(&self) -> usize {
@@ -201,7 +217,7 @@ impl Runner<'_> {
         &self,
         input: &CudaSlice<u8>,
         b: &mut Buffers,
-        delta: Option<(&mut CudaSlice<u8>, &mut CudaSlice<u8>, usize)>,
+        delta: DeltaBufs<'_>,
         version: u64,
         cold: bool,
         timer: Option<&Timer>,
@@ -214,15 +230,7 @@ impl Runner<'_> {
         } else {
             FrameChoice::Auto
         };
-        let mut deltas: Vec<Option<gpu::DeviceDelta<'_>>> = match delta {
-            Some((ctx, scratch, stride)) => ctx
-                .as_view_mut()
-                .chunks_exact_mut(l.job)
-                .zip(scratch.as_view_mut().chunks_exact_mut(stride))
-                .map(|(ctx, scratch)| Some(gpu::DeviceDelta { ctx, scratch }))
-                .collect(),
-            None => (0..l.jobs).map(|_| None).collect(),
-        };
+        let mut deltas = l.deltas(delta);
         let mut jobs: Vec<DeviceEncJob<'_>> = iv
             .chunks_exact(l.job * size)
             .zip(b.cache_tx.as_view_mut().chunks_exact_mut(l.cache_stride))
@@ -277,7 +285,7 @@ impl Runner<'_> {
         &self,
         infos: &[FrameInfo],
         b: &mut Buffers,
-        delta: Option<(&mut CudaSlice<u8>, &mut CudaSlice<u8>, usize)>,
+        delta: DeltaBufs<'_>,
         version: u64,
         warm: bool,
         timer: Option<&Timer>,
@@ -285,15 +293,7 @@ impl Runner<'_> {
         let (g, s, l) = (self.g, &self.s, self.l);
         let size = l.dtype.size();
         let frames = &b.frames;
-        let mut deltas: Vec<Option<gpu::DeviceDelta<'_>>> = match delta {
-            Some((ctx, scratch, stride)) => ctx
-                .as_view_mut()
-                .chunks_exact_mut(l.job)
-                .zip(scratch.as_view_mut().chunks_exact_mut(stride))
-                .map(|(ctx, scratch)| Some(gpu::DeviceDelta { ctx, scratch }))
-                .collect(),
-            None => (0..l.jobs).map(|_| None).collect(),
-        };
+        let mut deltas = l.deltas(delta);
         let mut jobs: Vec<DeviceDecJob<'_>> = b
             .out
             .as_view_mut()
@@ -343,6 +343,44 @@ struct Row {
     hybrids: usize,
 }
 
+impl Row {
+    /// Before the first repetition: every time infinite (each repetition keeps the least).
+    fn new() -> Row {
+        Row {
+            enc: f64::INFINITY,
+            dec: f64::INFINITY,
+            copy: f64::INFINITY,
+            ratio: 0.0,
+            fills: 0,
+            hybrids: 0,
+        }
+    }
+
+    /// The ratio, FILLs and Hybrid frames of one repetition's frames.
+    fn count(&mut self, infos: &[FrameInfo]) {
+        let raw: usize = infos.iter().map(|i| i.raw_bytes).sum();
+        let framed: usize = infos.iter().map(|i| i.frame_bytes).sum();
+        self.ratio = raw as f64 / framed as f64;
+        self.fills = infos.iter().filter(|i| i.fill).count();
+        self.hybrids = infos.iter().filter(|i| i.mode == Mode::Hybrid).count();
+    }
+
+    /// The baseline of one repetition: `src` copied device to device into `dst`, timed.
+    fn time_copy(
+        &mut self,
+        s: &Arc<CudaStream>,
+        tc: &Timer,
+        src: &CudaSlice<u8>,
+        dst: &mut CudaSlice<u8>,
+    ) -> Res<()> {
+        tc.start.record(s)?;
+        s.memcpy_dtod(src, dst)?;
+        tc.end.record(s)?;
+        self.copy = self.copy.min(tc.seconds()?);
+        Ok(())
+    }
+}
+
 fn run(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> {
     let r = Runner {
         g,
@@ -374,25 +412,14 @@ fn run(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> 
         return Err("the FILL frames decode to other values".into());
     }
 
-    let mut row = Row {
-        enc: f64::INFINITY,
-        dec: f64::INFINITY,
-        copy: f64::INFINITY,
-        ratio: 0.0,
-        fills: 0,
-        hybrids: 0,
-    };
+    let mut row = Row::new();
     for rep in 0..reps {
         // Step b against a: timed.
         let infos = r.encode(&d1, &mut b, version, false, Some(&te))?;
         row.enc = row.enc.min(te.seconds()?);
         r.decode(&infos, &mut b, version, true, Some(&td))?;
         row.dec = row.dec.min(td.seconds()?);
-        let raw: usize = infos.iter().map(|i| i.raw_bytes).sum();
-        let framed: usize = infos.iter().map(|i| i.frame_bytes).sum();
-        row.ratio = raw as f64 / framed as f64;
-        row.fills = infos.iter().filter(|i| i.fill).count();
-        row.hybrids = infos.iter().filter(|i| i.mode == Mode::Hybrid).count();
+        row.count(&infos);
         if rep == 0 {
             if s.clone_dtoh(&b.out)? != x1 {
                 return Err("decoded values differ from the input".into());
@@ -408,10 +435,7 @@ fn run(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res<Row> 
             return Err("decoded values differ from the input (reverse step)".into());
         }
         // The baseline: the same bytes copied device to device.
-        tc.start.record(s)?;
-        s.memcpy_dtod(&d1, &mut copy_dst)?;
-        tc.end.record(s)?;
-        row.copy = row.copy.min(tc.seconds()?);
+        row.time_copy(s, &tc, &d1, &mut copy_dst)?;
     }
     Ok(row)
 }
@@ -502,14 +526,7 @@ fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res
     ];
     let (te, td, tc) = (Timer::new(g)?, Timer::new(g)?, Timer::new(g)?);
     let mut copy_dst = s.alloc_zeros::<u8>(l.bytes())?;
-    let mut row = Row {
-        enc: f64::INFINITY,
-        dec: f64::INFINITY,
-        copy: f64::INFINITY,
-        ratio: 0.0,
-        fills: 0,
-        hybrids: 0,
-    };
+    let mut row = Row::new();
     for rep in 0..reps {
         s.memcpy_dtod(&saved[0], &mut b.cache_tx)?;
         s.memcpy_dtod(&saved[1], &mut ctx_tx)?;
@@ -533,9 +550,7 @@ fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res
             Some(&td),
         )?;
         row.dec = row.dec.min(td.seconds()?);
-        row.ratio = i1.iter().map(|i| i.raw_bytes).sum::<usize>() as f64
-            / i1.iter().map(|i| i.frame_bytes).sum::<usize>() as f64;
-        row.fills = i1.iter().filter(|i| i.fill).count();
+        row.count(&i1);
         if rep == 0 {
             let frames = s.clone_dtoh(&b.frames)?;
             for (j, (info, c)) in i1.iter().zip(&cpu1).enumerate() {
@@ -557,10 +572,7 @@ fn run_delta(g: &GpuCodec, l: &Layout, x0: &[u8], x1: &[u8], reps: usize) -> Res
                 );
             }
         }
-        tc.start.record(s)?;
-        s.memcpy_dtod(&d1, &mut copy_dst)?;
-        tc.end.record(s)?;
-        row.copy = row.copy.min(tc.seconds()?);
+        row.time_copy(s, &tc, &d1, &mut copy_dst)?;
     }
     Ok(row)
 }

@@ -31,6 +31,8 @@ use ciera::DType;
 use trace_data::*;
 
 const TYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
+/// Synthetic Delta shapes on a GPU (elements, job): 1 to 32 lanes, several groups and jobs.
+const DELTA_SHAPES: [(usize, usize); 4] = [(1, 1), (600, 600), (70_001, 70_001), (300_000, 65_536)];
 
 /// The codec on this machine's GPU, or None after printing why the test is skipped.
 fn gpu(test: &str) -> Option<Arc<GpuCodec>> {
@@ -405,13 +407,7 @@ fn gpu_frames_match_the_cpu_on_the_trace() {
     let mut seen = Seen::default();
     let series = trace_series(&dir);
     for (name, dtype, iters) in &series {
-        // fp16 (the fp32 tensors cast): 5000-element chunks.
-        let chunks: &[usize] = if *dtype == DType::F16 {
-            &[5000]
-        } else {
-            &[usize::MAX, 5000]
-        };
-        for &chunk in chunks {
+        for &chunk in trace_chunks(*dtype) {
             same_frames(&g, *dtype, iters, chunk, name, &mut seen);
         }
     }
@@ -1060,12 +1056,7 @@ fn gpu_decodes_delta_frames_like_the_cpu() {
         }
     };
     for (di, dtype) in TYPES.into_iter().enumerate() {
-        for (n, chunk) in [
-            (1usize, 1usize),
-            (600, 600),
-            (70_001, 70_001),
-            (300_000, 65_536),
-        ] {
+        for (n, chunk) in DELTA_SHAPES {
             let iters = ulp_series(dtype, n, 3 + di as u64 * 1000 + n as u64);
             run(
                 dtype,
@@ -1146,12 +1137,7 @@ fn gpu_encodes_delta_frames_like_the_cpu() {
         }
     };
     for (di, dtype) in TYPES.into_iter().enumerate() {
-        for (n, chunk) in [
-            (1usize, 1usize),
-            (600, 600),
-            (70_001, 70_001),
-            (300_000, 65_536),
-        ] {
+        for (n, chunk) in DELTA_SHAPES {
             let iters = ulp_series(dtype, n, 13 + di as u64 * 1000 + n as u64);
             run(
                 dtype,

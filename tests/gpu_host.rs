@@ -186,13 +186,7 @@ fn kernel_frames_match_the_cpu_on_the_trace() {
     let mut seen = Seen::default();
     let series = trace_series(&dir);
     for (name, dtype, iters) in &series {
-        // fp16 (the fp32 tensors cast): 5000-element chunks.
-        let chunks: &[usize] = if *dtype == DType::F16 {
-            &[5000]
-        } else {
-            &[usize::MAX, 5000]
-        };
-        for &chunk in chunks {
+        for &chunk in trace_chunks(*dtype) {
             same_frames(*dtype, iters, chunk, name, &mut seen);
         }
     }
@@ -575,13 +569,7 @@ fn kernel_decodes_delta_frames_like_the_cpu() {
         .into_iter()
         .enumerate()
     {
-        for (n, chunk) in [
-            (1usize, 1usize),
-            (63, 64),
-            (600, 600),
-            (40_000, 17_000),
-            (70_001, 70_001),
-        ] {
+        for (n, chunk) in DELTA_SHAPES {
             let iters = ulp_series(dtype, n, 5 + di as u64 * 1000 + n as u64);
             for choice in [FrameChoice::Delta, FrameChoice::Auto] {
                 same_delta_decode(
@@ -612,6 +600,15 @@ fn kernel_decodes_delta_frames_like_the_cpu() {
         "{seen:?}"
     );
 }
+
+/// Synthetic Delta shapes (elements, chunk): 1 to 32 lanes, up to three groups per chunk.
+const DELTA_SHAPES: [(usize, usize); 5] = [
+    (1, 1),
+    (63, 64),
+    (600, 600),
+    (40_000, 17_000),
+    (70_001, 70_001),
+];
 
 /// `iters` through a CPU delta slot sending Delta frames (`FrameChoice::Delta`) and through the
 /// kernels' host build with a delta cache, chunk by chunk: the same frames byte for byte
@@ -685,12 +682,7 @@ fn kernel_encodes_delta_frames_like_the_cpu() {
     let dir = trace_dir();
     let mut seen = BTreeMap::new();
     for (name, dtype, iters) in &trace_series(&dir) {
-        let chunks: &[usize] = if *dtype == DType::F16 {
-            &[5000]
-        } else {
-            &[usize::MAX, 5000]
-        };
-        for &chunk in chunks {
+        for &chunk in trace_chunks(*dtype) {
             same_delta_frames(*dtype, iters, chunk, name, &mut seen);
         }
     }
@@ -699,13 +691,7 @@ fn kernel_encodes_delta_frames_like_the_cpu() {
         .into_iter()
         .enumerate()
     {
-        for (n, chunk) in [
-            (1usize, 1usize),
-            (63, 64),
-            (600, 600),
-            (40_000, 17_000),
-            (70_001, 70_001),
-        ] {
+        for (n, chunk) in DELTA_SHAPES {
             let iters = ulp_series(dtype, n, 8 + di as u64 * 1000 + n as u64);
             same_delta_frames(
                 dtype,

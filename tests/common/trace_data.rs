@@ -227,6 +227,16 @@ pub fn trace_series(dir: &Path) -> Vec<(String, DType, Vec<Vec<u8>>)> {
     out
 }
 
+/// The chunk sizes the codec tests code a trace series in: whole tensors (so 32 lanes in a
+/// Delta frame) and 5000-element chunks (9 lanes); the fp16 casts in chunks only.
+pub fn trace_chunks(dtype: DType) -> &'static [usize] {
+    if dtype == DType::F16 {
+        &[5000]
+    } else {
+        &[usize::MAX, 5000]
+    }
+}
+
 /// Synthetic data for Delta frames: `n` random values of `dtype` (generator seeded with
 /// `seed`), then five steps of `ulp_drift`, from a tenth to nearly all of the values moving,
 /// with special values among them.
