@@ -118,26 +118,34 @@ fn unzigzag(z: u32, w: u32) -> u32 {
     ((z >> 1) ^ (0u32.wrapping_sub(z & 1))) & mask(w)
 }
 
-/// Token of a zigzag value, and how many extra bits follow it.
+/// Token of a zigzag value, and how many extra bits follow it. Without a branch: whether a
+/// move is direct is as good as random (with the branch-free refill below, the plain fp32
+/// decoder went from 0.20 to 0.23 GB/s).
 #[inline(always)]
 fn tokenize(z: u32) -> (u8, u32) {
-    if z < DIRECT {
-        (z as u8, 0)
+    let b = 31 - (z | 1).leading_zeros();
+    let big = z >= DIRECT;
+    // For z >= DIRECT, b >= DIRECT_BITS; below, the arithmetic is discarded (kept in range).
+    let bb = b.max(DIRECT_BITS);
+    let t = DIRECT + (bb - DIRECT_BITS) * 2 + ((z >> (bb - 1)) & 1);
+    if big {
+        (t as u8, bb - 1)
     } else {
-        let b = 31 - z.leading_zeros();
-        let t = DIRECT + (b - DIRECT_BITS) * 2 + ((z >> (b - 1)) & 1);
-        (t as u8, b - 1)
+        (z as u8, 0)
     }
 }
 
-/// The high part of a zigzag value from its token, and its extra bit count.
+/// The high part of a zigzag value from its token, and its extra bit count (without a branch,
+/// as [`tokenize`]).
 #[inline(always)]
 fn detokenize(t: u32) -> (u32, u32) {
-    if t < DIRECT {
-        (t, 0)
+    let big = t >= DIRECT;
+    let b = (t.max(DIRECT) - DIRECT) / 2 + DIRECT_BITS;
+    let hi = (2 | (t & 1)) << (b - 1);
+    if big {
+        (hi, b - 1)
     } else {
-        let b = (t - DIRECT) / 2 + DIRECT_BITS;
-        ((2 | (t & 1)) << (b - 1), b - 1)
+        (t, 0)
     }
 }
 
@@ -200,7 +208,7 @@ pub(super) fn scan<L: Layout>(
     // indexed by the symbol index (below HIST).
     s.hist.clear();
     s.hist.resize(4 * HIST, 0);
-    let counts = match super::delta_simd::scan16::<L>(input, old, ctx, &mut s.hist) {
+    let counts = match super::delta_simd::scan_vector::<L>(input, old, ctx, &mut s.hist) {
         Some(c) => c,
         None => {
             let mut c = super::delta_simd::ScanCounts::default();
@@ -375,7 +383,7 @@ pub(super) fn write<L: Layout>(
             cum += freq[t];
         }
     }
-    let vector = lanes == 32 && w == 16 && super::delta_simd::on();
+    let vector = lanes == 32 && super::delta_simd::applies::<L>();
     if vector {
         let e = &mut s.enc;
         e.packed.clear();
@@ -430,7 +438,7 @@ pub(super) fn write<L: Layout>(
     let mut base = 0;
     while base < n {
         let cnt = group.min(n - base);
-        s.words.resize(3 * cnt + 16, 0);
+        s.words.resize(3 * cnt + 32, 0);
         let mut words = Words {
             buf: &mut s.words[..],
             pos: 0,
@@ -567,14 +575,14 @@ pub(super) fn decode<L: Layout>(
         ));
     }
     let lens = &s1[pos..];
-    let vector = lanes == 32 && L::BYTES == 2 && super::delta_simd::on();
-    if vector {
-        s.pad.clear();
-        s.pad.extend_from_slice(s0);
-        s.pad.extend_from_slice(&[0; super::delta_avx512::PAD]);
-    }
+    let vector = lanes == 32 && super::delta_simd::applies::<L>();
+    // Every decoder reads words from a copy of the section padded with zeros.
+    s.pad.clear();
+    s.pad.extend_from_slice(s0);
+    s.pad.extend_from_slice(&[0; super::delta_avx512::PAD]);
     let mut v = Values::<L> {
         s0,
+        padded: &s.pad,
         dec: &s.dec,
         state,
         ctx,
@@ -766,6 +774,8 @@ pub(super) struct Reader {
 /// What a decoder writes to.
 struct Values<'a, L> {
     s0: &'a [u8],
+    /// `s0` and zeros (at least two bytes) after it.
+    padded: &'a [u8],
     dec: &'a [u32],
     state: &'a mut [u8],
     ctx: &'a mut [u8],
@@ -779,18 +789,19 @@ struct Values<'a, L> {
 }
 
 impl<L: Layout> Values<'_, L> {
-    /// Read one word into a state below RANS_L (one suffices after any step).
+    /// Read one word into a state below RANS_L (one suffices after any step). Without a branch
+    /// (whether a lane reads is as good as random): the word at `rd.at` is read either way,
+    /// from the padded copy of the section (zeros past its end; past the group's end it may
+    /// read the next group's words, and the check after the group, every word consumed
+    /// exactly, fails either way).
     #[inline(always)]
     fn refill(&self, rd: &mut Reader, x: &mut u32) {
-        if *x < RANS_L {
-            let word = if rd.at + 2 <= rd.end {
-                u16::from_le_bytes([self.s0[rd.at], self.s0[rd.at + 1]]) as u32
-            } else {
-                0
-            };
-            *x = (*x << 16) | word;
-            rd.at += 2;
-        }
+        let need = (*x < RANS_L) as u32;
+        let at = rd.at.min(self.s0.len());
+        let word = u16::from_le_bytes([self.padded[at], self.padded[at + 1]]) as u32;
+        let keep = need.wrapping_sub(1); // all ones where the lane does not read
+        *x = (*x & keep) | (((*x << 16) | word) & !keep);
+        rd.at += 2 * need as usize;
     }
 
     /// Decode the row of `m` elements starting at element `first` (lane l has element

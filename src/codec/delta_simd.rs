@@ -9,7 +9,8 @@
 //! apply (no AVX2, `CIERA_NO_SIMD=1`, another lane count or type), and the caller codes those
 //! rows plainly. Where they apply they take the AVX-512 coders of `delta_avx512.rs` when the
 //! processor has AVX-512 F/BW/VL/CD/VBMI/VBMI2, unless `CIERA_NO_AVX512=1` (then these AVX2
-//! coders, as on AVX2-only processors); pass one (`scan16`) is AVX2 either way.
+//! coders, as on AVX2-only processors); pass one is AVX2 either way. fp32 has AVX-512 coders
+//! only (`applies`): without AVX-512 it is coded plainly.
 #![allow(unsafe_code)] // the AVX2 intrinsics; every block says why it is sound
 
 use super::delta::{Reader, Words, CLIP, HIST, NCTX, PROB_SCALE};
@@ -42,7 +43,7 @@ pub(super) fn decode_rows<L: Layout>(
     rows: usize,
     counts: &mut RowCounts,
 ) -> bool {
-    if L::BYTES != 2 || x.len() != 32 || !on() {
+    if x.len() != 32 || !applies::<L>() {
         return false;
     }
     let end = base + rows * 32;
@@ -50,8 +51,8 @@ pub(super) fn decode_rows<L: Layout>(
         padded.len() >= s0_len + 16
             && dec.len() == NCTX * PROB_SCALE as usize
             && ctx.len() >= end
-            && state.len() >= 2 * end
-            && out.len() >= 2 * end
+            && state.len() >= L::BYTES * end
+            && out.len() >= L::BYTES * end
             && rd.end <= s0_len,
         "delta avx2 decode: inconsistent buffers"
     );
@@ -123,7 +124,7 @@ pub(super) fn decode_rows_n<L: Layout, const G: usize>(
     rows: usize,
     counts: &mut RowCounts,
 ) -> bool {
-    if L::BYTES != 2 || xs.iter().any(|x| x.len() != 32) || !decode_batches() {
+    if !matches!(L::BYTES, 2 | 4) || xs.iter().any(|x| x.len() != 32) || !decode_batches() {
         return false;
     }
     let end = bases.iter().max().map_or(0, |&b| b + rows * 32);
@@ -131,8 +132,8 @@ pub(super) fn decode_rows_n<L: Layout, const G: usize>(
         padded.len() >= s0_len + super::delta_avx512::PAD
             && dec.len() == NCTX * PROB_SCALE as usize
             && ctx.len() >= end
-            && state.len() >= 2 * end
-            && out.len() >= 2 * end
+            && state.len() >= L::BYTES * end
+            && out.len() >= L::BYTES * end
             && rds.iter().all(|rd| rd.end <= s0_len),
         "delta avx512 decode: inconsistent buffers"
     );
@@ -152,6 +153,16 @@ pub(super) fn decode_rows_n<L: Layout, const G: usize>(
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// Whether the vector coders apply to the type `L`: the AVX2 coders (or the AVX-512 ones where
+/// present) to the 16-bit types, the AVX-512 coders to fp32 (there is no AVX2 coder for it).
+pub(super) fn applies<L: Layout>() -> bool {
+    match L::BYTES {
+        2 => on(),
+        4 => super::delta_avx512::on(),
+        _ => false,
     }
 }
 
@@ -619,25 +630,26 @@ mod avx2 {
     }
 }
 
-/// Pass one for the 16-bit types: the (context, token) counts into `hist` (four histograms of
-/// `delta::HIST` entries, zeroed by the caller) and the counts. Returns None (and does nothing)
-/// when this path does not apply.
-pub(super) fn scan16<L: Layout>(
+/// Pass one where the vector coders apply (`applies`: AVX2 for the 16-bit types, AVX-512 for
+/// fp32): the (context, token) counts into `hist` (four histograms of `delta::HIST` entries,
+/// zeroed by the caller) and the counts. Returns None (and does nothing) when this path does
+/// not apply.
+pub(super) fn scan_vector<L: Layout>(
     input: &[u8],
     old: &[u8],
     ctx: &[u8],
     hist: &mut [u32],
 ) -> Option<ScanCounts> {
-    if L::BYTES != 2 || !on() {
+    if !applies::<L>() {
         return None;
     }
-    let n = input.len() / 2;
+    let n = ctx.len();
     assert!(
         old.len() == input.len(),
         "delta avx2 scan: cache and input differ in size"
     );
     assert!(
-        ctx.len() == n,
+        input.len() == L::BYTES * n,
         "delta avx2 scan: contexts and input differ in size"
     );
     assert!(
@@ -650,12 +662,21 @@ pub(super) fn scan16<L: Layout>(
         // input/old (2n bytes each) and ctx (n bytes). Histogram indices are
         // (j & 3) * HIST + min(ctx, 16) * tokens(16) + token, with token < tokens(16), so
         // below 3 * HIST + NCTX * tokens(16) <= 4 * HIST (asserted above).
-        let mut c = unsafe { avx2::scan::<L>(input, old, ctx, hist) };
+        // For fp32 (`applies`: AVX-512 present), the same bounds with 4n bytes of input and
+        // old, indices below 3 * HIST + NCTX * tokens(32) <= 4 * HIST.
+        let mut c = unsafe {
+            if L::BYTES == 4 {
+                super::delta_avx512::scan32::<L>(input, old, ctx, hist)
+            } else {
+                avx2::scan::<L>(input, old, ctx, hist)
+            }
+        };
         let full = n / 16 * 16;
+        let w = 8 * L::BYTES as u32;
         for i in full..n {
             let (a, b) = (L::load(old, i), L::load(input, i));
-            let (_, t, e) = super::delta::token_of(a, b, 16);
-            hist[(i & 3) * HIST + super::delta::sym_index(ctx[i], t, 16) as usize] += 1;
+            let (_, t, e) = super::delta::token_of(a, b, w);
+            hist[(i & 3) * HIST + super::delta::sym_index(ctx[i], t, w) as usize] += 1;
             c.extra_bits += e as u64;
             c.changed += (a != b) as usize;
             c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
@@ -701,17 +722,19 @@ pub(super) fn encode_rows<L: Layout>(
     base: usize,
     rows: usize,
 ) -> bool {
-    if L::BYTES != 2 || x.len() != 32 || !on() {
+    if x.len() != 32 || !applies::<L>() {
         return false;
     }
     let end = base + rows * 32;
+    // At most two words per element for the 16-bit types, three for fp32.
+    let per = L::BYTES / 2 + 1;
     assert!(
-        input.len() >= 2 * end
-            && state.len() >= 2 * end
+        input.len() >= L::BYTES * end
+            && state.len() >= L::BYTES * end
             && ctx.len() >= end
-            && ntok == super::delta::tokens(16)
+            && ntok == super::delta::tokens(8 * L::BYTES as u32)
             && table.packed.len() == NCTX * ntok
-            && words.buf.len() >= words.pos + 2 * 32 * rows + 8,
+            && words.buf.len() >= words.pos + per * 32 * rows + 8,
         "delta avx2 encode: inconsistent buffers"
     );
     if rows == 0 {
@@ -721,14 +744,22 @@ pub(super) fn encode_rows<L: Layout>(
     {
         if super::delta_avx512::on() {
             assert!(
-                words.buf.len() >= words.pos + 2 * 32 * rows + 32,
+                words.buf.len() >= words.pos + per * 32 * rows + 32,
                 "delta avx512 encode: words too short"
             );
             // SAFETY: AVX-512 F/BW/VL/CD/VBMI/VBMI2 are present (delta_avx512::on checked
-            // them); the asserts above bound every access as for AVX2, and the word stores are
-            // 32 words at pos, bounds-checked as a slice.
+            // them); the asserts above bound every access as for AVX2 (L::BYTES per element),
+            // and the word stores are 32 words at pos, bounds-checked as a slice.
             unsafe {
-                super::delta_avx512::encode_rows(table, input, state, ctx, x, words, base, rows)
+                if L::BYTES == 4 {
+                    super::delta_avx512::encode_rows::<32>(
+                        table, input, state, ctx, x, words, base, rows,
+                    )
+                } else {
+                    super::delta_avx512::encode_rows::<16>(
+                        table, input, state, ctx, x, words, base, rows,
+                    )
+                }
             };
             return true;
         }

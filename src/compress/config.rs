@@ -52,9 +52,8 @@ pub struct CompressConfig {
     pub min_shard_bytes: usize,
     /// Ask for one cache mode (`CIERA_CACHE_MODE=exp|full|delta`; it falls back to smaller
     /// caches when it does not fit the budget: delta, full values, exponents, raw); None
-    /// (`auto`): the policy of `Compressor::mode_for` (delta caches for 16-bit types when the
-    /// ring crosses a network link, else full-value caches while they fit, else exponent
-    /// caches).
+    /// (`auto`): the policy of `Compressor::mode_for` (delta caches when the ring crosses a
+    /// network link, else full-value caches while they fit, else exponent caches).
     pub cache_mode: Option<CacheMode>,
 }
 

@@ -729,24 +729,27 @@ impl Compressor {
 const BY_SIZE: [CacheMode; 3] = [CacheMode::Delta, CacheMode::FullValue, CacheMode::Exponent];
 
 /// The cache mode a new policy starts from when none is asked for (before the budget):
-/// delta caches for 16-bit types (bf16, fp16) when the ring crosses a network link, else
-/// full-value caches.
+/// delta caches when the ring crosses a network link, else full-value caches.
 ///
 /// Why delta only there: Delta frames (the change of each value in ulps, coded with its
 /// previous change as context) code at ~1 GB/s (encode) and ~2-2.7 GB/s (decode) per core today
-/// (AVX-512; `cargo bench --bench codec`). That is slower than shared
-/// memory moves the raw bytes (several GB/s per link), so within one host the codec time would
-/// exceed the wire time it saves, and full-value caches (Exp frames at ~5-9 GB/s per core, Hybrid
-/// where it pays) are the better trade. A 1-10 Gbit/s network carries only 0.125-1.25 GB/s, so
-/// a byte saved there is worth far more time than coding it costs: on bf16 at peak learning
-/// rate Delta frames reach ~5.3x (bound ~5.6x, the traces' DELTA_BOUNDS.txt) against ~1.9x
-/// for Exp and ~2.2x for Hybrid (`ciera analyze --mode all`), and a delta slot still sends Exp
-/// or Hybrid for chunks where they are smaller.
-/// fp32 keeps full values: its low mantissa bits move by many ulps each step, so Delta gains
-/// less there (~1.8x against ~1.3x on the trace) for twice the bytes through the slower codec.
+/// for bf16 (fp32: ~1.5-1.7 and ~2.4-2.6 GB/s; AVX-512; `cargo bench --bench codec`). That is
+/// slower than shared memory moves the raw bytes (several GB/s per link), so within one host
+/// the codec time would exceed the wire time it saves, and full-value caches (Exp frames at
+/// ~5-9 GB/s per core, Hybrid where it pays) are the better trade. A 1-10 Gbit/s network
+/// carries only 0.125-1.25 GB/s, so a byte saved there is worth far more time than coding it
+/// costs: on bf16 at peak learning rate Delta frames reach ~5.3x (bound ~5.6x, the traces'
+/// DELTA_BOUNDS.txt) against ~1.9x for Exp and ~2.2x for Hybrid (`ciera analyze --mode all`),
+/// on fp32 1.6-2.0x against 1.3x (its low mantissa bits move by many ulps each step; measured
+/// at 1 Gbit/s, 4 ranks: 1.57-1.95x over raw against 1.30-1.32x for a full-value cache, and
+/// 1.26-1.59x against 1.21-1.27x at 5 Gbit/s, `bench/shaped_compare.sh`, 2026-12-06), and a
+/// delta slot still sends Exp or Hybrid for chunks where they are smaller. Where this host
+/// codes Delta frames slowly (fp32 without AVX-512 codes plainly, ~0.2 GB/s), the policy's
+/// prediction, from codec times measured here, keeps it at Exp or Hybrid frames. The choice
+/// depends on the type and the topology only, which every rank shares, so ranks agree.
 /// A delta cache costs one byte per element more than a full-value cache.
 fn default_cache_mode(dtype: DType, network_ring: bool) -> CacheMode {
-    if network_ring && matches!(dtype, DType::BF16 | DType::F16) {
+    if network_ring && matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
         CacheMode::Delta
     } else {
         CacheMode::FullValue
@@ -1179,10 +1182,10 @@ mod tests {
     }
 
     #[test]
-    fn default_mode_is_delta_for_16_bit_types_over_a_network_only() {
+    fn default_mode_is_delta_over_a_network_only() {
         let c = compressor(DEFAULT_CACHE_MB << 20);
         let (n, count) = (4, 1000);
-        for dtype in [DType::BF16, DType::F16] {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
             assert_eq!(
                 c.mode_for(key(count, dtype), n, None, true),
                 Some(CacheMode::Delta)
@@ -1192,10 +1195,6 @@ mod tests {
                 Some(CacheMode::FullValue)
             );
         }
-        assert_eq!(
-            c.mode_for(key(count, DType::F32), n, None, true),
-            Some(CacheMode::FullValue)
-        );
         // What is asked for wins where it fits, network or not.
         assert_eq!(
             c.mode_for(key(count, DType::BF16), n, Some(CacheMode::Exponent), true),
