@@ -1316,8 +1316,7 @@ const OUT_VAR: &str = "CIERA_CODECTEST_OUT";
 
 /// A deterministic transcript of everything the SIMD switch can influence: frames of drifting
 /// tensors (bf16 and fp32 Exp frames take the AVX2 path, on exponent and on full-value caches;
-/// Delta frames with 32 lanes take the vector paths: AVX2 or AVX-512 for the 16-bit types,
-/// AVX-512 for fp32), decodes of damaged frames (resealed, so the deep decoders run), and SH64 of assorted
+/// Delta frames with 32 lanes take the vector paths, AVX2 or AVX-512), decodes of damaged frames (resealed, so the deep decoders run), and SH64 of assorted
 /// lengths. Identical transcripts from both
 /// processes mean identical behaviour.
 /// `tries` damaged copies of frame `f` (a bit flipped past the header, the checksum resealed),
@@ -1412,8 +1411,8 @@ fn transcript() -> Vec<u8> {
             }
         }
     }
-    // Delta slots sending Delta frames (their vector paths: 32 lanes from 16384 elements; fp32
-    // only with AVX-512): frames, and damaged copies decoded by receivers that took the same history
+    // Delta slots sending Delta frames (their vector paths: 32 lanes from 16384 elements):
+    // frames, and damaged copies decoded by receivers that took the same history
     // (so their contexts are the ones the damaged frame was coded against).
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         for (mode, choice) in DELTA_CODING {
@@ -1604,8 +1603,7 @@ fn delta_child_role() {
 }
 
 /// Delta frames of bf16, fp16 and fp32 through the AVX-512 path (this process, when the CPU has
-/// it), the AVX2 path (a child with `CIERA_NO_AVX512=1`; fp32 there is plain: there is no AVX2
-/// coder for it) and the plain path (a child with `CIERA_NO_SIMD=1`): byte-identical frames,
+/// it), the AVX2 path (a child with `CIERA_NO_AVX512=1`) and the plain path (a child with `CIERA_NO_SIMD=1`): byte-identical frames,
 /// identical decodes, identical contexts.
 #[test]
 fn delta_avx512_avx2_plain_agree() {

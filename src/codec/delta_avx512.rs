@@ -25,8 +25,8 @@
 //!
 //! Dispatch: `delta_simd::{encode_rows, decode_rows, scan_vector}` take this path when [`on`]
 //! says so: the AVX2 path applies (`CIERA_NO_SIMD` unset) and the processor has AVX-512 F, BW,
-//! VL, CD, VBMI and VBMI2; `CIERA_NO_AVX512=1` keeps the AVX2 path for the 16-bit types and the
-//! plain one for fp32 (for diff-testing and for timing them).
+//! VL, CD, VBMI and VBMI2; `CIERA_NO_AVX512=1` keeps the AVX2 path (for diff-testing and for
+//! timing it).
 #![allow(unsafe_code)] // the AVX-512 intrinsics; every block says why it is sound
 
 /// Whether the AVX-512 coders apply: the vector coders apply (`delta_simd::on`), the processor

@@ -744,7 +744,7 @@ const BY_SIZE: [CacheMode; 3] = [CacheMode::Delta, CacheMode::FullValue, CacheMo
 /// at 1 Gbit/s, 4 ranks: 1.57-1.95x over raw against 1.30-1.32x for a full-value cache, and
 /// 1.26-1.59x against 1.21-1.27x at 5 Gbit/s, `bench/shaped_compare.sh`, 2026-12-06), and a
 /// delta slot still sends Exp or Hybrid for chunks where they are smaller. Where this host
-/// codes Delta frames slowly (fp32 without AVX-512 codes plainly, ~0.2 GB/s), the policy's
+/// codes Delta frames slowly (without AVX2 they are coded plainly, ~0.15-0.2 GB/s), the policy's
 /// prediction, from codec times measured here, keeps it at Exp or Hybrid frames. The choice
 /// depends on the type and the topology only, which every rank shares, so ranks agree.
 /// A delta cache costs one byte per element more than a full-value cache.
