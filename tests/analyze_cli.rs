@@ -119,7 +119,38 @@ fn delta_mode_on_the_slice_is_exact_with_computed_bounds() {
         }
         // The text table's bound for a delta row is dc_bound: eff = ratio / dc_bound.
         assert!(f("ratio") > 1.0, "{r}");
+        // A computed dc_bound is measurable where at most 1/8 of the elements are distinct
+        // (previous move, move) pairs: every bf16 pair here (moves of a few ulps), no fp32 one
+        // (moves of thousands of ulps, nearly all distinct in 12288 values).
+        let share = f("distinct_share");
+        assert!(share > 0.0 && share <= 1.0, "{r}");
+        assert_eq!(
+            r["dc_bound_measurable"],
+            share <= ciera::cli::analyze::MEASURABLE_DISTINCT,
+            "{r}"
+        );
+        assert_eq!(r["dc_bound_measurable"], r["dtype"] == "bfloat16", "{r}");
     }
+    // The summary leaves the unmeasurable rows out of the worst efficiency, and says so.
+    let out = ciera()
+        .arg("analyze")
+        .arg(slice())
+        .args(["--mode", "delta"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |dtype: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(dtype) && l.contains("delta:"))
+            .unwrap_or_else(|| panic!("no {dtype} summary line in {text}"))
+            .to_string()
+    };
+    assert!(
+        line("float").contains("worst eff -,")
+            && line("float").contains("16 computed; 16 not measurable"),
+        "{text}"
+    );
+    assert!(!line("bfloat16").contains("not measurable"), "{text}");
     // Adam's momentum makes consecutive moves alike: with the context the bf16 bound rises.
     assert!(
         rows.iter()

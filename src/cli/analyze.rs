@@ -33,7 +33,11 @@ raw bytes / frame bytes (headers included), bound = the entropy bound for the mo
 (exc_bound for exp, hyb_bound for hybrid and auto, dc_bound for delta), eff = ratio / bound.
 dc_bound = bits / H(d | previous d), d = the change in ulps: taken from DIR/DELTA_BOUNDS.txt
 where it lists the pair and tensor (a warning if it differs from ours by over 1%), else
-computed; --json rows of delta also give unchanged, d_bound (bits / H(d)) and bound_source.
+computed; a computed dc_bound is not measurable (eff shown as -, left out of the summary's
+worst) where over 1/8 of the elements are distinct (previous move, move) pairs: the sample
+is then too small for the entropy (typical of fp32, whose moves span thousands of ulps).
+--json rows of delta also give unchanged, d_bound (bits / H(d)), bound_source,
+dc_bound_measurable and (computed) distinct_share.
 Exits 1 if any decoded bit differs from the input, 2 on bad arguments or unreadable input.";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -368,6 +372,24 @@ pub struct DeltaStats {
     /// bits / H(d | d_prev), d_prev the element's previous move (signed, clipped to -8..8;
     /// 0 at the first pair of a window): the bound with the previous move as context.
     pub dc_bound: f64,
+    /// The share of distinct (previous move, move) pairs among the elements (computed
+    /// statistics; None when read from DELTA_BOUNDS.txt).
+    pub distinct: Option<f64>,
+}
+
+/// Above this share of distinct (previous move, move) pairs a computed dc_bound is not
+/// measurable from the sample: most moves are seen once, so the empirical entropy reads low
+/// (it cannot exceed log2 of the sample size: fp32 moves of 10^4-10^5 ulps in a tensor of
+/// 49K values give a "bound" of about 32 / log2 49152 = 2.05 whatever the data) and the bound
+/// high. The traces' bf16 pairs stay below a few percent.
+pub const MEASURABLE_DISTINCT: f64 = 0.125;
+
+impl DeltaStats {
+    /// Whether dc_bound means what it says (see [`MEASURABLE_DISTINCT`]); always for bounds
+    /// read from DELTA_BOUNDS.txt.
+    pub fn measurable(&self) -> bool {
+        self.distinct.is_none_or(|s| s <= MEASURABLE_DISTINCT)
+    }
 }
 
 /// The DELTA_BOUNDS.txt statistics of the pair `prev` -> `cur` (bf16, fp16: 16-bit keys;
@@ -416,10 +438,14 @@ pub fn delta_stats(dtype: DType, prev: &[u8], cur: &[u8], moves: &mut [i8]) -> O
         *m = signed.clamp(-DELTA_CONTEXT_CLIP, DELTA_CONTEXT_CLIP) as i8;
     }
     let bits = bits as f64;
+    let mut pairs: Vec<(u8, u64)> = ctx.iter().copied().zip(ds.iter().copied()).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
     Some(DeltaStats {
         unchanged: same as f64 / n as f64,
         d_bound: bits / entropy(&ds),
         dc_bound: bits / conditional_entropy(&ds, &ctx),
+        distinct: Some(pairs.len() as f64 / n as f64),
     })
 }
 
@@ -482,6 +508,7 @@ fn parse_delta_line(line: &str) -> Option<(u64, String, DeltaStats)> {
             unchanged: u?,
             d_bound: d?,
             dc_bound: dc?,
+            distinct: None,
         },
     ))
 }
@@ -523,6 +550,11 @@ struct Row {
 impl Row {
     fn ratio(&self) -> f64 {
         self.raw_bytes as f64 / self.frame_bytes as f64
+    }
+    /// Whether the row's bound is measurable (a delta row's dc_bound may not be: see
+    /// [`MEASURABLE_DISTINCT`]).
+    fn measurable(&self) -> bool {
+        self.delta.is_none_or(|d| d.used.measurable())
     }
     fn bound(&self) -> f64 {
         match (self.mode, self.delta) {
@@ -745,6 +777,10 @@ fn print_row(r: &Row, json: bool) {
             o.insert("d_bound".into(), round(d.used.d_bound, 4).into());
             o.insert("dc_bound".into(), round(d.used.dc_bound, 4).into());
             o.insert("bound_source".into(), d.source().into());
+            o.insert("dc_bound_measurable".into(), d.used.measurable().into());
+            if let Some(share) = d.used.distinct {
+                o.insert("distinct_share".into(), round(share, 4).into());
+            }
             if d.from_file {
                 o.insert(
                     "dc_bound_computed".into(),
@@ -754,8 +790,13 @@ fn print_row(r: &Row, json: bool) {
         }
         println!("{v}");
     } else {
+        let eff = if r.measurable() {
+            format!("{:>5.3}", r.ratio() / r.bound())
+        } else {
+            format!("{:>5}", "-")
+        };
         println!(
-            "{:>6} {:<28} {:>5} {:>6.4} {:>7.4} {:>6} | {:>6.3} {:>6.3} {:>5.3} | {:>8.2} {:>8.2}{}",
+            "{:>6} {:<28} {:>5} {:>6.4} {:>7.4} {:>6} | {:>6.3} {:>6.3} {} | {:>8.2} {:>8.2}{}",
             r.step,
             r.tensor,
             r.dtype.name(),
@@ -764,7 +805,7 @@ fn print_row(r: &Row, json: bool) {
             r.mode.name(),
             r.ratio(),
             r.bound(),
-            r.ratio() / r.bound(),
+            eff,
             r.encode_gbps,
             r.decode_gbps,
             if r.exact { "" } else { "  NOT EXACT" }
@@ -794,23 +835,38 @@ fn print_summary(rows: &[Row]) {
         let fr: usize = sel.iter().map(|r| r.frame_bytes).sum();
         let worst = sel
             .iter()
+            .filter(|r| r.measurable())
             .map(|r| r.ratio() / r.bound())
             .fold(f64::INFINITY, f64::min);
+        let worst = if worst.is_finite() {
+            format!("{worst:.3}")
+        } else {
+            "-".to_string()
+        };
         // Delta rows: where their bound (dc_bound) came from.
         let source = if m == AnalyzeMode::Delta {
             let listed = sel
                 .iter()
                 .filter(|r| r.delta.is_some_and(|d| d.from_file))
                 .count();
+            let unmeasurable = sel.iter().filter(|r| !r.measurable()).count();
+            let skipped = if unmeasurable > 0 {
+                format!(
+                    "; {unmeasurable} not measurable from their sample, left out: over \
+                     {MEASURABLE_DISTINCT} distinct (previous move, move) pairs per element"
+                )
+            } else {
+                String::new()
+            };
             format!(
-                " (eff against dc_bound: {listed} from DELTA_BOUNDS.txt, {} computed)",
+                " (eff against dc_bound: {listed} from DELTA_BOUNDS.txt, {} computed{skipped})",
                 sel.len() - listed
             )
         } else {
             String::new()
         };
         println!(
-            "  {:>8} {:>6}: {:>3} pairs, ratio {:.3}, worst eff {:.3}, exact {}{source}",
+            "  {:>8} {:>6}: {:>3} pairs, ratio {:.3}, worst eff {}, exact {}{source}",
             d.name(),
             m.name(),
             sel.len(),
