@@ -64,7 +64,6 @@ pub(super) use imp::{decode_rows, encode_rows, scan32};
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::delta::HIST;
     use super::super::delta::{Reader, Words, CLIP, PROB_BITS, PROB_SCALE, RANS_L};
     use super::super::delta_simd::{EncTable, RowCounts, ScanCounts};
     use super::super::float::Layout;
@@ -237,7 +236,7 @@ mod imp {
         let mut extra = zero;
         let (mut same, mut exp_same) = (0usize, 0usize);
         let full = n / 16 * 16;
-        let mut ks = [0u32; 16];
+        let mut ks = [0u64; 8];
         let mut i = 0;
         while i < full {
             // SAFETY: i + 16 <= n: 64 bytes of input and old, 16 of ctx.
@@ -263,11 +262,9 @@ mod imp {
             let k = _mm512_add_epi32(_mm512_mullo_epi32(c, ntok), t);
             // SAFETY: ks is 64 bytes.
             unsafe { _mm512_storeu_si512(ks.as_mut_ptr() as *mut _, k) };
-            for (j, &kj) in ks.iter().enumerate() {
-                // SAFETY: kj < NCTX * tokens(32) <= HIST (contexts clipped to 16, tokens below
-                // tokens(32)): below 4 * HIST, the caller's bound.
-                unsafe { *h.add((j & 3) * HIST + kj as usize) += 1 };
-            }
+            // SAFETY: every index < NCTX * tokens(32) <= HIST (contexts clipped to 16, tokens
+            // below tokens(32)); `h` holds 4 * HIST counters, the caller's bound.
+            unsafe { super::super::delta_simd::count_pairs(h, &ks) };
             same += _mm512_cmpeq_epi32_mask(a, b).count_ones() as usize;
             let ex = _mm512_and_si512(_mm512_srl_epi32(_mm512_xor_si512(a, b), exp_shift), exp_max);
             exp_same += _mm512_cmpeq_epi32_mask(ex, zero).count_ones() as usize;
