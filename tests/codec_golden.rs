@@ -1523,12 +1523,16 @@ fn delta_cases_cover_what_they_say() {
 }
 
 /// Delta frames too big to store, from the encoder, re-derived from the document: several
-/// groups of 32768 (32 lanes each, the last group short), every type, chunked, Auto.
+/// groups of 32768 (32 lanes each, the last group short), every type, chunked, Auto; and
+/// chunks the encoder samples (at least 32 tiles of 4096: tables from every eighth tile, and at
+/// least 1 for every pair of the other tiles' box), which must still code every element.
 #[test]
 fn delta_frames_match_the_document_at_scale() {
     let mut rng = frame_support::Rng(0xDE17A);
     for (dtype, n, chunk, choice) in [
         (DType::BF16, 70_001, None, FrameChoice::Delta),
+        (DType::BF16, 200_003, None, FrameChoice::Delta),
+        (DType::F32, 32 * 4096, None, FrameChoice::Delta),
         (DType::F16, 40_000, Some(33_000), FrameChoice::Delta),
         (DType::F32, 65_536 + 4096, None, FrameChoice::Auto),
         (DType::BF16, 20_000, Some(5_000), FrameChoice::Auto),

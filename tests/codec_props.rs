@@ -1525,7 +1525,7 @@ fn simd_and_plain_paths_agree() {
 
 /// A deterministic transcript of Delta coding for bf16, fp16 and fp32 on the vector paths (32
 /// lanes from 16384 elements): one group, several groups, partial last rows, element counts not
-/// a multiple of 32; drift in ulps with large moves (extra bits), NaN/inf/-0/subnormal; every
+/// a multiple of 32, a sampled chunk; drift in ulps with large moves (extra bits), NaN/inf/-0/subnormal; every
 /// frame, every decode (which must reproduce the input), damaged frames decoded by receivers
 /// with the same history (an error or the values, never a panic; some damage, on every path,
 /// decodes to other values without an error), and a frame
@@ -1534,7 +1534,15 @@ fn delta_transcript() -> Vec<u8> {
     let mut t = Vec::new();
     let mut rng = Rng(0xD512);
     for dtype in [DType::BF16, DType::F16, DType::F32] {
-        for len in [16_384usize, 16_389, 2 * 32_768 + 33, 100_003] {
+        // 32 * 4096 + 4101: a chunk the encoder samples (tables counted from every eighth tile
+        // of 4096), ending in a short uncounted tile.
+        for len in [
+            16_384usize,
+            16_389,
+            2 * 32_768 + 33,
+            100_003,
+            32 * 4096 + 4101,
+        ] {
             let mode = CacheMode::Delta;
             let mut tx = CacheSlot::with_version(dtype, mode, len, 7);
             let mut rx = CacheSlot::with_version(dtype, mode, len, 9);
@@ -1676,5 +1684,57 @@ fn delta_avx512_avx2_plain_agree() {
             );
         }
         assert_eq!(here.len(), other.len(), "{name} transcript length");
+    }
+}
+
+/// A chunk the encoder samples (at least 32 tiles of 4096 elements: its tables are counted from
+/// tiles 0, 8, 16, ... only) still codes every element: here the frame's only moves, a sign
+/// flip, a NaN and a move of 1000 ulps, lie in uncounted tiles and in contexts the counted
+/// tiles never have (they hold no move at all), and every type decodes them exactly from a
+/// Delta frame.
+#[test]
+fn sampled_delta_tables_cover_the_uncounted_tiles() {
+    for (dtype, one, nan) in [
+        (DType::BF16, 0x3f80u32, 0x7fc1u32),
+        (DType::F16, 0x3c00, 0x7e01),
+        (DType::F32, 0x3f80_0000, 0x7fc0_0001),
+    ] {
+        let size = dtype.size();
+        let n = 32 * 4096 + 7;
+        let sign = 1u32 << (8 * size - 1);
+        let put = |v: &mut Vec<u8>, i: usize, bits: u32| {
+            v[i * size..(i + 1) * size].copy_from_slice(&bits.to_le_bytes()[..size]);
+        };
+        let mut x0 = vec![0u8; n * size];
+        for i in 0..n {
+            put(&mut x0, i, one);
+        }
+        // Elements in tiles 3, 9 and 17 (none a multiple of 8).
+        let (a, b, c) = (3 * 4096 + 5, 9 * 4096 + 100, 17 * 4096 + 1);
+        let mut x1 = x0.clone();
+        put(&mut x1, a, one - 5); // context -5 for the next frame
+        put(&mut x1, b, one + 3); // context 3
+        let mut x2 = x1.clone();
+        put(&mut x2, a, (one - 5) ^ sign);
+        put(&mut x2, b, nan);
+        put(&mut x2, c, one + 1000);
+        let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        let mut rx = CacheSlot::new(dtype, CacheMode::Delta, n);
+        tx.set_frame_choice(FrameChoice::Delta);
+        let mut modes = Vec::new();
+        for x in [&x0, &x1, &x2] {
+            let mut f = Vec::new();
+            tx.encode(x, &mut f).unwrap();
+            modes.push(f[6]);
+            let mut out = vec![0u8; n * size];
+            rx.decode(&f, &mut out)
+                .unwrap_or_else(|e| panic!("{dtype}: {e}"));
+            assert!(out == *x, "{dtype}: decoded bits differ");
+        }
+        assert_eq!(
+            modes[1..],
+            [3, 3],
+            "{dtype}: Delta frames (modes {modes:?})"
+        );
     }
 }

@@ -314,13 +314,14 @@ fn encode_delta_with<L: Layout>(
                 };
             }
             if choice == FrameChoice::Delta {
-                let (s0, s1) = delta::write::<L>(&sc, input, c.state, c.ctx, ds, out);
+                let (s0, s1, changed, exp_changed) =
+                    delta::write::<L>(&sc, input, c.state, c.ctx, ds, out);
                 return Delta {
                     mode: Mode::Delta,
                     s0_hash: None,
                     sections: [s0, s1, 0, 0],
-                    exp_changes: sc.exp_changed,
-                    value_changes: Some(sc.changed),
+                    exp_changes: exp_changed,
+                    value_changes: Some(changed),
                     levels,
                 };
             }

@@ -278,6 +278,8 @@ mod imp {
             extra_bits: e.iter().map(|&v| v as u64).sum(),
             changed: full - same,
             exp_changed: full - exp_same,
+            counted: full,
+            floor: None,
         }
     }
 
@@ -311,6 +313,9 @@ mod imp {
         any_lo: bool,
         any_hi: bool,
         ps: [__m512i; 2],
+        /// Elements of the row whose value, and whose cached field, did not change.
+        same: u32,
+        exp_same: u32,
     }
 
     /// The constants of the encoder's row preparation.
@@ -323,6 +328,9 @@ mod imp {
         rev: [__m512i; 2],
         revb: [__m512i; 2],
         rev32: __m512i,
+        /// The cached field: `exp_max << exp_shift` (16- or 32-bit lanes as the type).
+        exp_shift: __m128i,
+        exp_max: __m512i,
     }
 
     /// Tokens, extra bit counts and table entries of the zigzag moves `z` (two vectors of 16,
@@ -337,6 +345,8 @@ mod imp {
             any_lo: false,
             any_hi: false,
             ps: [k.zero; 2],
+            same: 0,
+            exp_same: 0,
         };
         let fifteen = _mm512_set1_epi32(15);
         for (h, &zh) in z.iter().enumerate() {
@@ -388,6 +398,12 @@ mod imp {
             let a = _mm512_loadu_si512(state.as_ptr().add(2 * row) as *const _);
             let b = _mm512_loadu_si512(input.as_ptr().add(2 * row) as *const _);
             let c8 = _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i);
+            let ex = _mm512_and_si512(
+                _mm512_srl_epi16(_mm512_xor_si512(a, b), k.exp_shift),
+                k.exp_max,
+            );
+            let same = _mm512_cmpeq_epi16_mask(a, b).count_ones();
+            let exp_same = _mm512_cmpeq_epi16_mask(ex, k.zero).count_ones();
             let d = _mm512_sub_epi16(key32(b), key32(a));
             let zz = _mm512_xor_si512(_mm512_slli_epi16::<1>(d), _mm512_srai_epi16::<15>(d));
             _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
@@ -397,7 +413,11 @@ mod imp {
                 _mm512_permutex2var_epi16(zz, k.rev[0], k.zero),
                 _mm512_permutex2var_epi16(zz, k.rev[1], k.zero),
             ];
-            tokens_of(k, z, _mm512_castsi256_si512(c8))
+            RowIn {
+                same,
+                exp_same,
+                ..tokens_of(k, z, _mm512_castsi256_si512(c8))
+            }
         }
     }
 
@@ -424,6 +444,15 @@ mod imp {
                 _mm512_loadu_si512(ip.add(64) as *const _),
             ];
             let c8 = _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i);
+            let (mut same, mut exp_same) = (0, 0);
+            for h in 0..2 {
+                let ex = _mm512_and_si512(
+                    _mm512_srl_epi32(_mm512_xor_si512(a[h], b[h]), k.exp_shift),
+                    k.exp_max,
+                );
+                same += _mm512_cmpeq_epi32_mask(a[h], b[h]).count_ones();
+                exp_same += _mm512_cmpeq_epi32_mask(ex, k.zero).count_ones();
+            }
             let d = [
                 _mm512_sub_epi32(key32x(b[0]), key32x(a[0])),
                 _mm512_sub_epi32(key32x(b[1]), key32x(a[1])),
@@ -439,7 +468,11 @@ mod imp {
                 _mm512_permutexvar_epi32(k.rev32, zz[1]),
                 _mm512_permutexvar_epi32(k.rev32, zz[0]),
             ];
-            tokens_of(k, z, _mm512_castsi256_si512(c8))
+            RowIn {
+                same,
+                exp_same,
+                ..tokens_of(k, z, _mm512_castsi256_si512(c8))
+            }
         }
     }
 
@@ -490,6 +523,8 @@ mod imp {
         words: &mut Words<'_>,
         base: usize,
         rows: usize,
+        exp: (i32, i32),
+        rc: &mut RowCounts,
     ) {
         let mut x = load_states(xl, true);
         let one = _mm512_set1_epi32(1);
@@ -513,7 +548,14 @@ mod imp {
                 ]
             },
             rev32: _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            exp_shift: _mm_cvtsi32_si128(exp.0),
+            exp_max: if W == 16 {
+                _mm512_set1_epi16(exp.1 as i16)
+            } else {
+                _mm512_set1_epi32(exp.1)
+            },
         };
+        let (mut same, mut exp_same) = (0usize, 0usize);
         // The rows' moves, tokens and table entries depend on the data only, not on the
         // states: each row's are made (gathers issued) one row ahead of its coding steps.
         let prep = |row: usize, state: &mut [u8], ctx: &mut [u8]| {
@@ -538,7 +580,11 @@ mod imp {
                 any_lo,
                 any_hi,
                 ps,
+                same: sr,
+                exp_same: er,
             } = next;
+            same += sr as usize;
+            exp_same += er as usize;
             if r > 0 {
                 next = prep(base + (r - 1) * 32, state, ctx);
             }
@@ -590,6 +636,8 @@ mod imp {
             }
         }
         store_states(xl, x, true);
+        rc.changed += 32 * rows - same;
+        rc.exp_changed += 32 * rows - exp_same;
     }
 
     /// Refill the lanes below RANS_L with the next words of the stream, in lane order.

@@ -583,6 +583,8 @@ mod avx2 {
             extra_bits: e.iter().map(|&v| v as u64).sum(),
             changed: full - same,
             exp_changed: full - exp_same,
+            counted: full,
+            floor: None,
         }
     }
 
@@ -764,6 +766,8 @@ mod avx2 {
             extra_bits: e.iter().map(|&v| v as u64).sum(),
             changed: full - same,
             exp_changed: full - exp_same,
+            counted: full,
+            floor: None,
         }
     }
 
@@ -792,13 +796,51 @@ mod avx2 {
         lo: [__m256i; 4],
         hi: [__m256i; 4],
         ks: [__m256i; 4],
+        /// Elements of the row whose value, and whose cached field, did not change.
+        same: u32,
+        exp_same: u32,
+    }
+
+    /// Lanes of sixteen 16-bit values `a` and `b` whose values, and whose fields `exp_max <<
+    /// exp_shift`, are equal (`delta_simd::encode_rows` counts the changes in pass two).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn same16(a: __m256i, b: __m256i, exp_shift: i32, exp_max: i32) -> (u32, u32) {
+        let ex = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_xor_si256(a, b), _mm_cvtsi32_si128(exp_shift)),
+            _mm256_set1_epi16(exp_max as i16),
+        );
+        let eq = |v: __m256i, w: __m256i| {
+            (_mm256_movemask_epi8(_mm256_cmpeq_epi16(v, w)) as u32).count_ones() / 2
+        };
+        (eq(a, b), eq(ex, _mm256_setzero_si256()))
+    }
+
+    /// As [`same16`] for eight 32-bit values.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn same32(a: __m256i, b: __m256i, exp_shift: i32, exp_max: i32) -> (u32, u32) {
+        let ex = _mm256_and_si256(
+            _mm256_srl_epi32(_mm256_xor_si256(a, b), _mm_cvtsi32_si128(exp_shift)),
+            _mm256_set1_epi32(exp_max),
+        );
+        let eq = |v: __m256i, w: __m256i| {
+            (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, w))) as u32).count_ones()
+        };
+        (eq(a, b), eq(ex, _mm256_setzero_si256()))
     }
 
     /// The row of 32 16-bit elements from `row`: moves from the cached values and contexts,
     /// which then take the new values and the contexts the moves leave.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
-    unsafe fn prep16(input: &[u8], state: &mut [u8], ctx: &mut [u8], row: usize) -> RowIn {
+    unsafe fn prep16(
+        input: &[u8],
+        state: &mut [u8],
+        ctx: &mut [u8],
+        row: usize,
+        exp: (i32, i32),
+    ) -> RowIn {
         let zero = _mm256_setzero_si256();
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
@@ -807,11 +849,16 @@ mod avx2 {
             lo: [zero; 4],
             hi: [zero; 4],
             ks: [zero; 4],
+            same: 0,
+            exp_same: 0,
         };
         for hf in 0..2 {
             let i = row + 16 * hf;
             let a = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
             let b = _mm256_loadu_si256(input.as_ptr().add(2 * i) as *const __m256i);
+            let (same, exp_same) = same16(a, b, exp.0, exp.1);
+            r.same += same;
+            r.exp_same += exp_same;
             let (d, zz) = moves16(a, b);
             for (q, z8) in widen16(zz).into_iter().enumerate() {
                 let v = 2 * hf + q;
@@ -835,7 +882,13 @@ mod avx2 {
     /// As [`prep16`] for 32 fp32 elements.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
-    unsafe fn prep32(input: &[u8], state: &mut [u8], ctx: &mut [u8], row: usize) -> RowIn {
+    unsafe fn prep32(
+        input: &[u8],
+        state: &mut [u8],
+        ctx: &mut [u8],
+        row: usize,
+        exp: (i32, i32),
+    ) -> RowIn {
         let zero = _mm256_setzero_si256();
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(32) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
@@ -845,12 +898,17 @@ mod avx2 {
             lo: [zero; 4],
             hi: [zero; 4],
             ks: [zero; 4],
+            same: 0,
+            exp_same: 0,
         };
         let mut ds = [zero; 4];
         for (v, dv) in ds.iter_mut().enumerate() {
             let i = row + 8 * v;
             let a = _mm256_loadu_si256(state.as_ptr().add(4 * i) as *const __m256i);
             let b = _mm256_loadu_si256(input.as_ptr().add(4 * i) as *const __m256i);
+            let (same, exp_same) = same32(a, b, exp.0, exp.1);
+            r.same += same;
+            r.exp_same += exp_same;
             let (d, zz) = moves32(a, b);
             let (t, eb) = tokens8_32(zz);
             let c = _mm256_min_epu32(
@@ -886,7 +944,8 @@ mod avx2 {
         *x = _mm256_or_si256(_mm256_sllv_epi32(*x, bits), _mm256_and_si256(v, low));
     }
 
-    /// Encode `rows` full rows of a group backwards, of a type of `W` (16 or 32) bits; see
+    /// Encode `rows` full rows of a group backwards, of a type of `W` (16 or 32) bits whose
+    /// cached field is `exp.1 << exp.0`, counting the changes into `rc`; see
     /// `super::encode_rows`, which asserts the bounds this relies on.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,popcnt")]
@@ -899,7 +958,10 @@ mod avx2 {
         words: &mut Words<'_>,
         base: usize,
         rows: usize,
+        exp: (i32, i32),
+        rc: &mut RowCounts,
     ) {
+        let (mut same, mut exp_same) = (0usize, 0usize);
         let mut x = [_mm256_setzero_si256(); 4];
         for (v, xv) in x.iter_mut().enumerate() {
             *xv = _mm256_loadu_si256(xl.as_ptr().add(8 * v) as *const __m256i);
@@ -912,10 +974,12 @@ mod avx2 {
         for k in (0..rows).rev() {
             let row = base + k * 32;
             let r = if W == 16 {
-                prep16(input, state, ctx, row)
+                prep16(input, state, ctx, row, exp)
             } else {
-                prep32(input, state, ctx, row)
+                prep32(input, state, ctx, row, exp)
             };
+            same += r.same as usize;
+            exp_same += r.exp_same as usize;
             // Extra bits (the decoder reads them after every lane's token: the low step, then
             // the high one), lanes downwards.
             if W == 32 {
@@ -951,12 +1015,15 @@ mod avx2 {
         for (v, xv) in x.iter().enumerate() {
             _mm256_storeu_si256(xl.as_mut_ptr().add(8 * v) as *mut __m256i, *xv);
         }
+        rc.changed += 32 * rows - same;
+        rc.exp_changed += 32 * rows - exp_same;
     }
 }
 
 /// Pass one where the vector coders apply (`applies`: AVX2 for the 16-bit types, AVX-512 for
 /// fp32): the (context, token) counts into `hist` (four histograms of `delta::HIST` entries,
-/// zeroed by the caller) and the counts. Returns None (and does nothing) when this path does
+/// zeroed by the caller) and the counts, over the ranges `delta::count_ranges` counts (of the
+/// others only the context range, plainly: a byte reduction). Returns None (and does nothing) when this path does
 /// not apply.
 pub(super) fn scan_vector<L: Layout>(
     input: &[u8],
@@ -982,30 +1049,39 @@ pub(super) fn scan_vector<L: Layout>(
     );
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: AVX2 is present (and AVX-512 where its pass one runs); the loops read whole
-        // sixteens of elements below n / 16 * 16 of input/old (L::BYTES * n bytes each,
-        // asserted) and ctx (n bytes). Histogram indices are (j & 3) * HIST + min(ctx, 16) *
-        // tokens(w) + token, with token < tokens(w), so below 3 * HIST + NCTX * tokens(32) <=
-        // 4 * HIST (asserted above). fp32 has a pass one of its own (measured: the 16-bit
-        // loop's shape made it half as fast).
-        let mut c = unsafe {
-            if L::BYTES == 2 {
-                avx2::scan::<L>(input, old, ctx, hist)
-            } else if super::delta_avx512::on() {
-                super::delta_avx512::scan32::<L>(input, old, ctx, hist)
-            } else {
-                avx2::scan32::<L>(input, old, ctx, hist)
+        let mut c = ScanCounts::default();
+        for (r, counted) in super::delta::count_ranges(n) {
+            let (lo, hi) = (r.start, r.end);
+            if !counted {
+                // Only the range of the context bytes.
+                super::delta::scan_plain::<L>(input, old, ctx, r, false, hist, &mut c);
+                continue;
             }
-        };
-        let full = n / 16 * 16;
-        let w = 8 * L::BYTES as u32;
-        for i in full..n {
-            let (a, b) = (L::load(old, i), L::load(input, i));
-            let (_, t, e) = super::delta::token_of(a, b, w);
-            hist[(i & 3) * HIST + super::delta::sym_index(ctx[i], t, w) as usize] += 1;
-            c.extra_bits += e as u64;
-            c.changed += (a != b) as usize;
-            c.exp_changed += (L::exp(a) != L::exp(b)) as usize;
+            let full = lo + (hi - lo) / 16 * 16;
+            let (inp, od, cx) = (
+                &input[L::BYTES * lo..L::BYTES * hi],
+                &old[L::BYTES * lo..L::BYTES * hi],
+                &ctx[lo..hi],
+            );
+            // SAFETY: AVX2 is present (and AVX-512 where its pass one runs); the loops read
+            // whole sixteens of elements below (hi - lo) / 16 * 16 of inp/od (L::BYTES per
+            // element) and cx, slices of that length. Histogram indices are (j & 3) * HIST +
+            // min(ctx, 16) * tokens(w) + token, with token < tokens(w), so below 3 * HIST +
+            // NCTX * tokens(32) <= 4 * HIST (asserted above). fp32 has a pass one of its own
+            // (measured: the 16-bit loop's shape made it half as fast).
+            let part = unsafe {
+                if L::BYTES == 2 {
+                    avx2::scan::<L>(inp, od, cx, hist)
+                } else if super::delta_avx512::on() {
+                    super::delta_avx512::scan32::<L>(inp, od, cx, hist)
+                } else {
+                    avx2::scan32::<L>(inp, od, cx, hist)
+                }
+            };
+            c.add(part);
+            // The rest of the range (the chunk's last elements), plainly; histogram parity
+            // does not matter (the four are summed).
+            super::delta::scan_plain::<L>(input, old, ctx, full..hi, true, hist, &mut c);
         }
         Some(c)
     }
@@ -1021,6 +1097,20 @@ pub(super) struct ScanCounts {
     pub extra_bits: u64,
     pub changed: usize,
     pub exp_changed: usize,
+    /// Elements counted into the histograms, and the box of the others (`delta::Scan`).
+    pub counted: usize,
+    pub floor: Option<super::delta::Floor>,
+}
+
+impl ScanCounts {
+    /// Both counts together (`b` of elements after `a`'s).
+    fn add(&mut self, b: ScanCounts) {
+        self.extra_bits += b.extra_bits;
+        self.changed += b.changed;
+        self.exp_changed += b.exp_changed;
+        self.counted += b.counted;
+        self.floor = super::delta::Floor::merge(self.floor, b.floor);
+    }
 }
 
 /// The encoder's symbol table as the vector encoder gathers it (one gather per step): per
@@ -1034,8 +1124,8 @@ pub(super) struct EncTable {
 /// Encode `rows` full rows of 32 elements of a group starting at element `base`, backwards
 /// (the last row first), with 32 lane states `x` into the group's `words`: the moves from the
 /// cached values `state` and contexts `ctx` to `input`, updating both (the rows' values become
-/// `input`'s, their contexts those the moves leave). Returns false (and does nothing) when this
-/// path does not apply.
+/// `input`'s, their contexts those the moves leave), adding the rows' changes (values, cached
+/// fields) to `rc`. Returns false (and does nothing) when this path does not apply.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn encode_rows<L: Layout>(
     table: &EncTable,
@@ -1047,10 +1137,12 @@ pub(super) fn encode_rows<L: Layout>(
     words: &mut Words<'_>,
     base: usize,
     rows: usize,
+    rc: &mut RowCounts,
 ) -> bool {
     if x.len() != 32 || !applies::<L>() {
         return false;
     }
+    let exp = (L::EXP_SHIFT as i32, L::EXP_MAX as i32);
     let end = base + rows * 32;
     // At most two words per element for the 16-bit types, three for fp32.
     let per = L::BYTES / 2 + 1;
@@ -1079,11 +1171,11 @@ pub(super) fn encode_rows<L: Layout>(
             unsafe {
                 if L::BYTES == 4 {
                     super::delta_avx512::encode_rows::<32>(
-                        table, input, state, ctx, x, words, base, rows,
+                        table, input, state, ctx, x, words, base, rows, exp, rc,
                     )
                 } else {
                     super::delta_avx512::encode_rows::<16>(
-                        table, input, state, ctx, x, words, base, rows,
+                        table, input, state, ctx, x, words, base, rows, exp, rc,
                     )
                 }
             };
@@ -1096,9 +1188,9 @@ pub(super) fn encode_rows<L: Layout>(
         // are emitted).
         unsafe {
             if L::BYTES == 4 {
-                avx2::encode_rows::<32>(table, input, state, ctx, x, words, base, rows)
+                avx2::encode_rows::<32>(table, input, state, ctx, x, words, base, rows, exp, rc)
             } else {
-                avx2::encode_rows::<16>(table, input, state, ctx, x, words, base, rows)
+                avx2::encode_rows::<16>(table, input, state, ctx, x, words, base, rows, exp, rc)
             }
         };
         true

@@ -231,25 +231,28 @@ pub fn write_s1(m: &Model) -> Vec<u8> {
 
 /// The rules that tie the tables to the elements ("0: no element of this context in the
 /// frame"; "0 for an absent token"): a context has a table iff an element has it, and a
-/// token has a non-zero frequency iff an element of that context has it. (A decoder may still
-/// take a frame that breaks them: they do not change what it decodes to.)
+/// token has a non-zero frequency iff an element of that context has it; in a sampled chunk
+/// (SAMPLE_MIN elements or more) only "if" (its context range adds tables and frequencies). (A decoder
+/// may still take a frame that breaks them: they do not change what it decodes to.)
 pub fn tables_describe(m: &Model, w: u32, z: &[u32], ctx: &[u8]) -> Result<(), String> {
     let mut hist = vec![vec![0u32; ntokens(w)]; NCTX];
     for (&zi, &c) in z.iter().zip(ctx) {
         hist[c as usize][token(zi).0] += 1;
     }
+    // A sampled chunk's tables may hold more (its box): they must still hold every element.
+    let exact = z.len() < SAMPLE_MIN;
     for (c, (t, h)) in m.tables.iter().zip(&hist).enumerate() {
         let used = h.iter().any(|&x| x > 0);
         match t {
             None if used => return Err(format!("context {}: elements but no table", c as i32 - 8)),
             None => {}
-            Some(_) if !used => {
+            Some(_) if !used && exact => {
                 return Err(format!("context {}: a table but no element", c as i32 - 8))
             }
             Some(f) => {
                 for (tok, &x) in h.iter().enumerate() {
                     let fr = f.get(tok).copied().unwrap_or(0);
-                    if (x > 0) != (fr > 0) {
+                    if (x > 0 && fr == 0) || (exact && x == 0 && fr > 0) {
                         return Err(format!(
                             "context {} token {tok}: {x} elements, frequency {fr}",
                             c as i32 - 8
@@ -453,20 +456,24 @@ pub fn decode(
 /// `round(count x SCALE / total)` (at least 1), and the rounding error is spread one unit at a
 /// time over the present tokens in decreasing order of frequency (ties: lower token first),
 /// never taking one below 1.
-pub fn normalize(hist: &[u32]) -> Vec<u32> {
+pub fn normalize(hist: &[u32], floor: usize) -> Vec<u32> {
     let total: u64 = hist.iter().map(|&h| h as u64).sum();
+    let present = |t: usize| hist[t] > 0 || t < floor;
     let mut f: Vec<u32> = hist
         .iter()
-        .map(|&h| {
-            if h == 0 {
+        .enumerate()
+        .map(|(t, &h)| {
+            if !present(t) {
                 0
+            } else if h == 0 {
+                1
             } else {
                 ((h as u64 * SCALE as u64 + total / 2) / total).max(1) as u32
             }
         })
         .collect();
     let mut diff = SCALE as i64 - f.iter().map(|&x| x as i64).sum::<i64>();
-    let mut order: Vec<usize> = (0..hist.len()).filter(|&t| hist[t] > 0).collect();
+    let mut order: Vec<usize> = (0..hist.len()).filter(|&t| present(t)).collect();
     order.sort_by_key(|&t| std::cmp::Reverse(f[t]));
     while diff != 0 {
         for &t in &order {
@@ -482,18 +489,44 @@ pub fn normalize(hist: &[u32]) -> Vec<u32> {
     f
 }
 
+/// The encoder's sampling ("sampled" in the document): a chunk of at least SAMPLE_MIN elements
+/// has the tokens of only every SAMPLE_EVERY-th tile of SAMPLE_TILE elements counted, and a
+/// frequency of at least 1 for every token of every context from the least to the greatest of
+/// the other elements'.
+pub const SAMPLE_TILE: usize = 4096;
+pub const SAMPLE_EVERY: usize = 8;
+pub const SAMPLE_MIN: usize = 32 * SAMPLE_TILE;
+
 /// The tables the encoder builds for moves `z` in contexts `ctx` (m: one past the highest token
-/// used), with lane count `lanes` and group `group`; the group lengths are left empty.
+/// used, or every token in a sampled chunk's context range), with lane count `lanes` and group
+/// `group`; the group lengths are left empty.
 pub fn encoder_model(w: u32, z: &[u32], ctx: &[u8], lanes: usize, group: usize) -> Model {
+    let n = z.len();
     let mut hist = vec![vec![0u32; ntokens(w)]; NCTX];
-    for (&zi, &c) in z.iter().zip(ctx) {
-        hist[c as usize][token(zi).0] += 1;
+    // The least and greatest context of the uncounted elements.
+    let mut range: Option<(usize, usize)> = None;
+    for (i, (&zi, &c)) in z.iter().zip(ctx).enumerate() {
+        let c = c as usize;
+        if n < SAMPLE_MIN || (i / SAMPLE_TILE).is_multiple_of(SAMPLE_EVERY) {
+            hist[c][token(zi).0] += 1;
+        } else {
+            range = Some(range.map_or((c, c), |(lo, hi)| (lo.min(c), hi.max(c))));
+        }
     }
     let tables = hist
         .iter()
-        .map(|h| {
-            let m = h.iter().rposition(|&x| x > 0)? + 1;
-            Some(normalize(&h[..m]))
+        .enumerate()
+        .map(|(c, h)| {
+            let floor = match range {
+                Some((lo, hi)) if (lo..=hi).contains(&c) => ntokens(w),
+                _ => 0,
+            };
+            let m = h
+                .iter()
+                .rposition(|&x| x > 0)
+                .map_or(0, |p| p + 1)
+                .max(floor);
+            (m > 0).then(|| normalize(&h[..m], floor))
         })
         .collect();
     Model {
