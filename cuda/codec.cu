@@ -2449,8 +2449,7 @@ constexpr u32 DE_LANES = 32;    // most lanes the encoder uses
 constexpr u64 DE_WORDS = 3ull * DE_GROUP + 16; // a group's word buffer (at most 3 per element)
 // `delta::SAMPLE_TILE`: a chunk of at least DE_SAMPLE_MIN elements is sampled: its (context,
 // token) pairs are counted in every DE_SAMPLE_EVERY-th tile of TILE elements only (tiles 0, 8,
-// ...); of the other tiles only the range of their clipped contexts cmin..cmax is kept, and the
-// tables give every token of those contexts a frequency of at least 1.
+// ...), and the tables give every token of every context a frequency of at least 1.
 constexpr u64 DE_SAMPLE_EVERY = 8;
 constexpr u64 DE_SAMPLE_MIN = 32ull * TILE;
 HD bool de_counted(u64 n, u64 tile) { return n < DE_SAMPLE_MIN || tile % DE_SAMPLE_EVERY == 0; }
@@ -2463,8 +2462,7 @@ struct DEncPlan {
 struct DEncView {
     DEncPlan* plan;
     u32* tile_hist;   // per tile D_CTX * D_MAXTOK counts
-    u64* tile_cnt;    // per tile: changed values, changed fields, and cmin | cmax << 8 |
-                      // 1 << 16 of its contexts where not counted (0: counted)
+    u64* tile_cnt;    // per tile: changed values, changed fields
     u32* table;       // per (context, token): cum | freq << 16
     u8* model;        // s1 before the group lengths (at most 5 + 17 * (1 + 86 * 3) bytes)
     u64* glen;        // per group: its bytes in s0 (states and words)
@@ -2480,7 +2478,7 @@ struct DEncView {
         tile_hist = (u32*)(s + o);
         o += align8(4ull * T * D_CTX * D_MAXTOK);
         tile_cnt = (u64*)(s + o);
-        o += 24 * T;
+        o += 16 * T;
         table = (u32*)(s + o);
         o += align8(4ull * D_CTX * D_MAXTOK);
         model = s + o;
@@ -2498,7 +2496,7 @@ struct DEncView {
 };
 HD u64 enc_delta_scratch_bytes(u64 n) {
     u64 T = cdiv(n, TILE), G = cdiv(n, DE_GROUP);
-    return align8(sizeof(DEncPlan)) + align8(4ull * T * D_CTX * D_MAXTOK) + 24 * T +
+    return align8(sizeof(DEncPlan)) + align8(4ull * T * D_CTX * D_MAXTOK) + 16 * T +
            align8(4ull * D_CTX * D_MAXTOK) + align8(5 + D_CTX * (1 + 3 * D_MAXTOK)) + 16 * G +
            4ull * DE_LANES * G + 32 * T + 2 * G * DE_WORDS;
 }
@@ -2550,25 +2548,20 @@ template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEn
     b.sync();
     b.each([&](u32 t) {
         u64 ch = 0, ech = 0;
-        u32 cmin = D_CTX - 1, cmax = 0;
         for (u64 q = t; q < tn; q += NT) {
             u64 i = base + q;
             u32 a = load_val<L>(cache, i), nu = load_val<L>(in, i);
-            u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1;
             if (counted) {
                 u32 z, tk, eb, dm;
                 de_token<L>(a, nu, &z, &tk, &eb, &dm);
+                u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1;
                 add_u32(&sh.hist[c * ntok + tk], 1);
-            } else {
-                cmin = c < cmin ? c : cmin;
-                cmax = c > cmax ? c : cmax;
             }
             ch += a != nu;
             ech += exp_of<L>(a) != exp_of<L>(nu);
         }
         sh.cnt[0][t] = ch;
         sh.cnt[1][t] = ech;
-        sh.red[0][t] = cmin | cmax << 8;
     });
     b.sync();
     b.each([&](u32 t) {
@@ -2577,17 +2570,7 @@ template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEn
         if (t < 2) {
             u64 s = 0;
             for (u32 q = 0; q < NT; ++q) s += sh.cnt[t][q];
-            d.tile_cnt[3 * tile + t] = s;
-        } else if (t == 2) {
-            // The context range of an uncounted tile (every tile has an element; a thread
-            // without one left the empty range).
-            u64 cmin = D_CTX - 1, cmax = 0;
-            for (u32 q = 0; q < NT; ++q) {
-                u64 lo = sh.red[0][q] & 0xff, hi = sh.red[0][q] >> 8;
-                cmin = lo < cmin ? lo : cmin;
-                cmax = hi > cmax ? hi : cmax;
-            }
-            d.tile_cnt[3 * tile + 2] = counted ? 0 : cmin | cmax << 8 | 1u << 16;
+            d.tile_cnt[2 * tile + t] = s;
         }
     });
 }
@@ -2645,27 +2628,17 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         }
         if (t < 2) {
             u64 s = 0;
-            for (u64 x = 0; x < T; ++x) s += d.tile_cnt[3 * x + t];
+            for (u64 x = 0; x < T; ++x) s += d.tile_cnt[2 * x + t];
             if (t == 0) d.plan->changed = s;
             else d.plan->exp_changed = s;
-        } else if (t == 2) {
-            // The uncounted tiles' context range: every token of its contexts' tables is
-            // present.
-            u64 cmin = D_CTX, cmax = 0;
-            for (u64 x = 0; x < T; ++x) {
-                u64 bx = d.tile_cnt[3 * x + 2];
-                if (!(bx >> 16)) continue;
-                cmin = (bx & 0xff) < cmin ? bx & 0xff : cmin;
-                cmax = (bx >> 8 & 0xff) > cmax ? bx >> 8 & 0xff : cmax;
-            }
-            for (u32 c = 0; c < D_CTX; ++c) sh.m[c] = c >= cmin && c <= cmax ? ntok : 0;
         }
     });
     b.sync();
     b.each([&](u32 c) {
         if (c >= D_CTX) return;
         const u32* h = sh.hist + c * ntok;
-        u32 floor = sh.m[c];
+        // A sampled chunk's tables hold every token (the uncounted tiles may have any).
+        u32 floor = n >= DE_SAMPLE_MIN ? ntok : 0;
         u32 m = floor;
         for (u32 t = 0; t < ntok; ++t)
             if (h[t] && t + 1 > m) m = t + 1;

@@ -46,17 +46,17 @@ const EXTRA_STEP: u32 = 15;
 /// Pass one counts the (context, token) pairs of every element of a chunk below
 /// [`SAMPLE_MIN`] elements; of a larger one (`sampled`), only those of the tiles of
 /// `SAMPLE_TILE` elements whose index is a multiple of [`SAMPLE_EVERY`] (tiles 0, 8, 16, ...),
-/// and of the other elements only the range of their context bytes ([`Floor`]): the tables give
-/// every token of every context in that range a frequency of at least 1, so that every element
-/// still has a code. Pass one then reads an eighth of the values and the context bytes, where
-/// it read all of them; the exact change counts come from pass two, which reads every value
-/// anyway. Measured (`cargo bench --bench codec`, olmoe-mini-s0 w1, one core with AVX-512):
+/// and the tables give every token of every context a frequency of at least 1, so that every
+/// element of the other tiles still has a code. Pass one then reads an eighth of the values and
+/// the context bytes, where it read all of them; the exact change counts come from pass two,
+/// which reads every value anyway. Measured (`cargo bench --bench codec`, olmoe-mini-s0 w1, one core with AVX-512):
 /// bf16 encode 0.95-1.04 -> 1.42-1.65 GB/s on 64 MiB (1.08-1.14 -> 1.56-1.77 on 1 MiB chunks)
 /// for 0.5-2.8% more frame bytes (the most at the end of the schedule, where the frames are
-/// smallest), fp32 encode 1.2 -> 1.7-1.8 GB/s for under 0.2%. On the traces the other tiles'
-/// contexts span all 17 but on a first frame after a fill (all 8), and their largest move gives
-/// the largest token, so a bound on their tokens would save nothing. The tables are the
-/// encoder's choice: decoders read whatever they say.
+/// smallest), fp32 encode 1.2 -> 1.7-1.8 GB/s for under 0.2%. On the traces the other tiles
+/// hold all 17 contexts (but on a first frame after a fill, all 8: 16 tables of 55-90 bytes
+/// more) and their largest move has the largest token, so bounding either by a survey of those
+/// tiles saved nothing measurable and read all of their bytes again (measured: 8% of encode on
+/// 64 MiB). The tables are the encoder's choice: decoders read whatever they say.
 pub const SAMPLE_TILE: usize = 4096;
 /// One tile in this many is counted in a sampled chunk.
 pub const SAMPLE_EVERY: usize = 8;
@@ -89,45 +89,13 @@ pub(super) fn count_ranges(n: usize) -> impl Iterator<Item = (std::ops::Range<us
     })
 }
 
-/// The clipped context bytes `cmin..=cmax` of the elements pass one did not count (a sampled
-/// chunk's): every token of each has a frequency of at least 1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Floor {
-    pub cmin: u8,
-    pub cmax: u8,
-}
-
-impl Floor {
-    /// The range of the context bytes `ctx` (clipped to 16); None for none.
-    pub(super) fn of(ctx: &[u8]) -> Option<Floor> {
-        let (lo, hi) = ctx
-            .iter()
-            .fold((u8::MAX, 0u8), |(lo, hi), &c| (lo.min(c), hi.max(c)));
-        let top = NCTX as u8 - 1;
-        (!ctx.is_empty()).then(|| Floor {
-            cmin: lo.min(top),
-            cmax: hi.min(top),
-        })
-    }
-
-    /// The range holding both.
-    pub(super) fn merge(a: Option<Floor>, b: Option<Floor>) -> Option<Floor> {
-        match (a, b) {
-            (Some(a), Some(b)) => Some(Floor {
-                cmin: a.cmin.min(b.cmin),
-                cmax: a.cmax.max(b.cmax),
-            }),
-            (a, None) => a,
-            (None, b) => b,
-        }
-    }
-
-    /// Tokens of context byte `c` the tables must give at least 1 (0, or all `ntok`).
-    fn tokens_of(floor: Option<Floor>, c: usize, ntok: usize) -> usize {
-        match floor {
-            Some(f) if (f.cmin as usize..=f.cmax as usize).contains(&c) => ntok,
-            _ => 0,
-        }
+/// Tokens of context byte `c`'s table that must have a frequency of at least 1 whatever
+/// their count, in a chunk of `n` elements: all `ntok` where the chunk is sampled, else none.
+fn floor_tokens(n: usize, ntok: usize) -> usize {
+    if sampled(n) {
+        ntok
+    } else {
+        0
     }
 }
 
@@ -263,8 +231,6 @@ pub(super) struct Scan {
     pub exp_changed: usize,
     /// Elements whose pairs `hist` and `extra_bits` count (all but a sampled chunk's).
     pub counted: usize,
-    /// The context range of the other elements (None: every element counted).
-    pub floor: Option<Floor>,
 }
 
 /// The encoder's index of (context byte, token): `min(c, 16) * tokens(w) + t`.
@@ -297,7 +263,6 @@ pub(super) fn scan<L: Layout>(
         changed: 0,
         exp_changed: 0,
         counted: 0,
-        floor: None,
     });
     // Four histograms in turn, so that runs of one (context, token) do not wait on each other;
     // indexed by the symbol index (below HIST).
@@ -335,13 +300,11 @@ pub(super) fn scan<L: Layout>(
     sc.changed = scale(counts.changed);
     sc.exp_changed = scale(counts.exp_changed);
     sc.counted = counts.counted;
-    sc.floor = counts.floor;
     sc
 }
 
-/// Pass one, plainly, over the elements `r`: where `counted`, their pairs into the four
-/// histograms `hist` (element i into histogram i % 4) and their changes; else only the range
-/// of their context bytes.
+/// Pass one, plainly, over the elements `r` where `counted` (else nothing): their pairs into
+/// the four histograms `hist` (element i into histogram i % 4) and their changes.
 pub(super) fn scan_plain<L: Layout>(
     input: &[u8],
     old: &[u8],
@@ -352,7 +315,6 @@ pub(super) fn scan_plain<L: Layout>(
     c: &mut super::delta_simd::ScanCounts,
 ) {
     if !counted {
-        c.floor = Floor::merge(c.floor, Floor::of(&ctx[r]));
         return;
     }
     let w = width::<L>();
@@ -420,10 +382,10 @@ pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
     let ntok = tokens(w);
     let mut bits = sc.extra_bits as f64;
     let mut table = 2usize;
-    for (c, h) in sc.hist.iter().enumerate() {
+    for h in &sc.hist {
         let h = &h[..ntok];
         let total: u64 = h.iter().map(|&x| x as u64).sum();
-        let floor = Floor::tokens_of(sc.floor, c, ntok);
+        let floor = floor_tokens(n, ntok);
         table += 1 + floor;
         if total == 0 {
             continue;
@@ -506,7 +468,7 @@ pub(super) fn write<L: Layout>(
     let mut freq = [0u32; MAX_TOKENS];
     for c in 0..NCTX {
         let h = &sc.hist[c][..ntok];
-        let floor = Floor::tokens_of(sc.floor, c, ntok);
+        let floor = floor_tokens(n, ntok);
         let m = h
             .iter()
             .rposition(|&x| x > 0)

@@ -279,7 +279,6 @@ mod imp {
             changed: full - same,
             exp_changed: full - exp_same,
             counted: full,
-            floor: None,
         }
     }
 

@@ -584,7 +584,6 @@ mod avx2 {
             changed: full - same,
             exp_changed: full - exp_same,
             counted: full,
-            floor: None,
         }
     }
 
@@ -767,7 +766,6 @@ mod avx2 {
             changed: full - same,
             exp_changed: full - exp_same,
             counted: full,
-            floor: None,
         }
     }
 
@@ -1022,8 +1020,7 @@ mod avx2 {
 
 /// Pass one where the vector coders apply (`applies`: AVX2 for the 16-bit types, AVX-512 for
 /// fp32): the (context, token) counts into `hist` (four histograms of `delta::HIST` entries,
-/// zeroed by the caller) and the counts, over the ranges `delta::count_ranges` counts (of the
-/// others only the context range, plainly: a byte reduction). Returns None (and does nothing) when this path does
+/// zeroed by the caller) and the counts, over the ranges `delta::count_ranges` counts. Returns None (and does nothing) when this path does
 /// not apply.
 pub(super) fn scan_vector<L: Layout>(
     input: &[u8],
@@ -1053,8 +1050,6 @@ pub(super) fn scan_vector<L: Layout>(
         for (r, counted) in super::delta::count_ranges(n) {
             let (lo, hi) = (r.start, r.end);
             if !counted {
-                // Only the range of the context bytes.
-                super::delta::scan_plain::<L>(input, old, ctx, r, false, hist, &mut c);
                 continue;
             }
             let full = lo + (hi - lo) / 16 * 16;
@@ -1097,9 +1092,8 @@ pub(super) struct ScanCounts {
     pub extra_bits: u64,
     pub changed: usize,
     pub exp_changed: usize,
-    /// Elements counted into the histograms, and the box of the others (`delta::Scan`).
+    /// Elements counted into the histograms (`delta::Scan`).
     pub counted: usize,
-    pub floor: Option<super::delta::Floor>,
 }
 
 impl ScanCounts {
@@ -1109,7 +1103,6 @@ impl ScanCounts {
         self.changed += b.changed;
         self.exp_changed += b.exp_changed;
         self.counted += b.counted;
-        self.floor = super::delta::Floor::merge(self.floor, b.floor);
     }
 }
 

@@ -134,14 +134,14 @@ const DENC_PLAN_BYTES: usize = 64;
 
 /// Scratch bytes of the Delta frame of an encode job of `n` elements into a delta cache
 /// (`enc_delta_scratch_bytes` in codec.cu): the plan, per tile its (context, token) counts
-/// (17 x 86 u32), three counts (its changes and a sampled chunk's contexts) and SH64 sums, the
-/// encoder's table and model bytes, per group its length, offset and lane states, and per group
-/// a buffer of 3 x 32768 + 16 words (about 6 bytes per element).
+/// (17 x 86 u32), two counts and SH64 sums, the encoder's table and model bytes, per group its
+/// length, offset and lane states, and per group a buffer of 3 x 32768 + 16 words (about 6
+/// bytes per element).
 pub const fn enc_delta_scratch_bytes(n: usize) -> usize {
     let (tiles, groups) = (n.div_ceil(TILE), n.div_ceil(DELTA_GROUP));
     align8(DENC_PLAN_BYTES)
         + align8(4 * tiles * 17 * 86)
-        + 24 * tiles
+        + 16 * tiles
         + align8(4 * 17 * 86)
         + align8(5 + 17 * (1 + 3 * 86))
         + 16 * groups

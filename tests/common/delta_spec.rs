@@ -232,7 +232,7 @@ pub fn write_s1(m: &Model) -> Vec<u8> {
 /// The rules that tie the tables to the elements ("0: no element of this context in the
 /// frame"; "0 for an absent token"): a context has a table iff an element has it, and a
 /// token has a non-zero frequency iff an element of that context has it; in a sampled chunk
-/// (SAMPLE_MIN elements or more) only "if" (its context range adds tables and frequencies). (A decoder
+/// (SAMPLE_MIN elements or more) only "if" (it has every table, and every frequency). (A decoder
 /// may still take a frame that breaks them: they do not change what it decodes to.)
 pub fn tables_describe(m: &Model, w: u32, z: &[u32], ctx: &[u8]) -> Result<(), String> {
     let mut hist = vec![vec![0u32; ntokens(w)]; NCTX];
@@ -491,36 +491,26 @@ pub fn normalize(hist: &[u32], floor: usize) -> Vec<u32> {
 
 /// The encoder's sampling ("sampled" in the document): a chunk of at least SAMPLE_MIN elements
 /// has the tokens of only every SAMPLE_EVERY-th tile of SAMPLE_TILE elements counted, and a
-/// frequency of at least 1 for every token of every context from the least to the greatest of
-/// the other elements'.
+/// frequency of at least 1 for every token of every context.
 pub const SAMPLE_TILE: usize = 4096;
 pub const SAMPLE_EVERY: usize = 8;
 pub const SAMPLE_MIN: usize = 32 * SAMPLE_TILE;
 
 /// The tables the encoder builds for moves `z` in contexts `ctx` (m: one past the highest token
-/// used, or every token in a sampled chunk's context range), with lane count `lanes` and group
+/// used; every token of every context in a sampled chunk), with lane count `lanes` and group
 /// `group`; the group lengths are left empty.
 pub fn encoder_model(w: u32, z: &[u32], ctx: &[u8], lanes: usize, group: usize) -> Model {
     let n = z.len();
     let mut hist = vec![vec![0u32; ntokens(w)]; NCTX];
-    // The least and greatest context of the uncounted elements.
-    let mut range: Option<(usize, usize)> = None;
     for (i, (&zi, &c)) in z.iter().zip(ctx).enumerate() {
-        let c = c as usize;
         if n < SAMPLE_MIN || (i / SAMPLE_TILE).is_multiple_of(SAMPLE_EVERY) {
-            hist[c][token(zi).0] += 1;
-        } else {
-            range = Some(range.map_or((c, c), |(lo, hi)| (lo.min(c), hi.max(c))));
+            hist[c as usize][token(zi).0] += 1;
         }
     }
+    let floor = if n < SAMPLE_MIN { 0 } else { ntokens(w) };
     let tables = hist
         .iter()
-        .enumerate()
-        .map(|(c, h)| {
-            let floor = match range {
-                Some((lo, hi)) if (lo..=hi).contains(&c) => ntokens(w),
-                _ => 0,
-            };
+        .map(|h| {
             let m = h
                 .iter()
                 .rposition(|&x| x > 0)
