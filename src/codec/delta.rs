@@ -50,9 +50,9 @@ const EXTRA_STEP: u32 = 15;
 /// element of the other tiles still has a code. Pass one then reads an eighth of the values and
 /// the context bytes, where it read all of them; the exact change counts come from pass two,
 /// which reads every value anyway. Measured (`cargo bench --bench codec`, olmoe-mini-s0 w1, one core with AVX-512):
-/// bf16 encode 0.95-1.04 -> 1.42-1.65 GB/s on 64 MiB (1.08-1.14 -> 1.56-1.77 on 1 MiB chunks)
+/// bf16 encode 1.00-1.10 -> 1.57-1.81 GB/s on 64 MiB (1.07-1.16 -> 1.66-1.81 on 1 MiB chunks)
 /// for 0.5-2.8% more frame bytes (the most at the end of the schedule, where the frames are
-/// smallest), fp32 encode 1.2 -> 1.7-1.8 GB/s for under 0.2%. On the traces the other tiles
+/// smallest), fp32 encode 1.2-1.3 -> 1.7-1.8 GB/s (1 MiB: 1.6 -> 1.9) for under 0.2%. On the traces the other tiles
 /// hold all 17 contexts (but on a first frame after a fill, all 8: 16 tables of 55-90 bytes
 /// more) and their largest move has the largest token, so bounding either by a survey of those
 /// tiles saved nothing measurable and read all of their bytes again (measured: 8% of encode on
