@@ -977,6 +977,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn count_ranges_cover_the_chunk_and_count_every_eighth_tile_of_a_sampled_one() {
+        for n in [
+            0,
+            1,
+            4095,
+            SAMPLE_MIN - 1,
+            SAMPLE_MIN,
+            SAMPLE_MIN + 1,
+            40 * SAMPLE_TILE + 17,
+            200_003,
+        ] {
+            let rs: Vec<_> = count_ranges(n).collect();
+            let mut at = 0;
+            for (r, counted) in &rs {
+                assert_eq!(r.start, at, "n {n}: ranges are contiguous");
+                assert!(r.end > r.start, "n {n}: no empty range");
+                at = r.end;
+                for i in [r.start, r.end - 1] {
+                    let want = !sampled(n) || (i / SAMPLE_TILE).is_multiple_of(SAMPLE_EVERY);
+                    assert_eq!(*counted, want, "n {n}: element {i}");
+                }
+            }
+            assert_eq!(at, n, "n {n}: ranges cover the chunk");
+            let counted: usize = rs.iter().filter(|r| r.1).map(|r| r.0.len()).sum();
+            if !sampled(n) {
+                assert_eq!(counted, n, "n {n}: an unsampled chunk is counted whole");
+            } else {
+                assert!(
+                    counted * SAMPLE_EVERY <= n + SAMPLE_EVERY * SAMPLE_TILE,
+                    "n {n}"
+                );
+                assert!(
+                    counted * SAMPLE_EVERY >= n - SAMPLE_EVERY * SAMPLE_TILE,
+                    "n {n}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn keys_and_moves_are_bijective_on_16_bits() {
         for u in 0..=0xffffu32 {
             assert_eq!(unkey(key(u, 16), 16), u);
