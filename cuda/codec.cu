@@ -2426,9 +2426,11 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
 // one a FILL (the kernels above, with the contexts set to 8 here). The kernels above return at
 // once on a warm delta job; these on any other. Launches, after ciera_enc_finish_<t>:
 //   ciera_enc_delta_hist_<t>   grid (tiles, jobs): per tile the (context, token) counts of its
-//                              moves, and its changed values and changed fields
+//                              moves (in a sampled chunk only every eighth tile's), and its
+//                              changed values and changed fields
 //   ciera_enc_delta_model_<t>  grid (1, jobs): the counts summed, one table per context scaled to
-//                              4096 (a thread per context, as `delta::normalize`), the model's
+//                              4096 (a thread per context, as `delta::normalize`; in a sampled
+//                              chunk every token of every context at least 1), the model's
 //                              bytes (s1 before the group lengths) and the encoder's table
 //   ciera_enc_delta_groups_<t> grid (tiles, jobs): groups of 32768 elements coded backwards, four
 //                              per block (a thread per lane), into per-group word buffers; the
