@@ -2578,16 +2578,16 @@ template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEn
 }
 
 // `delta::normalize`: a histogram of m tokens scaled to frequencies summing to 4096, every
-// present token at least 1 (present: counted, or below `floor`), the rounding error spread over
-// the largest (ties: lower token).
-HD void de_normalize(const u32* hist, u32 m, u32 floor, u32* freq) {
+// present token at least 1 (present: counted, or every token with `all`: a sampled chunk), the
+// rounding error spread over the largest (ties: lower token).
+HD void de_normalize(const u32* hist, u32 m, bool all, u32* freq) {
     u64 total = 0;
     for (u32 t = 0; t < m; ++t) total += hist[t];
     i64 sum = 0;
     u8 order[D_MAXTOK];
     u32 no = 0;
     for (u32 t = 0; t < m; ++t) {
-        bool present = hist[t] || t < floor;
+        bool present = hist[t] || all;
         u64 f = hist[t] ? ((u64)hist[t] * PROB_SCALE + total / 2) / total : 1;
         freq[t] = present ? (u32)(f < 1 ? 1 : f) : 0;
         sum += freq[t];
@@ -2640,13 +2640,14 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         if (c >= D_CTX) return;
         const u32* h = sh.hist + c * ntok;
         // A sampled chunk's tables hold every token (the uncounted tiles may have any).
-        u32 floor = n >= DE_SAMPLE_MIN ? ntok : 0;
-        u32 m = floor;
+        const bool all = n >= DE_SAMPLE_MIN;
+        u32 m = 0;
         for (u32 t = 0; t < ntok; ++t)
-            if (h[t] && t + 1 > m) m = t + 1;
+            if (h[t]) m = t + 1;
+        if (all) m = ntok;
         sh.m[c] = m;
         for (u32 t = 0; t < D_MAXTOK; ++t) sh.freq[c][t] = 0;
-        if (m) de_normalize(h, m, floor, sh.freq[c]);
+        if (m) de_normalize(h, m, all, sh.freq[c]);
         u32 cum = 0;
         for (u32 t = 0; t < ntok; ++t) {
             d.table[c * ntok + t] = cum | sh.freq[c][t] << 16;

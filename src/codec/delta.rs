@@ -49,14 +49,17 @@ const EXTRA_STEP: u32 = 15;
 /// and the tables give every token of every context a frequency of at least 1, so that every
 /// element of the other tiles still has a code. Pass one then reads an eighth of the values and
 /// the context bytes, where it read all of them; the exact change counts come from pass two,
-/// which reads every value anyway. Measured (`cargo bench --bench codec`, olmoe-mini-s0 w1, one core with AVX-512):
-/// bf16 encode 1.00-1.10 -> 1.57-1.81 GB/s on 64 MiB (1.07-1.16 -> 1.66-1.81 on 1 MiB chunks)
-/// for 0.5-2.8% more frame bytes (the most at the end of the schedule, where the frames are
-/// smallest), fp32 encode 1.2-1.3 -> 1.7-1.8 GB/s (1 MiB: 1.6 -> 1.9) for under 0.2%. On the traces the other tiles
-/// hold all 17 contexts (but on a first frame after a fill, all 8: 16 tables of 55-90 bytes
-/// more) and their largest move has the largest token, so bounding either by a survey of those
-/// tiles saved nothing measurable and read all of their bytes again (measured: 8% of encode on
-/// 64 MiB). The tables are the encoder's choice: decoders read whatever they say.
+/// which reads every value anyway.
+///
+/// Measured (`cargo bench --bench codec`, olmoe-mini-s0 w1, one core with AVX-512): bf16
+/// encode 1.00-1.10 -> 1.57-1.81 GB/s on 64 MiB (1.07-1.16 -> 1.66-1.81 on 1 MiB chunks) for
+/// 0.5-2.8% more frame bytes (the most at the end of the schedule, where the frames are
+/// smallest), fp32 encode 1.2-1.3 -> 1.7-1.8 GB/s (1 MiB: 1.6 -> 1.9) for under 0.2%. On the
+/// traces the other tiles hold all 17 contexts (but on a first frame after a fill, all 8: 16
+/// tables of 55-90 bytes more) and their largest move has the largest token, so bounding either
+/// by a survey of those tiles saved nothing measurable and read all of their bytes again
+/// (measured: 8% of encode on 64 MiB). The tables are the encoder's choice: decoders read
+/// whatever they say.
 pub const SAMPLE_TILE: usize = 4096;
 /// One tile in this many is counted in a sampled chunk.
 pub const SAMPLE_EVERY: usize = 8;
@@ -68,8 +71,8 @@ pub fn sampled(n: usize) -> bool {
     n >= SAMPLE_MIN
 }
 
-/// The element ranges of a chunk of `n` elements pass one counts (true) or only surveys
-/// (false), in order, each as long as it can be.
+/// The element ranges of a chunk of `n` elements pass one counts (true) or skips (false), in
+/// order, each as long as it can be.
 pub(super) fn count_ranges(n: usize) -> impl Iterator<Item = (std::ops::Range<usize>, bool)> {
     let tile = if sampled(n) { SAMPLE_TILE } else { n.max(1) };
     let mut at = 0;
@@ -87,16 +90,6 @@ pub(super) fn count_ranges(n: usize) -> impl Iterator<Item = (std::ops::Range<us
         at = r.end;
         Some((r, counted))
     })
-}
-
-/// Tokens of context byte `c`'s table that must have a frequency of at least 1 whatever
-/// their count, in a chunk of `n` elements: all `ntok` where the chunk is sampled, else none.
-fn floor_tokens(n: usize, ntok: usize) -> usize {
-    if sampled(n) {
-        ntok
-    } else {
-        0
-    }
 }
 
 /// Tokens of a W-bit type: the direct ones, then two per bit length DIRECT_BITS..W-1.
@@ -272,8 +265,8 @@ pub(super) fn scan<L: Layout>(
         Some(c) => c,
         None => {
             let mut c = super::delta_simd::ScanCounts::default();
-            for (r, counted) in count_ranges(ctx.len()) {
-                scan_plain::<L>(input, old, ctx, r, counted, &mut s.hist, &mut c);
+            for (r, _) in count_ranges(ctx.len()).filter(|(_, counted)| *counted) {
+                scan_plain::<L>(input, old, ctx, r, &mut s.hist, &mut c);
             }
             c
         }
@@ -303,20 +296,16 @@ pub(super) fn scan<L: Layout>(
     sc
 }
 
-/// Pass one, plainly, over the elements `r` where `counted` (else nothing): their pairs into
-/// the four histograms `hist` (element i into histogram i % 4) and their changes.
+/// Pass one, plainly, over the counted elements `r`: their pairs into the four histograms
+/// `hist` (element i into histogram i % 4) and their changes.
 pub(super) fn scan_plain<L: Layout>(
     input: &[u8],
     old: &[u8],
     ctx: &[u8],
     r: std::ops::Range<usize>,
-    counted: bool,
     hist: &mut [u32],
     c: &mut super::delta_simd::ScanCounts,
 ) {
-    if !counted {
-        return;
-    }
     let w = width::<L>();
     for i in r {
         let (a, b) = (L::load(old, i), L::load(input, i));
@@ -341,11 +330,11 @@ fn lane_overhead(n: usize) -> usize {
     n.div_ceil(group) * (4 * lanes + 4)
 }
 
-/// Scale a histogram to frequencies summing to PROB_SCALE, every present token >= 1; the
-/// tokens below `floor` are present whatever their count (a sampled chunk, `SAMPLE_TILE`).
-fn normalize(hist: &[u32], floor: usize, freq: &mut [u32]) {
+/// Scale a histogram to frequencies summing to PROB_SCALE, every present token >= 1; with
+/// `all` (a sampled chunk, `SAMPLE_TILE`) every token is present whatever its count.
+fn normalize(hist: &[u32], all: bool, freq: &mut [u32]) {
     let total: u64 = hist.iter().map(|&h| h as u64).sum();
-    let present = |t: usize| hist[t] > 0 || t < floor;
+    let present = |t: usize| hist[t] > 0 || all;
     let mut sum: i64 = 0;
     for (t, (f, &h)) in freq.iter_mut().zip(hist).enumerate() {
         *f = if !present(t) {
@@ -377,6 +366,16 @@ fn normalize(hist: &[u32], floor: usize, freq: &mut [u32]) {
     }
 }
 
+/// Tokens a context's table describes (`m`), for its counts `h` in a chunk of `n` elements:
+/// one past the highest counted token, or every token where the chunk is sampled.
+fn table_tokens(h: &[u32], n: usize) -> usize {
+    if sampled(n) {
+        h.len()
+    } else {
+        h.iter().rposition(|&x| x > 0).map_or(0, |p| p + 1)
+    }
+}
+
 /// Estimated frame payload bytes (sections, not the header) of a Delta frame for a scan.
 pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
     let ntok = tokens(w);
@@ -385,13 +384,12 @@ pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
     for h in &sc.hist {
         let h = &h[..ntok];
         let total: u64 = h.iter().map(|&x| x as u64).sum();
-        let floor = floor_tokens(n, ntok);
-        table += 1 + floor;
+        // Its m byte, then a byte per token described (two for the frequent ones, below).
+        table += 1 + table_tokens(h, n);
         if total == 0 {
             continue;
         }
-        let m = h.iter().rposition(|&x| x > 0).map_or(0, |p| p + 1);
-        table += m.saturating_sub(floor) + h.iter().filter(|&&x| x as u64 * 32 > total).count();
+        table += h.iter().filter(|&&x| x as u64 * 32 > total).count();
         let lt = (total as f64).log2();
         for &x in h.iter().filter(|&&x| x > 0) {
             bits += x as f64 * (lt - (x as f64).log2());
@@ -468,17 +466,12 @@ pub(super) fn write<L: Layout>(
     let mut freq = [0u32; MAX_TOKENS];
     for c in 0..NCTX {
         let h = &sc.hist[c][..ntok];
-        let floor = floor_tokens(n, ntok);
-        let m = h
-            .iter()
-            .rposition(|&x| x > 0)
-            .map_or(0, |p| p + 1)
-            .max(floor);
+        let m = table_tokens(h, n);
         model.push(m as u8);
         if m == 0 {
             continue;
         }
-        normalize(&h[..m], floor, &mut freq[..m]);
+        normalize(&h[..m], sampled(n), &mut freq[..m]);
         let mut cum = 0;
         for t in 0..m {
             super::rans::write_varint(&mut model, freq[t]);

@@ -164,6 +164,23 @@ mod imp {
         }
     }
 
+    /// Lanes of sixteen 32-bit values `a` and `b` whose cached fields (`exp_max << exp_shift`)
+    /// are equal: the exponent changes every pass counts.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn fields_same32(a: __m512i, b: __m512i, exp_shift: __m128i, exp_max: __m512i) -> u32 {
+        let ex = _mm512_and_si512(_mm512_srl_epi32(_mm512_xor_si512(a, b), exp_shift), exp_max);
+        _mm512_cmpeq_epi32_mask(ex, _mm512_setzero_si512()).count_ones()
+    }
+
+    /// As [`fields_same32`] for 32 16-bit values (`exp_max` in 16-bit lanes).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
+    fn fields_same16(a: __m512i, b: __m512i, exp_shift: __m128i, exp_max: __m512i) -> u32 {
+        let ex = _mm512_and_si512(_mm512_srl_epi16(_mm512_xor_si512(a, b), exp_shift), exp_max);
+        _mm512_cmpeq_epi16_mask(ex, _mm512_setzero_si512()).count_ones()
+    }
+
     /// The context bytes 32 16-bit moves leave (`delta::context_of`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
@@ -266,8 +283,7 @@ mod imp {
             // below tokens(32)); `h` holds 4 * HIST counters, the caller's bound.
             unsafe { super::super::delta_simd::count_pairs(h, &ks) };
             same += _mm512_cmpeq_epi32_mask(a, b).count_ones() as usize;
-            let ex = _mm512_and_si512(_mm512_srl_epi32(_mm512_xor_si512(a, b), exp_shift), exp_max);
-            exp_same += _mm512_cmpeq_epi32_mask(ex, zero).count_ones() as usize;
+            exp_same += fields_same32(a, b, exp_shift, exp_max) as usize;
             i += 16;
         }
         // Per lane at most 30 bits an element: no lane overflows below 2^31 elements.
@@ -397,12 +413,8 @@ mod imp {
             let a = _mm512_loadu_si512(state.as_ptr().add(2 * row) as *const _);
             let b = _mm512_loadu_si512(input.as_ptr().add(2 * row) as *const _);
             let c8 = _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i);
-            let ex = _mm512_and_si512(
-                _mm512_srl_epi16(_mm512_xor_si512(a, b), k.exp_shift),
-                k.exp_max,
-            );
             let same = _mm512_cmpeq_epi16_mask(a, b).count_ones();
-            let exp_same = _mm512_cmpeq_epi16_mask(ex, k.zero).count_ones();
+            let exp_same = fields_same16(a, b, k.exp_shift, k.exp_max);
             let d = _mm512_sub_epi16(key32(b), key32(a));
             let zz = _mm512_xor_si512(_mm512_slli_epi16::<1>(d), _mm512_srai_epi16::<15>(d));
             _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
@@ -445,12 +457,8 @@ mod imp {
             let c8 = _mm256_loadu_si256(ctx.as_ptr().add(row) as *const __m256i);
             let (mut same, mut exp_same) = (0, 0);
             for h in 0..2 {
-                let ex = _mm512_and_si512(
-                    _mm512_srl_epi32(_mm512_xor_si512(a[h], b[h]), k.exp_shift),
-                    k.exp_max,
-                );
                 same += _mm512_cmpeq_epi32_mask(a[h], b[h]).count_ones();
-                exp_same += _mm512_cmpeq_epi32_mask(ex, k.zero).count_ones();
+                exp_same += fields_same32(a[h], b[h], k.exp_shift, k.exp_max);
             }
             let d = [
                 _mm512_sub_epi32(key32x(b[0]), key32x(a[0])),
@@ -776,11 +784,7 @@ mod imp {
                 _mm512_storeu_si512(op.add(64 * v) as *mut _, new);
                 _mm512_storeu_si512(sp.add(64 * v) as *mut _, new);
                 unchanged += _mm512_cmpeq_epi32_mask(dv, zero).count_ones() as u64;
-                let ex = _mm512_and_si512(
-                    _mm512_srl_epi32(_mm512_xor_si512(old, new), exp_shift),
-                    exp_max,
-                );
-                exp_same += _mm512_cmpeq_epi32_mask(ex, zero).count_ones() as u64;
+                exp_same += fields_same32(old, new, exp_shift, exp_max) as u64;
             }
             _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts_d32(d));
         }
@@ -920,11 +924,7 @@ mod imp {
                     _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(d));
                 }
                 unchanged += _mm512_cmpeq_epi16_mask(d, zero).count_ones() as u64;
-                let ex = _mm512_and_si512(
-                    _mm512_srl_epi16(_mm512_xor_si512(old, new), exp_shift),
-                    exp_max16,
-                );
-                exp_same += _mm512_cmpeq_epi16_mask(ex, zero).count_ones() as u64;
+                exp_same += fields_same16(old, new, exp_shift, exp_max16) as u64;
             }
         }
         counts.changed += G * rows * 32 - unchanged as usize;

@@ -355,8 +355,8 @@ mod avx2 {
             }
             if L::BYTES == 4 {
                 let (u, e) = values32::<L>(&mut x, t, rd, s0, limit, state, ctx, out, row);
-                unchanged += 2 * u;
-                exp_same += 2 * e;
+                unchanged += u;
+                exp_same += e;
                 continue;
             }
             // Direct tokens are their zigzag values. A vector without extra bits skips its
@@ -417,18 +417,10 @@ mod avx2 {
                     ctx.as_mut_ptr().add(i) as *mut __m128i,
                     _mm256_castsi256_si128(cb),
                 );
-                // Two mask bits per element.
-                unchanged +=
-                    (_mm256_movemask_epi8(_mm256_cmpeq_epi16(d, zero)) as u32).count_ones();
-                let ex = _mm256_and_si256(
-                    _mm256_srl_epi16(_mm256_xor_si256(old, new), exp_shift),
-                    exp_max16,
-                );
-                exp_same +=
-                    (_mm256_movemask_epi8(_mm256_cmpeq_epi16(ex, zero)) as u32).count_ones();
+                unchanged += lanes_eq16(d, zero);
+                exp_same += fields_same16(old, new, exp_shift, exp_max16);
             }
         }
-        let (unchanged, exp_same) = (unchanged / 2, exp_same / 2);
         let exp_changed = rows * 32 - exp_same as usize;
         counts.changed += rows * 32 - unchanged as usize;
         counts.exp_changed += exp_changed;
@@ -519,16 +511,8 @@ mod avx2 {
             );
             _mm256_storeu_si256(out.as_mut_ptr().add(4 * i) as *mut __m256i, new);
             _mm256_storeu_si256(state.as_mut_ptr().add(4 * i) as *mut __m256i, new);
-            unchanged += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(d, zero)))
-                as u32)
-                .count_ones();
-            let ex = _mm256_and_si256(
-                _mm256_srl_epi32(_mm256_xor_si256(old, new), exp_shift),
-                exp_max,
-            );
-            exp_same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
-                as u32)
-                .count_ones();
+            unchanged += lanes_eq32(d, zero);
+            exp_same += fields_same32(old, new, exp_shift, exp_max);
             ds[v] = d;
         }
         _mm256_storeu_si256(ctx.as_mut_ptr().add(row) as *mut __m256i, contexts32(ds));
@@ -569,12 +553,8 @@ mod avx2 {
             let k = _mm256_add_epi32(_mm256_mullo_epi32(c, ntok), t);
             _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, k);
             super::count_pairs(h, &ks);
-            same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32)
-                .count_ones() as usize;
-            let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
-            exp_same += (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ex, zero)))
-                as u32)
-                .count_ones() as usize;
+            same += lanes_eq32(a, b) as usize;
+            exp_same += fields_same32(a, b, exp_shift, exp_max) as usize;
             i += 8;
         }
         let mut e = [0u32; 8];
@@ -729,7 +709,7 @@ mod avx2 {
         let exp_max = _mm256_set1_epi16(L::EXP_MAX as i16);
         let h = hist.as_mut_ptr();
         let mut extra = zero;
-        let (mut same2, mut exp_same2) = (0usize, 0usize);
+        let (mut same, mut exp_same) = (0usize, 0usize);
         let full = n / 16 * 16;
         let mut ks = [0u64; 4];
         let mut i = 0;
@@ -750,14 +730,10 @@ mod avx2 {
                 _mm256_storeu_si256(ks.as_mut_ptr() as *mut __m256i, k);
                 super::count_pairs(h, &ks);
             }
-            // Two mask bits per element.
-            same2 += (_mm256_movemask_epi8(_mm256_cmpeq_epi16(a, b)) as u32).count_ones() as usize;
-            let ex = _mm256_and_si256(_mm256_srl_epi16(_mm256_xor_si256(a, b), exp_shift), exp_max);
-            exp_same2 +=
-                (_mm256_movemask_epi8(_mm256_cmpeq_epi16(ex, zero)) as u32).count_ones() as usize;
+            same += lanes_eq16(a, b) as usize;
+            exp_same += fields_same16(a, b, exp_shift, exp_max) as usize;
             i += 16;
         }
-        let (same, exp_same) = (same2 / 2, exp_same2 / 2);
         let full = i;
         let mut e = [0u32; 8];
         _mm256_storeu_si256(e.as_mut_ptr() as *mut __m256i, extra);
@@ -799,33 +775,36 @@ mod avx2 {
         exp_same: u32,
     }
 
-    /// Lanes of sixteen 16-bit values `a` and `b` whose values, and whose fields `exp_max <<
-    /// exp_shift`, are equal (`delta_simd::encode_rows` counts the changes in pass two).
+    /// Lanes of sixteen 16-bit values `a` and `b` that are equal.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
-    fn same16(a: __m256i, b: __m256i, exp_shift: i32, exp_max: i32) -> (u32, u32) {
-        let ex = _mm256_and_si256(
-            _mm256_srl_epi16(_mm256_xor_si256(a, b), _mm_cvtsi32_si128(exp_shift)),
-            _mm256_set1_epi16(exp_max as i16),
-        );
-        let eq = |v: __m256i, w: __m256i| {
-            (_mm256_movemask_epi8(_mm256_cmpeq_epi16(v, w)) as u32).count_ones() / 2
-        };
-        (eq(a, b), eq(ex, _mm256_setzero_si256()))
+    fn lanes_eq16(a: __m256i, b: __m256i) -> u32 {
+        // Two mask bits per lane.
+        (_mm256_movemask_epi8(_mm256_cmpeq_epi16(a, b)) as u32).count_ones() / 2
     }
 
-    /// As [`same16`] for eight 32-bit values.
+    /// Lanes of eight 32-bit values `a` and `b` that are equal.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
-    fn same32(a: __m256i, b: __m256i, exp_shift: i32, exp_max: i32) -> (u32, u32) {
-        let ex = _mm256_and_si256(
-            _mm256_srl_epi32(_mm256_xor_si256(a, b), _mm_cvtsi32_si128(exp_shift)),
-            _mm256_set1_epi32(exp_max),
-        );
-        let eq = |v: __m256i, w: __m256i| {
-            (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, w))) as u32).count_ones()
-        };
-        (eq(a, b), eq(ex, _mm256_setzero_si256()))
+    fn lanes_eq32(a: __m256i, b: __m256i) -> u32 {
+        (_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, b))) as u32).count_ones()
+    }
+
+    /// Lanes of sixteen 16-bit values `a` and `b` whose cached fields (`exp_max << exp_shift`,
+    /// `exp_max` in 16-bit lanes) are equal: the exponent changes every pass counts.
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn fields_same16(a: __m256i, b: __m256i, exp_shift: __m128i, exp_max: __m256i) -> u32 {
+        let ex = _mm256_and_si256(_mm256_srl_epi16(_mm256_xor_si256(a, b), exp_shift), exp_max);
+        lanes_eq16(ex, _mm256_setzero_si256())
+    }
+
+    /// As [`fields_same16`] for eight 32-bit values (`exp_max` in 32-bit lanes).
+    #[inline]
+    #[target_feature(enable = "avx2,popcnt")]
+    fn fields_same32(a: __m256i, b: __m256i, exp_shift: __m128i, exp_max: __m256i) -> u32 {
+        let ex = _mm256_and_si256(_mm256_srl_epi32(_mm256_xor_si256(a, b), exp_shift), exp_max);
+        lanes_eq32(ex, _mm256_setzero_si256())
     }
 
     /// The row of 32 16-bit elements from `row`: moves from the cached values and contexts,
@@ -837,7 +816,7 @@ mod avx2 {
         state: &mut [u8],
         ctx: &mut [u8],
         row: usize,
-        exp: (i32, i32),
+        exp: (__m128i, __m256i),
     ) -> RowIn {
         let zero = _mm256_setzero_si256();
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
@@ -854,9 +833,8 @@ mod avx2 {
             let i = row + 16 * hf;
             let a = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
             let b = _mm256_loadu_si256(input.as_ptr().add(2 * i) as *const __m256i);
-            let (same, exp_same) = same16(a, b, exp.0, exp.1);
-            r.same += same;
-            r.exp_same += exp_same;
+            r.same += lanes_eq16(a, b);
+            r.exp_same += fields_same16(a, b, exp.0, exp.1);
             let (d, zz) = moves16(a, b);
             for (q, z8) in widen16(zz).into_iter().enumerate() {
                 let v = 2 * hf + q;
@@ -885,7 +863,7 @@ mod avx2 {
         state: &mut [u8],
         ctx: &mut [u8],
         row: usize,
-        exp: (i32, i32),
+        exp: (__m128i, __m256i),
     ) -> RowIn {
         let zero = _mm256_setzero_si256();
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(32) as i32);
@@ -904,9 +882,8 @@ mod avx2 {
             let i = row + 8 * v;
             let a = _mm256_loadu_si256(state.as_ptr().add(4 * i) as *const __m256i);
             let b = _mm256_loadu_si256(input.as_ptr().add(4 * i) as *const __m256i);
-            let (same, exp_same) = same32(a, b, exp.0, exp.1);
-            r.same += same;
-            r.exp_same += exp_same;
+            r.same += lanes_eq32(a, b);
+            r.exp_same += fields_same32(a, b, exp.0, exp.1);
             let (d, zz) = moves32(a, b);
             let (t, eb) = tokens8_32(zz);
             let c = _mm256_min_epu32(
@@ -960,6 +937,15 @@ mod avx2 {
         rc: &mut RowCounts,
     ) {
         let (mut same, mut exp_same) = (0usize, 0usize);
+        // The cached field's shift and mask, in lanes of the type's width.
+        let exp = (
+            _mm_cvtsi32_si128(exp.0),
+            if W == 16 {
+                _mm256_set1_epi16(exp.1 as i16)
+            } else {
+                _mm256_set1_epi32(exp.1)
+            },
+        );
         let mut x = [_mm256_setzero_si256(); 4];
         for (v, xv) in x.iter_mut().enumerate() {
             *xv = _mm256_loadu_si256(xl.as_ptr().add(8 * v) as *const __m256i);
@@ -1020,8 +1006,8 @@ mod avx2 {
 
 /// Pass one where the vector coders apply (`applies`: AVX2 for the 16-bit types, AVX-512 for
 /// fp32): the (context, token) counts into `hist` (four histograms of `delta::HIST` entries,
-/// zeroed by the caller) and the counts, over the ranges `delta::count_ranges` counts. Returns None (and does nothing) when this path does
-/// not apply.
+/// zeroed by the caller) and the counts, over the ranges `delta::count_ranges` counts. Returns
+/// None (and does nothing) when this path does not apply.
 pub(super) fn scan_vector<L: Layout>(
     input: &[u8],
     old: &[u8],
@@ -1047,11 +1033,8 @@ pub(super) fn scan_vector<L: Layout>(
     #[cfg(target_arch = "x86_64")]
     {
         let mut c = ScanCounts::default();
-        for (r, counted) in super::delta::count_ranges(n) {
+        for (r, _) in super::delta::count_ranges(n).filter(|(_, counted)| *counted) {
             let (lo, hi) = (r.start, r.end);
-            if !counted {
-                continue;
-            }
             let full = lo + (hi - lo) / 16 * 16;
             let (inp, od, cx) = (
                 &input[L::BYTES * lo..L::BYTES * hi],
@@ -1076,7 +1059,7 @@ pub(super) fn scan_vector<L: Layout>(
             c.add(part);
             // The rest of the range (the chunk's last elements), plainly; histogram parity
             // does not matter (the four are summed).
-            super::delta::scan_plain::<L>(input, old, ctx, full..hi, true, hist, &mut c);
+            super::delta::scan_plain::<L>(input, old, ctx, full..hi, hist, &mut c);
         }
         Some(c)
     }

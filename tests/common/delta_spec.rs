@@ -239,7 +239,7 @@ pub fn tables_describe(m: &Model, w: u32, z: &[u32], ctx: &[u8]) -> Result<(), S
     for (&zi, &c) in z.iter().zip(ctx) {
         hist[c as usize][token(zi).0] += 1;
     }
-    // A sampled chunk's tables may hold more (its box): they must still hold every element.
+    // A sampled chunk's tables hold every token: they must still hold every element.
     let exact = z.len() < SAMPLE_MIN;
     for (c, (t, h)) in m.tables.iter().zip(&hist).enumerate() {
         let used = h.iter().any(|&x| x > 0);
@@ -455,10 +455,11 @@ pub fn decode(
 /// The encoder's tables (its choice, not part of the format): each present token gets
 /// `round(count x SCALE / total)` (at least 1), and the rounding error is spread one unit at a
 /// time over the present tokens in decreasing order of frequency (ties: lower token first),
-/// never taking one below 1.
-pub fn normalize(hist: &[u32], floor: usize) -> Vec<u32> {
+/// never taking one below 1. With `all` (a sampled chunk) every token is present, counted or
+/// not.
+pub fn normalize(hist: &[u32], all: bool) -> Vec<u32> {
     let total: u64 = hist.iter().map(|&h| h as u64).sum();
-    let present = |t: usize| hist[t] > 0 || t < floor;
+    let present = |t: usize| hist[t] > 0 || all;
     let mut f: Vec<u32> = hist
         .iter()
         .enumerate()
@@ -507,16 +508,16 @@ pub fn encoder_model(w: u32, z: &[u32], ctx: &[u8], lanes: usize, group: usize) 
             hist[c as usize][token(zi).0] += 1;
         }
     }
-    let floor = if n < SAMPLE_MIN { 0 } else { ntokens(w) };
+    let all = n >= SAMPLE_MIN;
     let tables = hist
         .iter()
         .map(|h| {
-            let m = h
-                .iter()
-                .rposition(|&x| x > 0)
-                .map_or(0, |p| p + 1)
-                .max(floor);
-            (m > 0).then(|| normalize(&h[..m], floor))
+            let m = if all {
+                h.len()
+            } else {
+                h.iter().rposition(|&x| x > 0).map_or(0, |p| p + 1)
+            };
+            (m > 0).then(|| normalize(&h[..m], all))
         })
         .collect();
     Model {
