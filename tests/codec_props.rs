@@ -1560,18 +1560,27 @@ fn delta_transcript() -> Vec<u8> {
                     x = drift_step(&mut rng, dtype, &x, d);
                 }
                 let mut f = Vec::new();
-                tx.encode(&x, &mut f).unwrap();
+                let sent = tx.encode(&x, &mut f).unwrap();
                 t.extend_from_slice(&(f.len() as u64).to_le_bytes());
                 t.extend_from_slice(&f);
                 if it > 0 {
                     damaged_outcomes(&mut t, &mut rng, &f, dtype, mode, len, &history, 6);
                 }
                 let mut o = vec![0u8; x.len()];
-                rx.decode(&f, &mut o).unwrap();
+                let got = rx.decode(&f, &mut o).unwrap();
                 assert!(
                     o == x,
                     "{dtype:?} n={len} iteration {it}: decoded bits differ"
                 );
+                // Both sides count the same changes (values, exponents), on every path.
+                assert_eq!(
+                    (got.value_changes, got.exp_changes),
+                    (sent.value_changes, sent.exp_changes),
+                    "{dtype:?} n={len} iteration {it}: decoder and encoder count different changes"
+                );
+                for k in [sent.value_changes.unwrap_or(usize::MAX), sent.exp_changes] {
+                    t.extend_from_slice(&(k as u64).to_le_bytes());
+                }
                 t.extend_from_slice(&o);
                 history.push(f);
             }
