@@ -23,6 +23,8 @@
 // shares data between blocks of one launch except through distinct per-tile slots).
 //
 // Encode (per batch of EncJob, one frame per job; launches in this order on one stream):
+//   ciera_enc_delta_hist_<t>, ciera_enc_delta_model_<t>: a delta cache's pass one and, with
+//                        DE_AUTO, its pick of frame (see "Encode of Delta frames")
 //   ciera_enc_tile_<t>   grid (max tiles, jobs) x 256: values -> sign+mantissa (s0), mask words,
 //                        exponent cache update, per-tile counts and SH64 partial sums
 //   ciera_enc_plan       grid (1, jobs) x 256: tile offsets (scan), mask coding (plan), rANS
@@ -30,7 +32,7 @@
 //   ciera_enc_emit_<t>   grid (max tiles, jobs) x 256: mask bytes (Flat/Hier) and exceptions,
 //                        or the raw values of a FILL
 //   ciera_enc_finish_<t> grid (1, jobs) x 256: header, SH64, XXH3 (8 lanes), frame length
-//   ciera_enc_delta_*_<t>: a delta cache's Delta frames (see "Encode of Delta frames")
+//   ciera_enc_delta_*_<t>: the other five, a delta cache's Delta frames (ibid.)
 // Decode (per batch of DecJob): see the sections "Decode" and "Decode of Delta frames" below.
 //
 // Tiles are 4096 elements (64 mask words): the sign+mantissa of a tile starts on a 32-byte
@@ -687,16 +689,33 @@ struct EncJob {
     u64 version; // slot version (header field)
     u64 flags;   // bit 0: the slot is cold (send a FILL); bit 1: a full-value cache; bits 2-3:
                  // its frame choice (0 the smaller of Exp and Hybrid as the CPU estimates, 1 Exp,
-                 // 2 Hybrid)
-    u64 ctx;      // a delta cache (with bit 1): the n context bytes, read, then updated; such a
-                  // job sends Delta frames (see "Encode of Delta frames"); else 0
+                 // 2 Hybrid); bits 4-5, a delta cache's Delta frames (DE_NEVER: the frame of
+                 // bits 2-3; DE_ALWAYS; DE_AUTO: the smallest of Exp, Hybrid and Delta as the
+                 // CPU estimates them, see "Encode of Delta frames")
+    u64 ctx;      // a delta cache (with bit 1): the n context bytes, read, then updated; else 0
     u64 dscratch; // with `ctx`: enc_delta_scratch_bytes(n), 8-aligned; else 0
 };
 HD bool job_cold(const EncJob& j) { return j.flags & 1; }
 HD bool job_full(const EncJob& j) { return (j.flags >> 1) & 1; }
-HD u32 job_choice(const EncJob& j) { return (u32)(j.flags >> 2) & 3; }
-// A warm delta cache's job: a Delta frame (or a FILL where it would be longer than the values).
-HD bool job_delta_frame(const EncJob& j) { return j.ctx && !job_cold(j); }
+// A delta cache's job (`ctx` set) and Delta frames: never (a frame of bits 2-3, the contexts
+// set to "no previous move", as the CPU's FrameChoice Exp, Hybrid and NoDelta), always (the
+// CPU's FrameChoice::Delta) or the smallest frame (the CPU's FrameChoice::Auto).
+constexpr u32 DE_NEVER = 0, DE_ALWAYS = 1, DE_AUTO = 2;
+HD u32 job_delta_mode(const EncJob& j) { return j.ctx ? (u32)(j.flags >> 4) & 3 : DE_NEVER; }
+// A warm delta job that may send a Delta frame: ciera_enc_delta_hist and _model run for it.
+HD bool job_delta_scan(const EncJob& j) { return job_delta_mode(j) != DE_NEVER && !job_cold(j); }
+// What ciera_enc_delta_model picked for such a job (0 Delta, 1 Exp, 2 Hybrid): DEncPlan.pick,
+// the first word of its `dscratch`.
+HD u64 de_pick(const EncJob& j) { return *(const u64*)j.dscratch; }
+// A job sending a Delta frame (or a FILL where that would be longer than the values): the
+// kernels of "Encode of Delta frames" code it, the others return at once.
+HD bool job_delta_frame(const EncJob& j) {
+    return job_delta_scan(j) && (job_delta_mode(j) == DE_ALWAYS || de_pick(j) == 0);
+}
+// The frame choice of a job the Exp/Hybrid kernels code: what DE_AUTO picked, else bits 2-3.
+HD u32 job_choice(const EncJob& j) {
+    return job_delta_mode(j) == DE_AUTO && !job_cold(j) ? (u32)de_pick(j) : (u32)(j.flags >> 2) & 3;
+}
 
 // Per job, in scratch: the plan (what enc_plan decided; the host reads `frame_len`, `mode`,
 // `fill` and `ones` back), then per-tile counts and partial sums, then the mask words and the
@@ -2421,25 +2440,31 @@ template <class L> HD void dec_delta(const DecJob& j, u64 tile, Blk& b, DeltaShm
 // ---------------------------------------------------------------------------------------------
 // Encode of Delta frames (mode 3) against a delta cache: `EncJob.ctx` set (with a full-value
 // cache: `cache` holds the previous values), its Delta model and group streams in
-// `EncJob.dscratch` (enc_delta_scratch_bytes(n)). A warm delta job always sends a Delta frame
-// (the CPU's FrameChoice::Delta), or a FILL where that would be longer than the values; a cold
-// one a FILL (the kernels above, with the contexts set to 8 here). The kernels above return at
-// once on a warm delta job; these on any other. Launches, after ciera_enc_finish_<t>:
+// `EncJob.dscratch` (enc_delta_scratch_bytes(n)). A warm delta job sends a Delta frame (or a
+// FILL where that would be longer than the values) with DE_ALWAYS (the CPU's
+// FrameChoice::Delta), and with DE_AUTO where ciera_enc_delta_model picks it; else, and with
+// DE_NEVER, the kernels above code it (Exp, Hybrid or FILL) and its contexts are set to 8 here,
+// as a cold job's. The kernels above return at once on a job sending a Delta frame; these
+// (after the first two) on any other. ciera_enc_delta_hist and _model run first, before the
+// kernels above (the Exp/Hybrid frame of a DE_AUTO job is their pick); the others after
+// ciera_enc_finish_<t>:
 //   ciera_enc_delta_hist_<t>   grid (tiles, jobs): per tile the (context, token) counts of its
-//                              moves (in a sampled chunk only every eighth tile's), and its
-//                              changed values and changed fields
+//                              moves and their extra bits (in a sampled chunk only every eighth
+//                              tile's), and its changed values and changed fields
 //   ciera_enc_delta_model_<t>  grid (1, jobs): the counts summed, one table per context scaled to
 //                              4096 (a thread per context, as `delta::normalize`; in a sampled
 //                              chunk every token of every context at least 1), the model's
-//                              bytes (s1 before the group lengths) and the encoder's table
+//                              bytes (s1 before the group lengths) and the encoder's table; with
+//                              DE_AUTO the pick: the smallest of the Delta, Exp and Hybrid
+//                              frames as the CPU estimates them (`de_pick_frame`)
 //   ciera_enc_delta_groups_<t> grid (tiles, jobs): groups of 32768 elements coded backwards, four
 //                              per block (a thread per lane), into per-group word buffers; the
 //                              cache takes the new values and the contexts the moves leave
 //   ciera_enc_delta_lay_<t>    grid (1, jobs): group offsets, the frame's length, FILL or not,
 //                              s1 written
 //   ciera_enc_delta_pack_<t>   grid (tiles, jobs): each group's lane states and words into s0;
-//                              a FILL's values into s0 and its contexts set to 8; a cold job's
-//                              contexts set to 8
+//                              a FILL's values into s0 and its contexts set to 8; the contexts
+//                              of any other delta job (cold, or an Exp or Hybrid frame) set to 8
 //   ciera_enc_delta_sum_<t>    grid (tiles, jobs): SH64 partial sums of s0
 //   ciera_enc_delta_finish_<t> grid (1, jobs): header, SH64, XXH3
 // A coding step of a row gives the lanes whose state must shed a word (x at or over its
@@ -2456,15 +2481,19 @@ constexpr u64 DE_SAMPLE_EVERY = 8;
 constexpr u64 DE_SAMPLE_MIN = 32ull * TILE;
 HD bool de_counted(u64 n, u64 tile) { return n < DE_SAMPLE_MIN || tile % DE_SAMPLE_EVERY == 0; }
 
+// Counts per tile of ciera_enc_delta_hist: changed values, changed fields, extra bits.
+constexpr u32 DE_CNT = 3;
+
 HD u32 de_lanes(u64 n) { return (u32)(n / 512 < 1 ? 1 : n / 512 > DE_LANES ? DE_LANES : n / 512); }
 
 struct DEncPlan {
+    u64 pick; // first (de_pick): 0 Delta, 1 Exp, 2 Hybrid
     u64 lanes, groups, model_len, s0_len, s1_len, fill, changed, exp_changed;
 };
 struct DEncView {
     DEncPlan* plan;
     u32* tile_hist;   // per tile D_CTX * D_MAXTOK counts
-    u64* tile_cnt;    // per tile: changed values, changed fields
+    u64* tile_cnt;    // per tile: changed values, changed fields, extra bits (counted moves)
     u32* table;       // per (context, token): cum | freq << 16
     u8* model;        // s1 before the group lengths (at most 5 + 17 * (1 + 86 * 3) bytes)
     u64* glen;        // per group: its bytes in s0 (states and words)
@@ -2480,7 +2509,7 @@ struct DEncView {
         tile_hist = (u32*)(s + o);
         o += align8(4ull * T * D_CTX * D_MAXTOK);
         tile_cnt = (u64*)(s + o);
-        o += 16 * T;
+        o += 8 * DE_CNT * T;
         table = (u32*)(s + o);
         o += align8(4ull * D_CTX * D_MAXTOK);
         model = s + o;
@@ -2498,7 +2527,7 @@ struct DEncView {
 };
 HD u64 enc_delta_scratch_bytes(u64 n) {
     u64 T = cdiv(n, TILE), G = cdiv(n, DE_GROUP);
-    return align8(sizeof(DEncPlan)) + align8(4ull * T * D_CTX * D_MAXTOK) + 16 * T +
+    return align8(sizeof(DEncPlan)) + align8(4ull * T * D_CTX * D_MAXTOK) + 8 * DE_CNT * T +
            align8(4ull * D_CTX * D_MAXTOK) + align8(5 + D_CTX * (1 + 3 * D_MAXTOK)) + 16 * G +
            4ull * DE_LANES * G + 32 * T + 2 * G * DE_WORDS;
 }
@@ -2523,7 +2552,7 @@ template <class L> HD void de_token(u32 a, u32 bnew, u32* z, u32* tk, u32* eb, u
 
 struct DEncShm {
     u32 hist[D_CTX * D_MAXTOK];
-    u64 cnt[2][NT];
+    u64 cnt[DE_CNT][NT];
     u32 freq[D_CTX][D_MAXTOK];
     u32 m[D_CTX]; // per context: one past its highest token (0: none)
     u32 x[NT], z[NT], eb[NT], sym[NT], need[2][NT];
@@ -2536,7 +2565,7 @@ struct DEncShm {
 
 template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEncShm& sh) {
     u64 n = j.n;
-    if (!job_delta_frame(j) || tile * TILE >= n) return;
+    if (!job_delta_scan(j) || tile * TILE >= n) return;
     DEncView d(j.dscratch, n);
     const u32 ntok = DBits<L>::NTOK;
     const u8* in = (const u8*)j.input;
@@ -2549,7 +2578,7 @@ template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEn
     });
     b.sync();
     b.each([&](u32 t) {
-        u64 ch = 0, ech = 0;
+        u64 ch = 0, ech = 0, xb = 0;
         for (u64 q = t; q < tn; q += NT) {
             u64 i = base + q;
             u32 a = load_val<L>(cache, i), nu = load_val<L>(in, i);
@@ -2558,21 +2587,23 @@ template <class L> HD void enc_delta_hist(const EncJob& j, u64 tile, Blk& b, DEn
                 de_token<L>(a, nu, &z, &tk, &eb, &dm);
                 u32 c = ctx[i] < D_CTX ? ctx[i] : D_CTX - 1;
                 add_u32(&sh.hist[c * ntok + tk], 1);
+                xb += eb;
             }
             ch += a != nu;
             ech += exp_of<L>(a) != exp_of<L>(nu);
         }
         sh.cnt[0][t] = ch;
         sh.cnt[1][t] = ech;
+        sh.cnt[2][t] = xb;
     });
     b.sync();
     b.each([&](u32 t) {
         for (u32 k = t; k < D_CTX * D_MAXTOK; k += NT)
             d.tile_hist[tile * D_CTX * D_MAXTOK + k] = sh.hist[k];
-        if (t < 2) {
+        if (t < DE_CNT) {
             u64 s = 0;
             for (u32 q = 0; q < NT; ++q) s += sh.cnt[t][q];
-            d.tile_cnt[2 * tile + t] = s;
+            d.tile_cnt[DE_CNT * tile + t] = s;
         }
     });
 }
@@ -2616,9 +2647,51 @@ HD void de_normalize(const u32* hist, u32 m, bool all, u32* freq) {
     }
 }
 
+// The frame a delta cache's FrameChoice::Auto sends, as the CPU picks it (chunk.rs,
+// `encode_delta_with`): 0 Delta, 1 Exp, 2 Hybrid, the smallest of their estimated bytes (Delta
+// on a tie with either, Hybrid only where smaller than Exp), from pass one's counts: `hist` (per
+// context its ntok token counts), `m` (per context its tokens described), and the counted
+// elements' changed values, changed fields and extra bits; a sampled chunk's scaled to the
+// chunk as `delta::scan` does. The Delta frame's bytes are `delta::estimate`'s, the Exp frame's
+// its sign+mantissa, its mask at the entropy of independent bits and its exponents, the Hybrid
+// frame's `hybrid_estimate`; all in integers, as on the CPU.
+template <class L>
+HD u64 de_pick_frame(const u32* hist, const u32* m, u64 n, u64 counted, u64 changed,
+                     u64 exp_changed, u64 extra_bits) {
+    const u32 ntok = DBits<L>::NTOK;
+    u64 bits = extra_bits << 16, table = 2;
+    for (u32 c = 0; c < D_CTX; ++c) {
+        const u32* h = hist + c * ntok;
+        u64 total = 0;
+        for (u32 t = 0; t < ntok; ++t) total += h[t];
+        table += 1 + m[c];
+        if (total == 0) continue;
+        u64 lt = log2_q16(total);
+        for (u32 t = 0; t < ntok; ++t) {
+            if (!h[t]) continue;
+            table += (u64)h[t] * 32 > total;
+            u64 l = log2_q16(h[t]);
+            bits += (u64)h[t] * (lt > l ? lt - l : 0);
+        }
+    }
+    // n < 2^32 (the host's check), so none of these products overflows.
+    if (counted > 0 && counted < n) bits = bits / counted * n + bits % counted * n / counted;
+    u64 d_est = (bits >> 19) + table + 5 + cdiv(n, DE_GROUP) * (4ull * de_lanes(n) + 4);
+    auto scale = [&](u64 k) {
+        return counted == n || counted == 0
+                   ? k
+                   : k / counted * n + (k % counted * n + counted / 2) / counted;
+    };
+    u64 k = scale(changed), ke = scale(exp_changed);
+    u64 exp_est = L::sm_len(n) + iid_bytes(ke, n) + ke;
+    u64 hyb_est = hybrid_estimate(L::sm_len(k), n, k, ke);
+    if (d_est <= (exp_est < hyb_est ? exp_est : hyb_est)) return 0;
+    return hyb_est < exp_est ? 2 : 1;
+}
+
 template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh) {
     u64 n = j.n;
-    if (!job_delta_frame(j)) return;
+    if (!job_delta_scan(j)) return;
     DEncView d(j.dscratch, n);
     const u32 ntok = DBits<L>::NTOK;
     u64 T = cdiv(n, TILE);
@@ -2630,7 +2703,7 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         }
         if (t < 2) {
             u64 s = 0;
-            for (u64 x = 0; x < T; ++x) s += d.tile_cnt[2 * x + t];
+            for (u64 x = 0; x < T; ++x) s += d.tile_cnt[DE_CNT * x + t];
             if (t == 0) d.plan->changed = s;
             else d.plan->exp_changed = s;
         }
@@ -2678,6 +2751,17 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         p.lanes = lanes;
         p.groups = cdiv(n, DE_GROUP);
         p.model_len = k;
+        p.pick = 0;
+        if (job_delta_mode(j) == DE_AUTO) {
+            // Pass one's counts of the counted tiles (all of an unsampled chunk's).
+            u64 cnt[DE_CNT] = {0, 0, 0}, counted = 0;
+            for (u64 x = 0; x < T; ++x) {
+                if (!de_counted(n, x)) continue;
+                for (u32 q = 0; q < DE_CNT; ++q) cnt[q] += d.tile_cnt[DE_CNT * x + q];
+                counted += min64(TILE, n - x * TILE);
+            }
+            p.pick = de_pick_frame<L>(sh.hist, sh.m, n, counted, cnt[0], cnt[1], cnt[2]);
+        }
     });
 }
 
@@ -2814,7 +2898,8 @@ template <class L> HD void enc_delta_pack(const EncJob& j, u64 tile, Blk& b, DEn
     u64 n = j.n, T = cdiv(n, TILE);
     if (!j.ctx || tile >= T) return;
     u8* ctx = (u8*)j.ctx;
-    if (job_cold(j)) return ctx_none(b, ctx, n, tile);
+    // A FILL of a cold slot, or an Exp or Hybrid frame (or their FILL): no previous moves.
+    if (!job_delta_frame(j)) return ctx_none(b, ctx, n, tile);
     u64 base = tile * TILE, tn = min64(TILE, n - base);
     DEncView d(j.dscratch, n);
     const DEncPlan& p = *d.plan;

@@ -1080,86 +1080,104 @@ fn gpu_decodes_delta_frames_like_the_cpu() {
     );
 }
 
-/// Delta frames encoded on the GPU (delta caches in device memory): the CPU's frames byte for
-/// byte (`FrameChoice::Delta`; FILLs where a Delta frame is longer) and the same `FrameInfo`,
-/// values and contexts, over synthetic ulp drift with special values and the trace.
+/// Frames encoded on the GPU against delta caches in device memory: the CPU's frames byte for
+/// byte and the same `FrameInfo`, values and contexts, for `FrameChoice::Delta` (FILLs where a
+/// Delta frame is longer) and `Auto` (the smallest of Exp, Hybrid and Delta, as the CPU picks
+/// it) over synthetic ulp drift with special values and the trace, and for every choice
+/// (`Auto`, `NoDelta`, `Exp`, `Hybrid`) over regimes where each frame wins.
 #[test]
 fn gpu_encodes_delta_frames_like_the_cpu() {
     let Some(g) = gpu("gpu_encodes_delta_frames_like_the_cpu") else {
         return;
     };
-    let mut modes: BTreeMap<u8, usize> = BTreeMap::new();
-    let mut run = |dtype: DType, iters: &[Vec<u8>], chunk: usize, what: &str| {
-        let size = dtype.size();
-        let n = iters[0].len() / size;
-        let chunk = chunk.min(n);
-        let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
-        tx.set_frame_choice(FrameChoice::Delta);
-        let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
-        for (it, input) in iters.iter().enumerate() {
-            let (version, cold) = (tx.version(), !tx.is_warm());
-            let (cpu, infos) = encode_chunks(&mut tx, input, chunk);
-            let mut jobs: Vec<HostEncChunk<'_>> = cache
-                .chunks_mut(chunk * size)
-                .zip(ctx.chunks_mut(chunk))
-                .enumerate()
-                .map(|(i, (c, x))| HostEncChunk {
-                    input: &input[i * chunk * size..(i * chunk + x.len()) * size],
-                    cache: c,
-                    offset: (i * chunk) as u64,
-                    version,
-                    cold,
-                    full: true,
-                    choice: FrameChoice::Delta,
-                    ctx: Some(x),
-                })
-                .collect();
-            let got = g.encode_host_batch(dtype, &mut jobs).unwrap();
-            for (k, ((f, info), (c, ci))) in got.iter().zip(cpu.iter().zip(&infos)).enumerate() {
+    let mut modes: BTreeMap<(String, u8), usize> = BTreeMap::new();
+    let mut run =
+        |dtype: DType, choice: FrameChoice, iters: &[Vec<u8>], chunk: usize, what: &str| {
+            let size = dtype.size();
+            let n = iters[0].len() / size;
+            let chunk = chunk.min(n);
+            let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
+            tx.set_frame_choice(choice);
+            let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
+            for (it, input) in iters.iter().enumerate() {
+                let (version, cold) = (tx.version(), !tx.is_warm());
+                let (cpu, infos) = encode_chunks(&mut tx, input, chunk);
+                let mut jobs: Vec<HostEncChunk<'_>> = cache
+                    .chunks_mut(chunk * size)
+                    .zip(ctx.chunks_mut(chunk))
+                    .enumerate()
+                    .map(|(i, (c, x))| HostEncChunk {
+                        input: &input[i * chunk * size..(i * chunk + x.len()) * size],
+                        cache: c,
+                        offset: (i * chunk) as u64,
+                        version,
+                        cold,
+                        full: true,
+                        choice,
+                        ctx: Some(x),
+                    })
+                    .collect();
+                let got = g.encode_host_batch(dtype, &mut jobs).unwrap();
+                for (k, ((f, info), (c, ci))) in got.iter().zip(cpu.iter().zip(&infos)).enumerate()
+                {
+                    assert!(
+                        f == c,
+                        "{what} {dtype} {choice:?} iteration {it} chunk {k}: GPU frame differs"
+                    );
+                    assert_eq!(
+                        info, ci,
+                        "{what} {dtype} {choice:?} iteration {it} chunk {k}: FrameInfo"
+                    );
+                    *modes.entry((format!("{choice:?}"), c[6])).or_default() += 1;
+                }
                 assert!(
-                    f == c,
-                    "{what} {dtype} iteration {it} chunk {k}: GPU frame differs"
+                    tx.values() == Some(&cache[..]),
+                    "{what} {dtype} {choice:?} iteration {it}: values"
                 );
-                assert_eq!(
-                    info, ci,
-                    "{what} {dtype} iteration {it} chunk {k}: FrameInfo"
+                assert!(
+                    tx.contexts() == Some(&ctx[..]),
+                    "{what} {dtype} {choice:?} iteration {it}: contexts"
                 );
-                *modes.entry(c[6]).or_default() += 1;
             }
-            assert!(
-                tx.values() == Some(&cache[..]),
-                "{what} {dtype} iteration {it}: values"
-            );
-            assert!(
-                tx.contexts() == Some(&ctx[..]),
-                "{what} {dtype} iteration {it}: contexts"
-            );
-        }
-    };
+        };
     for (di, dtype) in TYPES.into_iter().enumerate() {
         for (n, chunk) in DELTA_SHAPES {
             let iters = ulp_series(dtype, n, 13 + di as u64 * 1000 + n as u64);
-            run(
-                dtype,
-                &iters,
-                chunk,
-                &format!("synthetic n={n} chunk={chunk}"),
-            );
+            let what = format!("synthetic n={n} chunk={chunk}");
+            for choice in [FrameChoice::Delta, FrameChoice::Auto] {
+                run(dtype, choice, &iters, chunk, &what);
+            }
+        }
+        for (n, chunk) in [(600, 600), (40_000, 17_000), (140_000, 140_000)] {
+            let iters = regime_series(dtype, n, 77 + di as u64 * 1000 + n as u64);
+            let what = format!("regimes n={n} chunk={chunk}");
+            for choice in [
+                FrameChoice::Auto,
+                FrameChoice::NoDelta,
+                FrameChoice::Exp,
+                FrameChoice::Hybrid,
+            ] {
+                run(dtype, choice, &iters, chunk, &what);
+            }
         }
     }
     for (name, dtype, iters) in &trace_series(&trace_dir()) {
-        run(*dtype, iters, 1 << 20, name);
+        for choice in [FrameChoice::Delta, FrameChoice::Auto] {
+            run(*dtype, choice, iters, 1 << 20, name);
+        }
     }
     skip::show(&format!(
-        "GPU {} ({}): Delta frames == CPU frames (and FrameInfo, values, contexts); frames by \
-         mode {modes:?}\n",
+        "GPU {} ({}): frames of delta caches == CPU frames (and FrameInfo, values, contexts); \
+         frames by choice and mode {modes:?}\n",
         g.name(),
         g.arch()
     ));
-    assert!(
-        modes.get(&3).copied().unwrap_or(0) > 0,
-        "no Delta frame: {modes:?}"
-    );
+    for (choice, mode) in [("Delta", 3u8), ("Auto", 1), ("Auto", 2), ("Auto", 3)] {
+        assert!(
+            modes.get(&(choice.to_string(), mode)).copied().unwrap_or(0) > 0,
+            "{choice} never sent a frame of mode {mode}: {modes:?}"
+        );
+    }
 }
 
 /// The same kind of fault on both sides: both accept, or both refuse with the same error

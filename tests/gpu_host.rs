@@ -4,9 +4,10 @@
 //! trace (../shared/traces when present, else the bundled slice), every tensor, bf16, fp16
 //! (cast from the fp32 masters) and fp32; special values (NaN payloads, infinities, -0,
 //! subnormals); every mask coding; odd lengths and chunk edges (proptest). Against delta
-//! caches it must write the CPU's Delta frames (forced Delta) and read them as the CPU does
-//! (values, cached values, contexts), and refuse the damaged ones the CPU refuses. What the host build cannot show (blocks
-//! running concurrently on a device) is bench/gpu_check.sh's part.
+//! caches it must write the CPU's frames for every frame choice (forced Delta, and Auto's pick
+//! of Exp, Hybrid or Delta) and read Delta frames as the CPU does (values, cached values,
+//! contexts), and refuse the damaged ones the CPU refuses. What the host build cannot show
+//! (blocks running concurrently on a device) is bench/gpu_check.sh's part.
 
 #[path = "common/delta_spec.rs"]
 mod delta_spec;
@@ -621,11 +622,31 @@ fn same_delta_frames(
     what: &str,
     seen: &mut BTreeMap<u8, usize>,
 ) {
+    same_delta_cache_frames(dtype, FrameChoice::Delta, iters, chunk, what, seen);
+}
+
+/// `same_delta_frames` with any frame choice of a delta slot (the kernels' `EncChunk::choice`
+/// for it).
+fn same_delta_cache_frames(
+    dtype: DType,
+    choice: FrameChoice,
+    iters: &[Vec<u8>],
+    chunk: usize,
+    what: &str,
+    seen: &mut BTreeMap<u8, usize>,
+) {
     let size = dtype.size();
     let n = iters[0].len() / size;
     let chunk = chunk.min(n);
     let mut tx = CacheSlot::new(dtype, CacheMode::Delta, n);
-    tx.set_frame_choice(FrameChoice::Delta);
+    tx.set_frame_choice(choice);
+    let kernel_choice = match choice {
+        FrameChoice::NoDelta => 0,
+        FrameChoice::Exp => 1,
+        FrameChoice::Hybrid => 2,
+        FrameChoice::Delta => 3,
+        FrameChoice::Auto => 4,
+    };
     let (mut cache, mut ctx) = (vec![0u8; n * size], vec![0u8; n]);
     for (it, input) in iters.iter().enumerate() {
         let (version, cold) = (tx.version(), !tx.is_warm());
@@ -643,7 +664,7 @@ fn same_delta_frames(
                     version,
                     cold,
                     full: true,
-                    choice: 0,
+                    choice: kernel_choice,
                     ctx: Some(x),
                 }
             })
@@ -653,8 +674,8 @@ fn same_delta_frames(
             let at = g.iter().zip(c).position(|(a, b)| a != b);
             assert!(
                 g.len() == c.len() && at.is_none(),
-                "{what} {dtype} iteration {it} chunk {k}: kernel frame ({} bytes, mode {}) differs \
-                 from the CPU's ({} bytes, mode {}) at byte {at:?}",
+                "{what} {dtype} {choice:?} iteration {it} chunk {k}: kernel frame ({} bytes, mode \
+                 {}) differs from the CPU's ({} bytes, mode {}) at byte {at:?}",
                 g.len(),
                 g.get(6).copied().unwrap_or(0),
                 c.len(),
@@ -664,11 +685,11 @@ fn same_delta_frames(
         }
         assert!(
             tx.values() == Some(&cache[..]),
-            "{what} {dtype} iteration {it}: kernel and CPU cached values differ"
+            "{what} {dtype} {choice:?} iteration {it}: kernel and CPU cached values differ"
         );
         assert!(
             tx.contexts() == Some(&ctx[..]),
-            "{what} {dtype} iteration {it}: kernel and CPU contexts differ"
+            "{what} {dtype} {choice:?} iteration {it}: kernel and CPU contexts differ"
         );
     }
 }
@@ -712,6 +733,61 @@ fn kernel_encodes_delta_frames_like_the_cpu() {
         "no trace Delta frame: {trace:?}"
     );
     assert!(seen.get(&0).copied().unwrap_or(0) > 0, "no FILL: {seen:?}");
+}
+
+/// The kernels choose a delta cache's frame as the CPU does and code it byte for byte, for
+/// every frame choice: `Auto` (the smallest of Exp, Hybrid and Delta, estimated from pass one's
+/// counts, a sampled chunk's scaled) on every trace tensor and on synthetic regimes where each
+/// frame wins (600 to 140,000 elements, sampled chunks among them); `NoDelta`, `Exp` and
+/// `Hybrid` (contexts reset) on the regimes. Cached values and contexts alike after every
+/// iteration; under `Auto` every frame kind is seen.
+#[test]
+fn kernel_picks_delta_cache_frames_like_the_cpu() {
+    let dir = trace_dir();
+    let (mut auto, mut others) = (BTreeMap::new(), BTreeMap::new());
+    for (name, dtype, iters) in &trace_series(&dir) {
+        for &chunk in trace_chunks(*dtype) {
+            same_delta_cache_frames(*dtype, FrameChoice::Auto, iters, chunk, name, &mut auto);
+        }
+    }
+    let trace = auto.clone();
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        for (n, chunk) in [(600, 600), (40_000, 17_000), (140_000, 140_000)] {
+            let iters = regime_series(dtype, n, 77 + di as u64 * 1000 + n as u64);
+            let what = format!("regimes n={n} chunk={chunk}");
+            for choice in [
+                FrameChoice::Auto,
+                FrameChoice::NoDelta,
+                FrameChoice::Exp,
+                FrameChoice::Hybrid,
+            ] {
+                let seen = if choice == FrameChoice::Auto {
+                    &mut auto
+                } else {
+                    &mut others
+                };
+                same_delta_cache_frames(dtype, choice, &iters, chunk, &what, seen);
+            }
+        }
+    }
+    skip::show(&format!(
+        "kernel frames == CPU frames of delta caches, every frame choice: Auto's frames by mode \
+         {auto:?} (trace alone {trace:?}), NoDelta/Exp/Hybrid's {others:?}; cached values and \
+         contexts alike\n"
+    ));
+    for (mode, name) in [(0u8, "FILL"), (1, "Exp"), (2, "Hybrid"), (3, "Delta")] {
+        assert!(
+            auto.get(&mode).copied().unwrap_or(0) > 0,
+            "Auto never sent a {name} frame: {auto:?}"
+        );
+    }
+    assert!(
+        trace.get(&3).copied().unwrap_or(0) > 0,
+        "no trace Delta frame under Auto: {trace:?}"
+    );
 }
 
 /// `f` with these sections (lengths in the header) and both checksums recomputed.

@@ -19,6 +19,10 @@ template <class L> static void encode_batch(const EncJob* jobs, u32 nj) {
         for (u32 y = 0; y < nj; ++y)
             for (u64 x = 0; x < tiles; ++x) body(jobs[y], x);
     };
+    // A delta job's pass one and pick first: the kernels after them read what it picked.
+    auto ds = std::make_unique<DEncShm>();
+    tiled([&](const EncJob& j, u64 x) { enc_delta_hist<L>(j, x, b, *ds); });
+    for (u32 y = 0; y < nj; ++y) enc_delta_model<L>(jobs[y], b, *ds);
     tiled([&](const EncJob& j, u64 x) { enc_tile<L>(j, x, b, *ts); });
     for (u32 y = 0; y < nj; ++y) enc_plan<L>(jobs[y], b, *ps);
     tiled([&](const EncJob& j, u64 x) { hyb_compact<L>(j, x, b, *es); });
@@ -26,9 +30,6 @@ template <class L> static void encode_batch(const EncJob* jobs, u32 nj) {
     tiled([&](const EncJob& j, u64 x) { enc_emit<L>(j, x, b, *es); });
     tiled([&](const EncJob& j, u64 x) { hyb_pack<L>(j, x, b, *ts); });
     for (u32 y = 0; y < nj; ++y) enc_finish<L>(jobs[y], b, *fs);
-    auto ds = std::make_unique<DEncShm>();
-    tiled([&](const EncJob& j, u64 x) { enc_delta_hist<L>(j, x, b, *ds); });
-    for (u32 y = 0; y < nj; ++y) enc_delta_model<L>(jobs[y], b, *ds);
     tiled([&](const EncJob& j, u64 x) { enc_delta_groups<L>(j, x, b, *ds); });
     for (u32 y = 0; y < nj; ++y) enc_delta_lay<L>(jobs[y], b, *ds);
     tiled([&](const EncJob& j, u64 x) { enc_delta_pack<L>(j, x, b, *ds); });

@@ -46,10 +46,12 @@ pub struct EncChunk<'a> {
     pub cold: bool,
     /// A full-value cache (Exp or Hybrid frames), else an exponent cache (Exp frames).
     pub full: bool,
-    /// A full-value cache's frame choice: 0 as the CPU's Auto, 1 Exp, 2 Hybrid.
+    /// A full-value cache's frame choice, as the CPU's `FrameChoice`: 0 `Auto` (Exp or Hybrid;
+    /// on a delta cache `NoDelta`), 1 `Exp`, 2 `Hybrid`; with `ctx` also 3 `Delta` and 4 `Auto`
+    /// (the smallest of Exp, Hybrid and Delta).
     pub choice: u8,
     /// A delta cache (with `full`): the chunk's `n` context bytes, updated. A warm one sends
-    /// a Delta frame (the CPU's `FrameChoice::Delta`), or a FILL where that is longer.
+    /// what `choice` says (a Delta frame, or a FILL where that is longer, with 3).
     pub ctx: Option<&'a mut [u8]>,
 }
 
@@ -80,7 +82,17 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
             n >= 1 && c.input.len() == n * size && c.cache.len() == n * per,
             "chunk of {n} elements"
         );
-        assert!(c.choice < 3, "choice {}", c.choice);
+        assert!(
+            c.choice < 3 || (c.ctx.is_some() && c.choice < 5),
+            "choice {}",
+            c.choice
+        );
+        // EncJob flags bits 2-3 (the full-value choice) and 4-5 (DE_NEVER, DE_ALWAYS, DE_AUTO).
+        let (choice, delta_mode) = match c.choice {
+            3 => (0u64, 1u64),
+            4 => (0, 2),
+            ch => (ch as u64, 0),
+        };
         assert!(
             c.ctx.as_ref().is_none_or(|x| c.full && x.len() == n),
             "contexts of a chunk of {n} elements"
@@ -107,7 +119,7 @@ pub fn encode(dtype: u32, chunks: &mut [EncChunk<'_>]) -> Vec<Vec<u8>> {
             n: n as u64,
             offset: c.offset,
             version: c.version,
-            flags: c.cold as u64 | (c.full as u64) << 1 | (c.choice as u64) << 2,
+            flags: c.cold as u64 | (c.full as u64) << 1 | choice << 2 | delta_mode << 4,
             ctx,
             dscratch,
         });

@@ -298,14 +298,16 @@ fn encode_delta_with<L: Layout>(
             let sc = delta::scan::<L>(input, c.state, c.ctx, ds);
             // The three frames, each estimated from pass one's counts (the masks near their
             // entropy).
+            // Integer arithmetic, so that a GPU encoder chooses exactly as this does
+            // (cuda/codec.cu, `enc_delta_model`).
             let d_est = delta::estimate(&sc, n, delta::width::<L>());
             let (k, ke) = (sc.changed, sc.exp_changed);
-            let exp_est = L::sm_len(n) as f64 + mask_entropy_bytes(ke, n) + ke as f64;
-            let hyb_est = hybrid_estimate::<L>(n, k, ke) as f64;
-            levels = level_estimates(exp_est, hyb_est, Some(d_est as f64));
+            let exp_est = L::sm_len(n) + bitmask::iid_bytes(ke as u64, n as u64) as usize + ke;
+            let hyb_est = hybrid_estimate::<L>(n, k, ke);
+            levels = level_estimates(exp_est as f64, hyb_est as f64, Some(d_est as f64));
             if choice == FrameChoice::Auto {
                 // The smallest of the three.
-                choice = if (d_est as f64) <= exp_est.min(hyb_est) {
+                choice = if d_est <= exp_est.min(hyb_est) {
                     FrameChoice::Delta
                 } else if hyb_est < exp_est {
                     FrameChoice::Hybrid
@@ -402,15 +404,6 @@ fn hybrid_estimate<L: Layout>(n: usize, k: usize, ke: usize) -> usize {
         + bitmask::iid_bytes(ke as u64, k as u64) as usize
         + ke
         + 300
-}
-
-/// Bytes of a mask of `m` bits with `x` set, coded at its entropy.
-fn mask_entropy_bytes(x: usize, m: usize) -> f64 {
-    if m == 0 {
-        0.0
-    } else {
-        m as f64 * bitmask::entropy(x as f64 / m as f64) / 8.0
-    }
 }
 
 fn write_exp<L: Layout>(

@@ -376,10 +376,15 @@ fn table_tokens(h: &[u32], n: usize) -> usize {
     }
 }
 
-/// Estimated frame payload bytes (sections, not the header) of a Delta frame for a scan.
+/// Estimated frame payload bytes (sections, not the header) of a Delta frame for a scan: the
+/// tokens at the entropy of their context's counts, the extra bits, the tables and the lanes'
+/// states. Integer arithmetic (Q16 logarithms, as `bitmask::iid_bytes`), so that a GPU encoder
+/// (cuda/codec.cu, `de_estimate`) makes the same choice of frame as this one.
 pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
+    use super::rans::log2_q16;
     let ntok = tokens(w);
-    let mut bits = sc.extra_bits as f64;
+    // Bits in Q16.
+    let mut bits: u64 = sc.extra_bits << 16;
     let mut table = 2usize;
     for h in &sc.hist {
         let h = &h[..ntok];
@@ -390,16 +395,18 @@ pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
             continue;
         }
         table += h.iter().filter(|&&x| x as u64 * 32 > total).count();
-        let lt = (total as f64).log2();
+        let lt = log2_q16(total);
         for &x in h.iter().filter(|&&x| x > 0) {
-            bits += x as f64 * (lt - (x as f64).log2());
+            bits += x as u64 * lt.saturating_sub(log2_q16(x as u64));
         }
     }
-    // A sampled chunk's counts stand for the whole chunk.
-    if sc.counted > 0 && sc.counted < n {
-        bits *= n as f64 / sc.counted as f64;
+    // A sampled chunk's counts stand for the whole chunk (floor of bits * n / counted, without
+    // overflow: counted and n are element counts).
+    let (n64, c) = (n as u64, sc.counted as u64);
+    if c > 0 && c < n64 {
+        bits = bits / c * n64 + bits % c * n64 / c;
     }
-    (bits / 8.0) as usize + table + 5 + lane_overhead(n)
+    (bits >> 19) as usize + table + 5 + lane_overhead(n)
 }
 
 /// An encoder's view of one (context, token): the reciprocal form of `x / freq` that the

@@ -129,19 +129,19 @@ pub const fn delta_scratch_bytes(n: usize) -> usize {
 /// Elements per group and most lanes of the Delta frames the kernels encode (the CPU's).
 const DELTA_GROUP: usize = 32768;
 const DELTA_LANES: usize = 32;
-/// `sizeof(DEncPlan)`: 8 u64.
-const DENC_PLAN_BYTES: usize = 64;
+/// `sizeof(DEncPlan)`: 9 u64.
+const DENC_PLAN_BYTES: usize = 72;
 
 /// Scratch bytes of the Delta frame of an encode job of `n` elements into a delta cache
 /// (`enc_delta_scratch_bytes` in codec.cu): the plan, per tile its (context, token) counts
-/// (17 x 86 u32), two counts and SH64 sums, the encoder's table and model bytes, per group its
+/// (17 x 86 u32), three counts and SH64 sums, the encoder's table and model bytes, per group its
 /// length, offset and lane states, and per group a buffer of 3 x 32768 + 16 words (about 6
 /// bytes per element).
 pub const fn enc_delta_scratch_bytes(n: usize) -> usize {
     let (tiles, groups) = (n.div_ceil(TILE), n.div_ceil(DELTA_GROUP));
     align8(DENC_PLAN_BYTES)
         + align8(4 * tiles * 17 * 86)
-        + 16 * tiles
+        + 24 * tiles
         + align8(4 * 17 * 86)
         + align8(5 + 17 * (1 + 3 * 86))
         + 16 * groups
@@ -726,25 +726,35 @@ impl GpuCodec {
                 enc_scratch_bytes(n, full),
                 false,
             )?;
-            let choice: u64 =
-                match (full, job.choice, job.delta.is_some()) {
-                    (true, FrameChoice::Delta, true) => 0,
-                    (_, _, true) => return Err(job_error(
+            // The full-value frame choice (EncJob flags bits 2-3) and a delta cache's Delta
+            // frames (bits 4-5: DE_NEVER, DE_ALWAYS, DE_AUTO), as the CPU's FrameChoice.
+            let (choice, delta_mode): (u64, u64) = match (full, job.choice, job.delta.is_some()) {
+                (false, _, true) => {
+                    return Err(job_error(
                         i,
-                        "a delta cache's job holds full values (`full`) and sends Delta frames \
-                         (`choice` FrameChoice::Delta)"
-                            .into(),
-                    )),
-                    (false, _, _) | (true, FrameChoice::Auto | FrameChoice::NoDelta, _) => 0,
-                    (true, FrameChoice::Exp, _) => 1,
-                    (true, FrameChoice::Hybrid, _) => 2,
-                    (true, FrameChoice::Delta, false) => {
-                        return Err(job_error(
-                            i,
-                            "Delta frames need a delta cache (`delta`: its contexts)".into(),
-                        ))
-                    }
-                };
+                        "a delta cache's job holds full values (`full`)".into(),
+                    ))
+                }
+                (_, FrameChoice::Delta, false) => {
+                    return Err(job_error(
+                        i,
+                        "Delta frames need a delta cache (`delta`: its contexts)".into(),
+                    ))
+                }
+                (false, _, false) => (0, 0),
+                (true, FrameChoice::Delta, true) => (0, 1),
+                (true, FrameChoice::Auto, true) => (0, 2),
+                (true, FrameChoice::Auto | FrameChoice::NoDelta, _) => (0, 0),
+                (true, FrameChoice::Exp, _) => (1, 0),
+                (true, FrameChoice::Hybrid, _) => (2, 0),
+            };
+            if job.delta.is_some() && u32::try_from(n).is_err() {
+                // The Delta pick's products (de_pick_frame) hold for chunks under 2^32.
+                return Err(job_error(
+                    i,
+                    format!("a delta cache's chunk of {n} elements: at most 2^32 - 1"),
+                ));
+            }
             if let Some(d) = &job.delta {
                 check_len(i, "contexts", d.ctx.len(), n, true)?;
                 check_len(
@@ -777,8 +787,9 @@ impl GpuCodec {
             check_align(i, "scratch", ps, ALIGN)?;
             let (px, pd) = delta_ptrs(i, delta, stream, &mut guards)?;
             // EncJob: input, cache, frame, scratch, n, offset, version, flags (bit 0 cold,
-            // bit 1 a full-value cache, bits 2-3 its frame choice), ctx, dscratch.
-            let flags = u64::from(*cold) | u64::from(full) << 1 | choice << 2;
+            // bit 1 a full-value cache, bits 2-3 its frame choice, bits 4-5 a delta cache's
+            // Delta frames), ctx, dscratch.
+            let flags = u64::from(*cold) | u64::from(full) << 1 | choice << 2 | delta_mode << 4;
             rows.extend([pi, pc, pf, ps, n as u64, *offset, *version, flags, px, pd]);
             tiles.push(n.div_ceil(TILE));
         }
@@ -834,8 +845,8 @@ impl GpuCodec {
                 let frame_bytes = usize::try_from(frame_len).unwrap_or(usize::MAX);
                 let mode = match (mode, fill) {
                     (0, true) => Some(Mode::Raw),
-                    (1, false) if job.delta.is_none() => Some(Mode::Exp),
-                    (2, false) if job.full && job.delta.is_none() => Some(Mode::Hybrid),
+                    (1, false) => Some(Mode::Exp),
+                    (2, false) if job.full => Some(Mode::Hybrid),
                     (3, false) if job.delta.is_some() => Some(Mode::Delta),
                     _ => None,
                 };
@@ -1357,6 +1368,12 @@ impl<'j> Batch<'j> {
             };
             match self.direction {
                 Direction::Encode => {
+                    // A delta job's pass one and pick (ciera_enc_delta_hist and _model) first:
+                    // the Exp/Hybrid kernels code what a DE_AUTO job picked.
+                    let (first, rest) = t.enc_delta.split_at(2);
+                    for (k, tiled) in first.iter().zip(ENC_DELTA_TILED) {
+                        run(k, None, if tiled { gx } else { 1 })?;
+                    }
                     run(&t.enc_tile, None, gx)?;
                     run(&t.enc_plan, None, 1)?;
                     run(&t.hyb_compact, None, gx)?;
@@ -1364,8 +1381,8 @@ impl<'j> Batch<'j> {
                     run(&t.enc_emit, None, gx)?;
                     run(&t.hyb_pack, None, gx)?;
                     run(&t.enc_finish, None, 1)?;
-                    for (k, tiled) in t.enc_delta.iter().zip(ENC_DELTA_TILED) {
-                        run(k, None, if tiled { gx } else { 1 })?;
+                    for (k, tiled) in rest.iter().zip(&ENC_DELTA_TILED[2..]) {
+                        run(k, None, if *tiled { gx } else { 1 })?;
                     }
                 }
                 Direction::Decode => {
@@ -1501,12 +1518,14 @@ pub struct DeviceEncJob<'a> {
     pub cold: bool,
     /// The cache holds full values (Exp or Hybrid frames), not exponents (Exp frames).
     pub full: bool,
-    /// A full-value cache's frame: `Exp`, `Hybrid`, or (`Auto`, `NoDelta`) the smaller as the
-    /// CPU estimates them; `Delta` with `delta` (and only then). Exponent caches ignore it.
+    /// A full-value cache's frame, as the CPU's [`FrameChoice`]: `Exp`, `Hybrid`, or (`Auto`,
+    /// `NoDelta`) the smaller as the CPU estimates them; with `delta`, also `Delta` (Delta
+    /// frames) and `Auto` (the smallest of Exp, Hybrid and Delta as the CPU estimates them),
+    /// where any other choice resets the contexts. Exponent caches ignore it.
     pub choice: FrameChoice,
-    /// A delta cache (with `full` and `choice` Delta): its context bytes and the Delta frame's
-    /// scratch ([`enc_delta_scratch_bytes`]). A warm one sends a Delta frame, or a FILL where
-    /// that would be longer than the values, as the CPU's `FrameChoice::Delta` does.
+    /// A delta cache (with `full`): its context bytes and the Delta frame's scratch
+    /// ([`enc_delta_scratch_bytes`]). A warm one sends what `choice` says, as the CPU does: a
+    /// Delta frame, or a FILL where that would be longer than the values.
     pub delta: Option<DeviceDelta<'a>>,
 }
 
@@ -1553,7 +1572,7 @@ pub struct HostEncChunk<'a> {
     pub cold: bool,
     pub full: bool,
     pub choice: FrameChoice,
-    /// A delta cache's context bytes (with `full` and `choice` Delta), updated as the device's.
+    /// A delta cache's context bytes (with `full`), updated as the device's.
     pub ctx: Option<&'a mut [u8]>,
 }
 

@@ -251,6 +251,38 @@ pub fn ulp_series(dtype: DType, n: usize, seed: u64) -> Vec<Vec<u8>> {
     iters
 }
 
+/// Values of `dtype` through regimes where each frame of a delta cache is the smallest: `n`
+/// random values (seeded with `seed`), ulp moves (Delta), every mantissa new with signs and
+/// exponents kept (Exp), 2% of the values new (Hybrid), ulp moves with special values, and
+/// nothing moving.
+pub fn regime_series(dtype: DType, n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let size = dtype.size();
+    let mut rng = Rng(seed);
+    let mantissa: u64 = match dtype {
+        DType::BF16 => 0x7f,
+        DType::F16 => 0x3ff,
+        _ => 0x7f_ffff,
+    };
+    let v0 = rng.bytes(n * size);
+    let v1 = ulp_drift(dtype, &v0, 500, 0, &mut rng);
+    let mut v2 = v1.clone();
+    for v in v2.chunks_exact_mut(size) {
+        let mut b = [0u8; 8];
+        b[..size].copy_from_slice(v);
+        let u = u64::from_le_bytes(b) & !mantissa | rng.next() & mantissa;
+        v.copy_from_slice(&u.to_le_bytes()[..size]);
+    }
+    let mut v3 = v2.clone();
+    for v in v3.chunks_exact_mut(size) {
+        if rng.below(1000) < 20 {
+            v.copy_from_slice(&rng.bytes(size));
+        }
+    }
+    let v4 = ulp_drift(dtype, &v3, 900, 5, &mut rng);
+    let v5 = v4.clone();
+    vec![v0, v1, v2, v3, v4, v5]
+}
+
 /// `input` through `slot` (the CPU codec), chunk by chunk (`chunk` elements): a frame per chunk
 /// and its `FrameInfo`, committed.
 pub fn encode_chunks(
