@@ -2555,6 +2555,8 @@ struct DEncShm {
     u64 cnt[DE_CNT][NT];
     u32 freq[D_CTX][D_MAXTOK];
     u32 m[D_CTX]; // per context: one past its highest token (0: none)
+    u64 cbits[D_CTX], ctab[D_CTX]; // DE_AUTO: per context its estimate (de_context_cost)
+    u64 ccnt[DE_CNT + 1];          // DE_AUTO: the counted tiles' counts, then their elements
     u32 x[NT], z[NT], eb[NT], sym[NT], need[2][NT];
     u64 pos[D_GPB][2];
     u64 red[4][NT];
@@ -2647,33 +2649,38 @@ HD void de_normalize(const u32* hist, u32 m, bool all, u32* freq) {
     }
 }
 
-// The frame a delta cache's FrameChoice::Auto sends, as the CPU picks it (chunk.rs,
-// `encode_delta_with`): 0 Delta, 1 Exp, 2 Hybrid, the smallest of their estimated bytes (Delta
-// on a tie with either, Hybrid only where smaller than Exp), from pass one's counts: `hist` (per
-// context its ntok token counts), `m` (per context its tokens described), and the counted
-// elements' changed values, changed fields and extra bits; a sampled chunk's scaled to the
-// chunk as `delta::scan` does. The Delta frame's bytes are `delta::estimate`'s, the Exp frame's
-// its sign+mantissa, its mask at the entropy of independent bits and its exponents, the Hybrid
-// frame's `hybrid_estimate`; all in integers, as on the CPU.
-template <class L>
-HD u64 de_pick_frame(const u32* hist, const u32* m, u64 n, u64 counted, u64 changed,
-                     u64 exp_changed, u64 extra_bits) {
-    const u32 ntok = DBits<L>::NTOK;
-    u64 bits = extra_bits << 16, table = 2;
-    for (u32 c = 0; c < D_CTX; ++c) {
-        const u32* h = hist + c * ntok;
-        u64 total = 0;
-        for (u32 t = 0; t < ntok; ++t) total += h[t];
-        table += 1 + m[c];
-        if (total == 0) continue;
+// A context's share of `delta::estimate`: its table bytes (its m byte, a byte per token
+// described, one more per frequent token) into `table`, the entropy of its `ntok` token counts
+// `h` (Q16 bits) into `bits`; `m` tokens described.
+HD void de_context_cost(const u32* h, u32 ntok, u32 m, u64* bits, u64* table) {
+    u64 total = 0, b = 0, tb = 1 + m;
+    for (u32 t = 0; t < ntok; ++t) total += h[t];
+    if (total) {
         u64 lt = log2_q16(total);
         for (u32 t = 0; t < ntok; ++t) {
             if (!h[t]) continue;
-            table += (u64)h[t] * 32 > total;
+            tb += (u64)h[t] * 32 > total;
             u64 l = log2_q16(h[t]);
-            bits += (u64)h[t] * (lt > l ? lt - l : 0);
+            b += (u64)h[t] * (lt > l ? lt - l : 0);
         }
     }
+    *bits = b;
+    *table = tb;
+}
+
+// The frame a delta cache's FrameChoice::Auto sends, as the CPU picks it (chunk.rs,
+// `encode_delta_with`): 0 Delta, 1 Exp, 2 Hybrid, the smallest of their estimated bytes (Delta
+// on a tie with either, Hybrid only where smaller than Exp), from pass one's counts: the
+// contexts' entropy (`bits`, Q16) and table bytes (`table`, see de_context_cost), and the
+// counted elements' changed values, changed fields and extra bits; a sampled chunk's scaled to
+// the chunk as `delta::scan` does. The Delta frame's bytes are `delta::estimate`'s, the Exp
+// frame's its sign+mantissa, its mask at the entropy of independent bits and its exponents,
+// the Hybrid frame's `hybrid_estimate`; all in integers, as on the CPU.
+template <class L>
+HD u64 de_pick_frame(u64 bits, u64 table, u64 n, u64 counted, u64 changed, u64 exp_changed,
+                     u64 extra_bits) {
+    bits += extra_bits << 16;
+    table += 2;
     // n < 2^32 (the host's check), so none of these products overflows.
     if (counted > 0 && counted < n) bits = bits / counted * n + bits % counted * n / counted;
     u64 d_est = (bits >> 19) + table + 5 + cdiv(n, DE_GROUP) * (4ull * de_lanes(n) + 4);
@@ -2706,6 +2713,13 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
             for (u64 x = 0; x < T; ++x) s += d.tile_cnt[DE_CNT * x + t];
             if (t == 0) d.plan->changed = s;
             else d.plan->exp_changed = s;
+        } else if (t < 3 + DE_CNT && job_delta_mode(j) == DE_AUTO) {
+            // The counted tiles' counts (all of an unsampled chunk's), then their elements.
+            u64 s = 0;
+            for (u64 x = 0; x < T; ++x)
+                if (de_counted(n, x))
+                    s += t < 2 + DE_CNT ? d.tile_cnt[DE_CNT * x + t - 2] : min64(TILE, n - x * TILE);
+            sh.ccnt[t - 2] = s;
         }
     });
     b.sync();
@@ -2726,6 +2740,7 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
             d.table[c * ntok + t] = cum | sh.freq[c][t] << 16;
             cum += sh.freq[c][t];
         }
+        if (job_delta_mode(j) == DE_AUTO) de_context_cost(h, ntok, m, &sh.cbits[c], &sh.ctab[c]);
     });
     b.sync();
     b.one([&] {
@@ -2753,14 +2768,13 @@ template <class L> HD void enc_delta_model(const EncJob& j, Blk& b, DEncShm& sh)
         p.model_len = k;
         p.pick = 0;
         if (job_delta_mode(j) == DE_AUTO) {
-            // Pass one's counts of the counted tiles (all of an unsampled chunk's).
-            u64 cnt[DE_CNT] = {0, 0, 0}, counted = 0;
-            for (u64 x = 0; x < T; ++x) {
-                if (!de_counted(n, x)) continue;
-                for (u32 q = 0; q < DE_CNT; ++q) cnt[q] += d.tile_cnt[DE_CNT * x + q];
-                counted += min64(TILE, n - x * TILE);
+            u64 bits = 0, table = 0;
+            for (u32 c = 0; c < D_CTX; ++c) {
+                bits += sh.cbits[c];
+                table += sh.ctab[c];
             }
-            p.pick = de_pick_frame<L>(sh.hist, sh.m, n, counted, cnt[0], cnt[1], cnt[2]);
+            p.pick = de_pick_frame<L>(bits, table, n, sh.ccnt[DE_CNT], sh.ccnt[0], sh.ccnt[1],
+                                      sh.ccnt[2]);
         }
     });
 }
