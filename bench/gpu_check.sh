@@ -71,8 +71,14 @@ for line in sys.stdin:
     echo "  libciera.so ciera device_app"
     # The kernels' cubins for sm_80, sm_90 and the newest arch, compiled here into the disk
     # cache the programs read (src/gpu/nvrtc.rs): the device then spends no time in NVRTC.
-    CIERA_CUBIN_CACHE="$ROOT/$CARRY/cubin" CIERA_REQUIRE_NVRTC=1 "$CARRY/bin/gpu_compile" \
-        --quiet >/dev/null
+    if ! out=$(CIERA_CUBIN_CACHE="$ROOT/$CARRY/cubin" CIERA_REQUIRE_NVRTC=1 \
+        "$CARRY/bin/gpu_compile" --quiet 2>&1); then
+        echo "$out" | tail -20 >&2
+        echo "prepare: compiling the cubins failed (above). NVRTC must be found here: run" \
+            ".ci/run once (it puts the nvidia-cuda-nvrtc wheel into .venv), or set CIERA_VENV" \
+            "or CIERA_NVRTC_LIB" >&2
+        exit 1
+    fi
     ls "$CARRY/cubin"
     grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
     du -sh "$CARRY"
