@@ -379,7 +379,8 @@ fn table_tokens(h: &[u32], n: usize) -> usize {
 /// Estimated frame payload bytes (sections, not the header) of a Delta frame for a scan: the
 /// tokens at the entropy of their context's counts, the extra bits, the tables and the lanes'
 /// states. Integer arithmetic (Q16 logarithms, as `bitmask::iid_bytes`), so that a GPU encoder
-/// (cuda/codec.cu, `de_estimate`) makes the same choice of frame as this one.
+/// (cuda/codec.cu, `de_context_cost` and `de_pick_frame`) makes the same choice of frame as
+/// this one.
 pub(super) fn estimate(sc: &Scan, n: usize, w: u32) -> usize {
     use super::rans::log2_q16;
     let ntok = tokens(w);

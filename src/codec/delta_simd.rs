@@ -775,6 +775,23 @@ mod avx2 {
         exp_same: u32,
     }
 
+    impl RowIn {
+        /// Every vector zero, nothing counted: what a row's preparation starts from.
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn zeroed() -> RowIn {
+            let z = _mm256_setzero_si256();
+            RowIn {
+                zs: [z; 4],
+                lo: [z; 4],
+                hi: [z; 4],
+                ks: [z; 4],
+                same: 0,
+                exp_same: 0,
+            }
+        }
+    }
+
     /// Lanes of sixteen 16-bit values `a` and `b` that are equal.
     #[inline]
     #[target_feature(enable = "avx2,popcnt")]
@@ -818,17 +835,9 @@ mod avx2 {
         row: usize,
         exp: (__m128i, __m256i),
     ) -> RowIn {
-        let zero = _mm256_setzero_si256();
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(16) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
-        let mut r = RowIn {
-            zs: [zero; 4],
-            lo: [zero; 4],
-            hi: [zero; 4],
-            ks: [zero; 4],
-            same: 0,
-            exp_same: 0,
-        };
+        let mut r = RowIn::zeroed();
         for hf in 0..2 {
             let i = row + 16 * hf;
             let a = _mm256_loadu_si256(state.as_ptr().add(2 * i) as *const __m256i);
@@ -869,14 +878,7 @@ mod avx2 {
         let ntok = _mm256_set1_epi32(crate::codec::delta::tokens(32) as i32);
         let cmax = _mm256_set1_epi32(2 * CLIP);
         let fifteen = _mm256_set1_epi32(15);
-        let mut r = RowIn {
-            zs: [zero; 4],
-            lo: [zero; 4],
-            hi: [zero; 4],
-            ks: [zero; 4],
-            same: 0,
-            exp_same: 0,
-        };
+        let mut r = RowIn::zeroed();
         let mut ds = [zero; 4];
         for (v, dv) in ds.iter_mut().enumerate() {
             let i = row + 8 * v;
