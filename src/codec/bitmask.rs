@@ -234,19 +234,30 @@ pub fn encode(words: &[u64], m: usize, coding: MaskCoding, out: &mut Vec<u8>) {
         MaskCoding::Zero => {}
         MaskCoding::Flat => with_mask_bytes(words, m, |b| out.extend_from_slice(b)),
         MaskCoding::Hier => {
+            // The levels' sizes first, then one pass writing all three in place (L3 at up to
+            // 8 bytes per non-zero word, cut to size at the end): no per-byte push.
+            let nz = words.iter().filter(|&&w| w != 0).count();
             let l1_start = out.len();
-            out.resize(l1_start + words.len().div_ceil(8), 0);
+            let l2_start = l1_start + words.len().div_ceil(8);
+            let l3_start = l2_start + nz;
+            out.resize(l3_start + 8 * nz, 0);
+            let (head, l3) = out.split_at_mut(l3_start);
+            let (l1, l2) = head[l1_start..].split_at_mut(l2_start - l1_start);
+            let (mut k, mut p) = (0usize, 0usize);
             for (g, &w) in words.iter().enumerate() {
-                if w != 0 {
-                    out[l1_start + g / 8] |= 1 << (g % 8);
+                if w == 0 {
+                    continue;
+                }
+                l1[g / 8] |= 1 << (g % 8);
+                l2[k] = nonzero_byte_map(w);
+                k += 1;
+                // Every byte is stored; the cursor moves past the non-zero ones only.
+                for b in w.to_le_bytes() {
+                    l3[p] = b;
+                    p += (b != 0) as usize;
                 }
             }
-            for &w in words.iter().filter(|&&w| w != 0) {
-                out.push(nonzero_byte_map(w));
-            }
-            for &w in words.iter().filter(|&&w| w != 0) {
-                out.extend(w.to_le_bytes().iter().filter(|&&b| b != 0));
-            }
+            out.truncate(l3_start + p);
         }
         MaskCoding::Rans => {
             with_mask_bytes(words, m, |bytes| {
@@ -416,21 +427,37 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
                 format!("word {g} marked non-zero has no bytes"),
             ));
         }
+        let cnt = map.count_ones() as usize;
         let mut bytes = [0u8; 8];
-        for (j, b) in bytes.iter_mut().enumerate() {
-            if map >> j & 1 == 1 {
-                let v = *payload.get(l3_pos).ok_or_else(too_short)?;
-                if v == 0 {
-                    return Err(CodecError::corrupt(
-                        "mask",
-                        format!("byte {j} of word {g} is zero"),
-                    ));
-                }
-                *b = v;
-                l3_pos += 1;
+        if let Some(win) = payload.get(l3_pos..l3_pos + 8) {
+            // Eight bytes in reach: each byte of the word takes the next of the window where
+            // its map bit is set, without a branch per byte.
+            let mut r = 0usize;
+            for (j, b) in bytes.iter_mut().enumerate() {
+                let bit = (map >> j & 1) as usize;
+                *b = win[r] & (0u8.wrapping_sub(bit as u8));
+                r += bit;
+            }
+        } else {
+            let src = payload.get(l3_pos..l3_pos + cnt).ok_or_else(too_short)?;
+            let mut t = map;
+            for &v in src {
+                bytes[t.trailing_zeros() as usize] = v;
+                t &= t - 1;
             }
         }
-        *w = u64::from_le_bytes(bytes);
+        let word = u64::from_le_bytes(bytes);
+        if nonzero_bytes(word) as usize != cnt {
+            let j = (0..8)
+                .find(|&j| map >> j & 1 == 1 && bytes[j] == 0)
+                .unwrap_or(0);
+            return Err(CodecError::corrupt(
+                "mask",
+                format!("byte {j} of word {g} is zero"),
+            ));
+        }
+        l3_pos += cnt;
+        *w = word;
     }
     // L1 bits for words that do not exist (padding of the last byte) must be clear.
     if !words.len().is_multiple_of(8) && l1_len > 0 && l1[l1_len - 1] >> (words.len() % 8) != 0 {

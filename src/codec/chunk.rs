@@ -342,39 +342,55 @@ fn encode_delta_with<L: Layout>(
             ..write_exp::<L>(c, input, out, masks, exps)
         };
     }
-    // Full-value cache: which values and which exponents changed.
-    if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
-        kernels::scan_full::<L>(input, c.state, changed, exp_changed);
-    }
-    let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
-    if choice == FrameChoice::Auto {
-        // Estimate both frames from the counts alone (the hybrid masks near their entropy),
-        // and take Hybrid only where it saves at least a fifth of the bytes: it costs several
-        // times the codec time of Exp, which must be paid back on the wire.
-        let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
-        let pe = bitmask::plan(exp_changed, n, None);
-        let exp_bytes = L::sm_len(n) + pe.bytes + ke;
-        let hyb_bytes = hybrid_estimate::<L>(n, k, ke);
-        // The levels this choice weighs (a full-value cache's heaviest is this one).
-        levels = level_estimates(exp_bytes as f64, hyb_bytes as f64, None);
-        if c.mode == CacheMode::FullValue {
-            levels[2] = levels[1];
-        }
-        if hyb_bytes as u64 * 5 >= exp_bytes as u64 * 4 {
-            return Delta {
-                levels,
-                ..write_exp::<L>(c, input, out, masks, exps)
-            };
-        }
-    }
     // The packed sm goes straight into the frame: s0 comes first.
     let s0_start = out.len();
-    // The fast path also sets the cache to `input` and hashes the sm on the way.
-    let s0_hash = hybrid_simd::emit::<L>(input, changed, exp_changed, out, exp_sub, exps, c.state);
-    if s0_hash.is_none() {
-        kernels::emit_hybrid::<L>(input, changed, exp_changed, out, exp_sub, exps, vals);
-        c.state.copy_from_slice(input);
-    }
+    // A chunk known to go as Hybrid is scanned and emitted in one pass (which also sets the
+    // cache to `input` and hashes the sm on the way).
+    let fused = if choice == FrameChoice::Hybrid {
+        hybrid_simd::scan_emit::<L>(input, changed, exp_changed, out, exp_sub, exps, c.state)
+    } else {
+        None
+    };
+    let s0_hash = match fused {
+        Some(h) => Some(h),
+        None => {
+            // Full-value cache: which values and which exponents changed.
+            if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
+                kernels::scan_full::<L>(input, c.state, changed, exp_changed);
+            }
+            if choice == FrameChoice::Auto {
+                // Estimate both frames from the counts alone (the hybrid masks near their
+                // entropy), and take Hybrid only where it saves at least a fifth of the bytes:
+                // it costs several times the codec time of Exp, which must be paid back on the
+                // wire.
+                let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
+                let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
+                let pe = bitmask::plan(exp_changed, n, None);
+                let exp_bytes = L::sm_len(n) + pe.bytes + ke;
+                let hyb_bytes = hybrid_estimate::<L>(n, k, ke);
+                // The levels this choice weighs (a full-value cache's heaviest is this one).
+                levels = level_estimates(exp_bytes as f64, hyb_bytes as f64, None);
+                if c.mode == CacheMode::FullValue {
+                    levels[2] = levels[1];
+                }
+                if hyb_bytes as u64 * 5 >= exp_bytes as u64 * 4 {
+                    return Delta {
+                        levels,
+                        ..write_exp::<L>(c, input, out, masks, exps)
+                    };
+                }
+            }
+            // The fast path also sets the cache to `input` and hashes the sm on the way.
+            let h =
+                hybrid_simd::emit::<L>(input, changed, exp_changed, out, exp_sub, exps, c.state);
+            if h.is_none() {
+                kernels::emit_hybrid::<L>(input, changed, exp_changed, out, exp_sub, exps, vals);
+                c.state.copy_from_slice(input);
+            }
+            h
+        }
+    };
+    let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
     let sm_len = out.len() - s0_start;
     // Histograms wherever rANS may save anything (a mask of runs codes far below the entropy
     // of independent bits), rANS where it saves RANS_MIN_GAIN's share.

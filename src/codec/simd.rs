@@ -153,29 +153,8 @@ pub fn scan_full<L: Layout>(
     exp_changed.clear();
     changed.reserve(n.div_ceil(BLOCK));
     exp_changed.reserve(n.div_ceil(BLOCK));
-    let exp_mask = (L::EXP_MAX as u32) << L::EXP_SHIFT;
     let bytes = full * L::BYTES;
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX2 checked by `enabled()`; both slices hold `full` values of L::BYTES bytes.
-    unsafe {
-        if L::BYTES == 2 {
-            avx2::scan16(
-                &input[..bytes],
-                &prev[..bytes],
-                exp_mask as u16,
-                changed,
-                exp_changed,
-            )
-        } else {
-            avx2::scan32(
-                &input[..bytes],
-                &prev[..bytes],
-                exp_mask,
-                changed,
-                exp_changed,
-            )
-        }
-    };
+    scan_blocks::<L>(&input[..bytes], &prev[..bytes], changed, exp_changed);
     if full < n {
         let (mut a, mut e) = (Vec::new(), Vec::new());
         kernels::scan_full::<L>(&input[bytes..], &prev[bytes..], &mut a, &mut e);
@@ -183,6 +162,28 @@ pub fn scan_full<L: Layout>(
         exp_changed.extend_from_slice(&e);
     }
     true
+}
+
+/// `scan_full`'s masks of whole blocks (`input.len()` a multiple of 64 values), appended to
+/// `changed` and `exp_changed`. The caller has checked `enabled()`.
+pub(super) fn scan_blocks<L: Layout>(
+    input: &[u8],
+    prev: &[u8],
+    changed: &mut Vec<u64>,
+    exp_changed: &mut Vec<u64>,
+) {
+    assert!(enabled() && prev.len() == input.len() && input.len().is_multiple_of(BLOCK * L::BYTES));
+    let exp_mask = (L::EXP_MAX as u32) << L::EXP_SHIFT;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2 checked by `enabled()` (asserted); both slices hold whole blocks of
+    // L::BYTES-byte values, the same number (asserted).
+    unsafe {
+        if L::BYTES == 2 {
+            avx2::scan16(input, prev, exp_mask as u16, changed, exp_changed)
+        } else {
+            avx2::scan32(input, prev, exp_mask, changed, exp_changed)
+        }
+    };
 }
 
 /// Finish a fused SH64 whose whole stripes up to a 64-byte boundary are in `hash`, given the
