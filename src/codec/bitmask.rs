@@ -398,12 +398,39 @@ fn check_words(words: &[u64], m: usize, method: u8) -> Result<usize> {
 }
 
 fn bytes_to_words(bytes: &[u8], words: &mut [u64]) {
-    for (w, c) in words.iter_mut().zip(bytes.chunks(8)) {
-        let mut b = [0u8; 8];
-        b[..c.len()].copy_from_slice(c);
-        *w = u64::from_le_bytes(b);
+    // Whole words by fixed-size loads (a variable-length copy per word measured as a call to
+    // memcpy each), then the last partial one.
+    let whole = bytes.chunks_exact(8);
+    let rest = whole.remainder();
+    let mut n = 0;
+    for (w, c) in words.iter_mut().zip(whole) {
+        *w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        n += 1;
+    }
+    if !rest.is_empty() {
+        if let Some(w) = words.get_mut(n) {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            *w = u64::from_le_bytes(b);
+        }
     }
 }
+
+/// For each level-2 byte `map`: entry j is the number of set bits of `map` below bit j (where
+/// byte j of the word is in its level-3 bytes).
+static HIER_RANK: [[u8; 8]; 256] = {
+    let mut t = [[0u8; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut j = 0;
+        while j < 8 {
+            t[m][j] = (m & ((1 << j) - 1)).count_ones() as u8;
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+};
 
 fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
     let l1_len = words.len().div_ceil(8);
@@ -428,24 +455,28 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
             ));
         }
         let cnt = map.count_ones() as usize;
-        let mut bytes = [0u8; 8];
-        if let Some(win) = payload.get(l3_pos..l3_pos + 8) {
-            // Eight bytes in reach: each byte of the word takes the next of the window where
-            // its map bit is set, without a branch per byte.
-            let mut r = 0usize;
-            for (j, b) in bytes.iter_mut().enumerate() {
-                let bit = (map >> j & 1) as usize;
-                *b = win[r] & (0u8.wrapping_sub(bit as u8));
-                r += bit;
+        let word = if let Some(win) = payload.get(l3_pos..l3_pos + 8) {
+            // Eight bytes in reach: byte j of the word is byte RANK[map][j] of the window
+            // where map bit j is set; the eight are independent (no chain through a cursor).
+            let src = u64::from_le_bytes(win.try_into().expect("8 bytes"));
+            let rank = &HIER_RANK[map as usize];
+            let mut word = 0u64;
+            for (j, &r) in rank.iter().enumerate() {
+                let keep = 0u64.wrapping_sub((map >> j & 1) as u64);
+                word |= ((src >> (8 * r)) & 0xff & keep) << (8 * j);
             }
+            word
         } else {
             let src = payload.get(l3_pos..l3_pos + cnt).ok_or_else(too_short)?;
+            let mut bytes = [0u8; 8];
             let mut t = map;
             for &v in src {
                 bytes[t.trailing_zeros() as usize] = v;
                 t &= t - 1;
             }
-        }
+            u64::from_le_bytes(bytes)
+        };
+        let bytes = word.to_le_bytes();
         let word = u64::from_le_bytes(bytes);
         if nonzero_bytes(word) as usize != cnt {
             let j = (0..8)
