@@ -10,8 +10,9 @@
 //! A chunk already known to go as Hybrid is scanned and emitted in one pass ([`scan_emit`]):
 //! each span of 2048 values is compared with the cache, emitted and copied to the cache while
 //! it is in the first-level cache, instead of a pass to scan and another to emit (measured,
-//! `cargo bench --bench codec`, 64 MiB: bf16 encode 1.04 -> 1.23-1.33 GB/s at step 102,
-//! 1.36 -> 1.71 at 599; fp32 1.36-1.49 -> 1.70-2.00). Frames are the same bytes; `tests`
+//! `cargo bench --bench codec`, 64 MiB, old and new binaries taking turns: bf16 encode
+//! 0.91-1.00 -> 1.29-1.31 GB/s at step 102, 1.19-1.20 -> 1.47-1.74 at 599; fp32 1.27-1.44 ->
+//! 1.47-1.94). Frames are the same bytes; `tests`
 //! below check every path against the plain kernels bit for bit.
 //!
 //! Dispatch returns `None` / `Ok(None)` where no path applies (fp16, no AVX2 or BMI2,
@@ -439,6 +440,31 @@ fn decode_block_plain<L: Layout>(
     Ok(())
 }
 
+/// The lanes of a block (changed lanes `a`) whose exponent changed: the next popcount(a) bits
+/// of `exp_sub` from bit `idx`, deposited on the set bits of `a`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+fn exp_lanes(a: u64, exp_sub: &[u64], idx: usize) -> u64 {
+    if a == 0 {
+        0
+    } else {
+        std::arch::x86_64::_pdep_u64(bits_at(exp_sub, idx, a.count_ones()), a)
+    }
+}
+
+/// Append the exponent bits of a block's changed values (lanes `a`, exponent changed `e`), in
+/// order, to `exp_sub` at bit `idx` (the bits there and past them are zero).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "bmi2")]
+fn append_exp_bits(exp_sub: &mut [u64], idx: usize, a: u64, e: u64) {
+    let bits = std::arch::x86_64::_pext_u64(e, a);
+    let (wi, sh) = (idx / 64, idx % 64);
+    exp_sub[wi] |= bits << sh;
+    if sh != 0 && (a.count_ones() as usize) + sh > 64 {
+        exp_sub[wi + 1] |= bits >> (64 - sh);
+    }
+}
+
 /// Shuffle tables, built at compile time.
 mod tables {
     /// bf16 emit: the low bytes of the set lanes of 8 16-bit values, in order, at the front.
@@ -519,7 +545,7 @@ mod tables {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{bad_exception, bits_at, repeats_cached, tables, Cursor};
+    use super::{append_exp_bits, bad_exception, exp_lanes, repeats_cached, tables, Cursor};
     use crate::codec::error::Result;
     use crate::codec::float::{Bf16, Layout, F32};
 
@@ -558,13 +584,7 @@ mod avx2 {
             }
             let base = bi * 64 * vsize;
             if e != 0 {
-                // The exponent bits of the changed values, in order, appended at bit `idx`.
-                let bits = _pext_u64(e, a);
-                let (wi, sh) = (idx / 64, idx % 64);
-                exp_sub[wi] |= bits << sh;
-                if sh != 0 && (a.count_ones() as usize) + sh > 64 {
-                    exp_sub[wi + 1] |= bits >> (64 - sh);
-                }
+                append_exp_bits(exp_sub, idx, a, e);
                 let mut t = e;
                 while t != 0 {
                     let j = t.trailing_zeros() as usize;
@@ -627,11 +647,7 @@ mod avx2 {
         first: usize,
     ) -> Result<()> {
         let cnt = a.count_ones();
-        let eb = if cnt == 0 {
-            0
-        } else {
-            _pdep_u64(bits_at(exp_sub, st.idx, cnt), a)
-        };
+        let eb = exp_lanes(a, exp_sub, st.idx);
         st.idx += cnt as usize;
         // Set bits: lanes whose new value came out equal to the cached one.
         let mut same = 0u64;
@@ -734,7 +750,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{bad_exception, bits_at, repeats_cached, Cursor};
+    use super::{append_exp_bits, bad_exception, exp_lanes, repeats_cached, Cursor};
     use crate::codec::error::{CodecError, Result};
     use crate::codec::float::{Bf16, Layout, F32};
 
@@ -792,13 +808,7 @@ mod avx512 {
                 continue;
             }
             if e != 0 {
-                // The exponent bits of the changed values, in order, appended at bit `idx`.
-                let bits = _pext_u64(e, a);
-                let (wi, sh) = (idx / 64, idx % 64);
-                exp_sub[wi] |= bits << sh;
-                if sh != 0 && (a.count_ones() as usize) + sh > 64 {
-                    exp_sub[wi + 1] |= bits >> (64 - sh);
-                }
+                append_exp_bits(exp_sub, idx, a, e);
             }
             idx += a.count_ones() as usize;
             let base = bi * 64 * vsize;
@@ -856,11 +866,7 @@ mod avx512 {
         first: usize,
     ) -> Result<()> {
         let cnt = a.count_ones();
-        let eb = if cnt == 0 {
-            0
-        } else {
-            _pdep_u64(bits_at(exp_sub, st.idx, cnt), a)
-        };
+        let eb = exp_lanes(a, exp_sub, st.idx);
         let need_sm = smb * cnt as usize;
         let need_e = eb.count_ones() as usize;
         if st.pos + need_sm > sm.len() || st.ei + need_e > exps.len() {
