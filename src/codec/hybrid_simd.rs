@@ -1085,6 +1085,42 @@ mod tests {
         (input, prev)
     }
 
+    /// The AVX-512 decode bounds its own reads: sections shorter than the masks say are an
+    /// error, never a read past them (the frame's length checks come first in `chunk.rs`; this
+    /// is the kernel's own guard).
+    #[test]
+    fn avx512_decode_refuses_short_sections() {
+        if !avx512_cpu() {
+            eprintln!("skipping: no AVX-512 VBMI2 on this CPU (or CIERA_NO_SIMD set)");
+            return;
+        }
+        let (x, p) = data(2, 4096, 7, 60, 30);
+        let (mut a, mut e) = (Vec::new(), Vec::new());
+        kernels::scan_full::<Bf16>(&x, &p, &mut a, &mut e);
+        let (mut sm, mut sub, mut ex, mut vals) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        kernels::emit_hybrid::<Bf16>(&x, &a, &e, &mut sm, &mut sub, &mut ex, &mut vals);
+        assert!(!sm.is_empty() && !ex.is_empty());
+        let run = |sm: &[u8], ex: &[u8]| {
+            let (mut pc, mut o) = (p.clone(), vec![0u8; x.len()]);
+            decode_on::<Bf16>(Path::Avx512, sm, &a, &sub, ex, &mut pc, &mut o)
+        };
+        assert!(run(&sm, &ex).unwrap().is_some());
+        for cut in [1, 2, 31, sm.len() / 2, sm.len()] {
+            let e = run(&sm[..sm.len() - cut], &ex).unwrap_err().to_string();
+            assert!(
+                e.contains("more changes than the sections hold"),
+                "sm cut {cut}: {e}"
+            );
+        }
+        for cut in [1, ex.len()] {
+            let e = run(&sm, &ex[..ex.len() - cut]).unwrap_err().to_string();
+            assert!(
+                e.contains("more changes than the sections hold"),
+                "exps cut {cut}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn fast_matches_plain_at_every_density() {
         for n in [0usize, 1, 63, 64, 65, 127, 128, 129, 1000, 4096 + 17] {
