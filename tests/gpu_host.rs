@@ -611,22 +611,11 @@ const DELTA_SHAPES: [(usize, usize); 5] = [
     (70_001, 70_001),
 ];
 
-/// `iters` through a CPU delta slot sending Delta frames (`FrameChoice::Delta`) and through the
-/// kernels' host build with a delta cache, chunk by chunk: the same frames byte for byte
-/// (FILLs of a cold slot and where a Delta frame would be longer, Delta frames otherwise) and
-/// the same cached values and contexts after every iteration. Counts frame modes into `seen`.
-fn same_delta_frames(
-    dtype: DType,
-    iters: &[Vec<u8>],
-    chunk: usize,
-    what: &str,
-    seen: &mut BTreeMap<u8, usize>,
-) {
-    same_delta_cache_frames(dtype, FrameChoice::Delta, iters, chunk, what, seen);
-}
-
-/// `same_delta_frames` with any frame choice of a delta slot (the kernels' `EncChunk::choice`
-/// for it).
+/// `iters` through a CPU delta slot with frame choice `choice` (the kernels' `EncChunk::choice`
+/// for it: Delta forced, Auto, or an Exp/Hybrid one) and through the kernels' host build with a
+/// delta cache, chunk by chunk: the same frames byte for byte (with Delta forced: FILLs of a
+/// cold slot and where a Delta frame would be longer, Delta frames otherwise) and the same
+/// cached values and contexts after every iteration. Counts frame modes into `seen`.
 fn same_delta_cache_frames(
     dtype: DType,
     choice: FrameChoice,
@@ -704,7 +693,7 @@ fn kernel_encodes_delta_frames_like_the_cpu() {
     let mut seen = BTreeMap::new();
     for (name, dtype, iters) in &trace_series(&dir) {
         for &chunk in trace_chunks(*dtype) {
-            same_delta_frames(*dtype, iters, chunk, name, &mut seen);
+            same_delta_cache_frames(*dtype, FrameChoice::Delta, iters, chunk, name, &mut seen);
         }
     }
     let trace = seen.clone();
@@ -714,8 +703,9 @@ fn kernel_encodes_delta_frames_like_the_cpu() {
     {
         for (n, chunk) in DELTA_SHAPES {
             let iters = ulp_series(dtype, n, 8 + di as u64 * 1000 + n as u64);
-            same_delta_frames(
+            same_delta_cache_frames(
                 dtype,
+                FrameChoice::Delta,
                 &iters,
                 chunk,
                 &format!("synthetic n={n} chunk={chunk}"),

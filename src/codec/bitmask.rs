@@ -402,13 +402,11 @@ fn bytes_to_words(bytes: &[u8], words: &mut [u64]) {
     // memcpy each), then the last partial one.
     let whole = bytes.chunks_exact(8);
     let rest = whole.remainder();
-    let mut n = 0;
     for (w, c) in words.iter_mut().zip(whole) {
         *w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-        n += 1;
     }
     if !rest.is_empty() {
-        if let Some(w) = words.get_mut(n) {
+        if let Some(w) = words.get_mut(bytes.len() / 8) {
             let mut b = [0u8; 8];
             b[..rest.len()].copy_from_slice(rest);
             *w = u64::from_le_bytes(b);
@@ -476,11 +474,9 @@ fn decode_hier(payload: &[u8], words: &mut [u64]) -> Result<()> {
             }
             u64::from_le_bytes(bytes)
         };
-        let bytes = word.to_le_bytes();
-        let word = u64::from_le_bytes(bytes);
         if nonzero_bytes(word) as usize != cnt {
             let j = (0..8)
-                .find(|&j| map >> j & 1 == 1 && bytes[j] == 0)
+                .find(|&j| map >> j & 1 == 1 && word >> (8 * j) & 0xff == 0)
                 .unwrap_or(0);
             return Err(CodecError::corrupt(
                 "mask",

@@ -351,19 +351,19 @@ fn encode_delta_with<L: Layout>(
     } else {
         None
     };
-    let s0_hash = match fused {
-        Some(h) => Some(h),
+    let (s0_hash, k) = match fused {
+        Some((h, k)) => (Some(h), k),
         None => {
             // Full-value cache: which values and which exponents changed.
             if !simd::scan_full::<L>(input, c.state, changed, exp_changed) {
                 kernels::scan_full::<L>(input, c.state, changed, exp_changed);
             }
+            let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
             if choice == FrameChoice::Auto {
                 // Estimate both frames from the counts alone (the hybrid masks near their
                 // entropy), and take Hybrid only where it saves at least a fifth of the bytes:
                 // it costs several times the codec time of Exp, which must be paid back on the
                 // wire.
-                let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
                 let ke: usize = exp_changed.iter().map(|w| w.count_ones() as usize).sum();
                 let pe = bitmask::plan(exp_changed, n, None);
                 let exp_bytes = L::sm_len(n) + pe.bytes + ke;
@@ -387,10 +387,9 @@ fn encode_delta_with<L: Layout>(
                 kernels::emit_hybrid::<L>(input, changed, exp_changed, out, exp_sub, exps, vals);
                 c.state.copy_from_slice(input);
             }
-            h
+            (h, k)
         }
     };
-    let k: usize = changed.iter().map(|w| w.count_ones() as usize).sum();
     let sm_len = out.len() - s0_start;
     // Histograms wherever rANS may save anything (a mask of runs codes far below the entropy
     // of independent bits), rANS where it saves RANS_MIN_GAIN's share.

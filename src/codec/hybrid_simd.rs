@@ -111,14 +111,15 @@ pub fn emit<L: Layout>(
     prev: &mut [u8],
 ) -> Option<u64> {
     let masks = Masks::Given(changed, exp_changed);
-    emit_on::<L>(path()?, input, masks, out, exp_sub, exps, prev)
+    emit_on::<L>(path()?, input, masks, out, exp_sub, exps, prev).map(|(h, _)| h)
 }
 
 /// `kernels::scan_full` and [`emit`] in one pass, for a chunk already known to go as a Hybrid
 /// frame: a span's masks are computed, its values emitted and the cache set while its bytes
 /// are still in the first-level cache (one pass over the values and the cache instead of
 /// two). `changed` and `exp_changed` are set as `scan_full` sets them, for the mask coding.
-/// None (and nothing touched) where this path does not apply.
+/// Returns SH64 of the sm and the number of changed values; None (and nothing touched) where
+/// this path does not apply.
 #[allow(clippy::too_many_arguments)] // the masks, emit's outputs, the cache
 pub fn scan_emit<L: Layout>(
     input: &[u8],
@@ -128,7 +129,7 @@ pub fn scan_emit<L: Layout>(
     exp_sub: &mut Vec<u64>,
     exps: &mut Vec<u8>,
     prev: &mut [u8],
-) -> Option<u64> {
+) -> Option<(u64, usize)> {
     let masks = Masks::Scan(changed, exp_changed);
     emit_on::<L>(path()?, input, masks, out, exp_sub, exps, prev)
 }
@@ -151,7 +152,8 @@ impl Masks<'_> {
     }
 }
 
-/// [`emit`] (or [`scan_emit`]) on the given path (which the caller has checked applies).
+/// [`emit`] (or [`scan_emit`]) on the given path (which the caller has checked applies):
+/// SH64 of the sm and the number of changed values.
 fn emit_on<L: Layout>(
     path: Path,
     input: &[u8],
@@ -160,7 +162,7 @@ fn emit_on<L: Layout>(
     exp_sub: &mut Vec<u64>,
     exps: &mut Vec<u8>,
     prev: &mut [u8],
-) -> Option<u64> {
+) -> Option<(u64, usize)> {
     let smb = sm_bytes::<L>()?;
     assert_eq!(prev.len(), input.len());
     let n = input.len() / L::BYTES;
@@ -274,7 +276,7 @@ fn emit_on<L: Layout>(
     let whole = (out.len() - hashed) / 32 * 32;
     simd::stripes(&out[hashed..hashed + whole], &mut hash);
     hashed += whole;
-    Some(hash.finish(&out[hashed..], out.len() - start))
+    Some((hash.finish(&out[hashed..], out.len() - start), idx))
 }
 
 /// `kernels::decode_hybrid` (same checks, same cache and output) where it applies, returning
@@ -995,7 +997,7 @@ mod tests {
         assert_eq!(pe, input, "emit updates the cache");
         let sm = &sm1[1..];
         let hash = crate::codec::checksum::sh64_plain(sm);
-        assert_eq!(h, Some(hash), "fused encode hash");
+        assert_eq!(h, Some((hash, k)), "fused encode hash");
         // Scanned and emitted in one pass: the same masks and sections, from stale outputs.
         let (mut a3, mut e3) = (vec![5u64; 3], vec![6u64]);
         let (mut sm3, mut sub3, mut ex3) = (vec![7u8], vec![99, 98], vec![]);
@@ -1009,7 +1011,7 @@ mod tests {
             "scan_emit on {path:?}"
         );
         assert_eq!(pe, input, "scan_emit updates the cache");
-        assert_eq!(h3, Some(hash), "scan_emit hash");
+        assert_eq!(h3, Some((hash, k)), "scan_emit hash and changed values");
         let n = input.len() / L::BYTES;
         let (mut p1, mut p2) = (prev0.to_vec(), prev0.to_vec());
         let (mut o1, mut o2) = (vec![0u8; input.len()], vec![1u8; input.len()]);
