@@ -857,14 +857,14 @@ fn damaged_trace_frames_are_refused_or_exact() {
         accepted[0], accepted[1], accepted[2]
     );
     assert!(
-        by_mode.iter().all(|&m| m >= 50),
-        "every frame kind damaged: {by_mode:?}"
-    );
-    assert!(
         failures.is_empty(),
         "{} failure(s):\n{}",
         failures.len(),
         failures.join("\n")
+    );
+    assert!(
+        by_mode.iter().all(|&m| m >= 50),
+        "every frame kind damaged: {by_mode:?}"
     );
 }
 
@@ -1666,7 +1666,10 @@ fn damaged_masks_are_refused_or_canonical() {
     let scale = env_u64("CIERA_CORRUPT_SCALE", 1) as usize;
     let mut accepted = 0;
     for case in 0..3000 * scale {
-        let m = [1usize, 7, 8, 63, 64, 65, 200, 512, 1000, 4096][rng.below(10)];
+        // Up to 12 segments of a segmented rANS block (the vector decoder runs from 8).
+        let m = [
+            1usize, 7, 8, 63, 64, 65, 200, 512, 1000, 4096, 40_000, 390_000,
+        ][rng.below(12)];
         let density = [1u64, 8, 32, 128, 255][rng.below(5)];
         let mut words = vec![0u64; m.div_ceil(64)];
         for i in 0..m {
@@ -1678,7 +1681,12 @@ fn damaged_masks_are_refused_or_canonical() {
         let coding = if ones == 0 {
             MaskCoding::Zero
         } else {
-            [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans][rng.below(3)]
+            [
+                MaskCoding::Flat,
+                MaskCoding::Hier,
+                MaskCoding::Rans,
+                MaskCoding::RansSeg,
+            ][rng.below(4)]
         };
         let mut enc = Vec::new();
         bitmask::encode(&words, m, coding, &mut enc);
@@ -1914,10 +1922,10 @@ fn arbitrary_bytes_are_refused_without_panicking() {
                 // A coding byte the mask decoder knows, at the start of s1 and s2.
                 let h = frame::HEADER_LEN;
                 if s[1] > 0 {
-                    g[h + s[0]] = rng.below(4) as u8;
+                    g[h + s[0]] = rng.below(5) as u8;
                 }
                 if s[2] > 0 {
-                    g[h + s[0] + s[1]] = rng.below(4) as u8;
+                    g[h + s[0] + s[1]] = rng.below(5) as u8;
                 }
             }
             reseal(&mut g);
@@ -1967,6 +1975,7 @@ fn arbitrary_bytes_are_refused_without_panicking() {
 fn damage_reports_a_codec_error() {
     let trajs = trajectories();
     let mut rng = Rng(7);
+    let mut seen_seg = false;
     for _ in 0..50 {
         let b = make_base(&mut rng, &trajs);
         let mut g = b.frame.clone();
@@ -1997,7 +2006,7 @@ fn damage_reports_a_codec_error() {
             decode_on_copy(&b, &g).result,
             Err(CodecError::CorruptFrame { what: "magic", .. })
         ));
-        for v in [0u8, 3, 0xff] {
+        for v in [0u8, 4, 0xff] {
             let mut g = b.frame.clone();
             g[4] = v;
             reseal(&mut g);
@@ -2009,27 +2018,48 @@ fn damage_reports_a_codec_error() {
                 })
             ));
         }
-        // Version 1 is still read, but has no Delta mode.
-        let mut g = b.frame.clone();
-        g[4] = 1;
-        reseal(&mut g);
-        let d = decode_on_copy(&b, &g);
-        if b.frame[6] == 3 {
-            assert!(
-                matches!(d.result, Err(CodecError::CorruptFrame { what: "mode", .. })),
-                "{}: a version 1 Delta frame: {:?}",
-                b.desc,
-                d.result
-            );
-        } else {
-            assert!(
-                d.result.is_ok() && d.out == b.expect,
-                "{}: the frame as version 1: {:?}",
-                b.desc,
-                d.result
-            );
+        // Versions 1 and 2 are still read, but version 1 has no Delta mode and neither has
+        // segmented rANS masks (coding 4, the first byte of s1, and of s2 in a Hybrid frame).
+        let l = section_lens(&b.frame);
+        let h = frame::HEADER_LEN;
+        let masks: &[usize] = match b.frame[6] {
+            1 => &[h + l[0]],
+            2 => &[h + l[0], h + l[0] + l[1]],
+            _ => &[],
+        };
+        let seg = MaskCoding::RansSeg.code();
+        let has_seg = masks.iter().any(|&at| b.frame[at] == seg);
+        for v in [1u8, 2] {
+            let mut g = b.frame.clone();
+            g[4] = v;
+            reseal(&mut g);
+            let d = decode_on_copy(&b, &g);
+            if b.frame[6] == 3 && v == 1 {
+                assert!(
+                    matches!(d.result, Err(CodecError::CorruptFrame { what: "mode", .. })),
+                    "{}: a version 1 Delta frame: {:?}",
+                    b.desc,
+                    d.result
+                );
+            } else if has_seg {
+                assert!(
+                    matches!(d.result, Err(CodecError::CorruptFrame { what: "mask", .. })),
+                    "{}: a segmented rANS mask in a version {v} frame: {:?}",
+                    b.desc,
+                    d.result
+                );
+            } else {
+                assert!(
+                    d.result.is_ok() && d.out == b.expect,
+                    "{}: the frame as version {v}: {:?}",
+                    b.desc,
+                    d.result
+                );
+            }
         }
+        seen_seg |= has_seg;
     }
+    assert!(seen_seg, "no frame with a segmented rANS mask among the 50");
 }
 
 /// A raw frame WITHOUT the FILL flag for a compressible type (which no encoder produces) would

@@ -1,5 +1,5 @@
 //! Coded bitmasks: which elements changed. A mask of `m` bits is held as `u64` words (bit i of
-//! word w is element 64w+i) and travels in one of four codings, chosen per mask by size:
+//! word w is element 64w+i) and travels in one of five codings, chosen per mask by size:
 //!
 //! ```text
 //! method byte | payload
@@ -8,16 +8,20 @@
 //! 2 Hier      | L1: ceil(G/8) bytes, G = ceil(m/64): bit g set iff word g is non-zero
 //!             | L2: one byte per set L1 bit: bit j set iff byte j of that word is non-zero
 //!             | L3: one byte per set L2 bit: that byte of the mask
-//! 3 Rans      | rans::encode of the ceil(m/8) mask bytes (see rans.rs)
+//! 3 Rans      | rans::encode of the ceil(m/8) mask bytes (see rans.rs); decoded, no longer
+//!             | written (format versions 1 and 2 wrote it)
+//! 4 RansSeg   | rans_seg::encode of the ceil(m/8) mask bytes (format version 3)
 //! ```
 //! Hier costs about 1/64 + P(word)/8 + P(byte) bits per element and is cheap to code: it wins
-//! when changes are rare (exponent changes, 0.2-4%). Rans gets within a few percent of the
+//! when changes are rare (exponent changes, 0.2-4%). rANS gets within a few percent of the
 //! entropy at any density: it wins for the value-changed mask of the full-value cache (10-80%).
+//! RansSeg codes it in segments of 4096 bytes, independent chains that decoders run at once
+//! (eight or sixteen per core, a thread each on a GPU); Rans is two chains however long.
 //! Decoding is strict: bits past `m`, zero bytes that Hier says are non-zero, and unconsumed
 //! payload are errors, so every accepted mask has exactly one encoding per method.
 
 use super::error::{CodecError, Result};
-use super::rans;
+use super::{rans, rans_seg};
 use crate::coded_enum::coded_enum;
 
 coded_enum! {
@@ -28,6 +32,7 @@ coded_enum! {
         Flat = 1,
         Hier = 2,
         Rans = 3,
+        RansSeg = 4,
     }
 }
 
@@ -59,10 +64,10 @@ fn nonzero_byte_map(w: u64) -> u8 {
 }
 
 thread_local! {
-    /// Masks as bytes for rANS (and a coded mask), reused call after call (fresh buffers would
-    /// page-fault in).
-    static MASK_BYTES: std::cell::RefCell<[Vec<u8>; 3]> =
-        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+    /// Masks as bytes for rANS (two: `decode_two`), reused call after call (fresh buffers
+    /// would page-fault in).
+    static MASK_BYTES: std::cell::RefCell<[Vec<u8>; 2]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
 }
 
 /// The `ceil(m/8)` bytes of the mask into `b`.
@@ -115,7 +120,7 @@ pub struct MaskPlan {
     pub coding: MaskCoding,
     pub bytes: usize,
     pub ones: usize,
-    /// The rANS table, when the plan chose Rans (`encode_planned` reuses it).
+    /// The rANS table, when the plan chose RansSeg (`encode_planned` reuses it).
     pub table: Option<rans::FreqTable>,
 }
 
@@ -162,9 +167,9 @@ pub fn plan_gated(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> Mask
     if let Some((_, gain)) = rans.filter(|&(t, _)| iid_bytes + t < bytes) {
         let hist = with_mask_bytes(words, m, rans::histogram);
         let t = rans::FreqTable::from_histogram(&hist);
-        let est = 1 + t.estimate_bytes(&hist);
+        let est = 1 + rans_seg::estimate_bytes(&t, &hist);
         if est + gain < bytes {
-            coding = MaskCoding::Rans;
+            coding = MaskCoding::RansSeg;
             bytes = est;
             table = Some(t);
         }
@@ -181,16 +186,15 @@ pub fn plan_gated(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> Mask
 /// rANS table again.
 pub fn encode_planned(words: &[u64], m: usize, plan: &MaskPlan, out: &mut Vec<u8>) {
     match (&plan.table, plan.coding) {
-        (Some(table), MaskCoding::Rans) => {
-            out.push(MaskCoding::Rans.code());
-            with_mask_bytes(words, m, |bytes| rans::encode(bytes, table, out));
+        (Some(table), MaskCoding::RansSeg) => {
+            out.push(MaskCoding::RansSeg.code());
+            with_mask_bytes(words, m, |bytes| rans_seg::encode(bytes, table, out));
         }
         _ => encode(words, m, plan.coding, out),
     }
 }
 
-/// `encode_planned` of mask a then mask b onto `out`, returning the bytes of a's; when both are
-/// rANS-coded, their coders run interleaved (`rans::encode_pair`).
+/// `encode_planned` of mask a then mask b onto `out`, returning the bytes of a's.
 #[allow(clippy::too_many_arguments)] // two masks, their sizes and plans
 pub fn encode_planned_two(
     wa: &[u64],
@@ -202,28 +206,10 @@ pub fn encode_planned_two(
     out: &mut Vec<u8>,
 ) -> usize {
     let start = out.len();
-    let (Some(ta), Some(tb), MaskCoding::Rans, MaskCoding::Rans) =
-        (&pa.table, &pb.table, pa.coding, pb.coding)
-    else {
-        encode_planned(wa, ma, pa, out);
-        let a = out.len() - start;
-        encode_planned(wb, mb, pb, out);
-        return a;
-    };
-    MASK_BYTES.with(|c| {
-        let mut bufs = c.take();
-        let [ba, bb, cb] = &mut bufs;
-        fill_bytes(ba, wa, ma);
-        fill_bytes(bb, wb, mb);
-        cb.clear();
-        cb.push(MaskCoding::Rans.code());
-        out.push(MaskCoding::Rans.code());
-        rans::encode_pair(ba, ta, out, bb, tb, cb);
-        let a = out.len() - start;
-        out.extend_from_slice(cb);
-        c.replace(bufs);
-        a
-    })
+    encode_planned(wa, ma, pa, out);
+    let a = out.len() - start;
+    encode_planned(wb, mb, pb, out);
+    a
 }
 
 /// Append the mask in `coding` to `out`.
@@ -259,10 +245,14 @@ pub fn encode(words: &[u64], m: usize, coding: MaskCoding, out: &mut Vec<u8>) {
             }
             out.truncate(l3_start + p);
         }
-        MaskCoding::Rans => {
+        MaskCoding::Rans | MaskCoding::RansSeg => {
             with_mask_bytes(words, m, |bytes| {
                 let table = rans::FreqTable::from_histogram(&rans::histogram(bytes));
-                rans::encode(bytes, &table, out);
+                if coding == MaskCoding::Rans {
+                    rans::encode(bytes, &table, out);
+                } else {
+                    rans_seg::encode(bytes, &table, out);
+                }
             });
         }
     }
@@ -303,7 +293,7 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
             bytes_to_words(payload, words);
         }
         MaskCoding::Hier => decode_hier(payload, words)?,
-        MaskCoding::Rans => {
+        MaskCoding::Rans | MaskCoding::RansSeg => {
             if nbytes == 0 {
                 return Err(CodecError::corrupt("mask", "rans coding of an empty mask"));
             }
@@ -312,7 +302,11 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
                 let bytes = &mut bufs[0];
                 bytes.clear();
                 bytes.resize(nbytes, 0);
-                let r = rans::decode(payload, bytes);
+                let r = if coding == MaskCoding::Rans {
+                    rans::decode(payload, bytes)
+                } else {
+                    rans_seg::decode(payload, bytes)
+                };
                 if r.is_ok() {
                     bytes_to_words(bytes, words);
                 }
@@ -346,7 +340,7 @@ pub fn decode_two(
     };
     MASK_BYTES.with(|c| {
         let mut bufs = c.take();
-        let [ba, bb, _] = &mut bufs;
+        let [ba, bb] = &mut bufs;
         ba.clear();
         ba.resize(ma.div_ceil(8), 0);
         bb.clear();
@@ -511,9 +505,14 @@ mod tests {
 
     fn check(words: &[u64], m: usize) {
         let zero = words.iter().all(|&w| w == 0);
-        for coding in [MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans]
-            .into_iter()
-            .filter(|_| !zero)
+        for coding in [
+            MaskCoding::Flat,
+            MaskCoding::Hier,
+            MaskCoding::Rans,
+            MaskCoding::RansSeg,
+        ]
+        .into_iter()
+        .filter(|_| !zero)
         {
             let mut out = Vec::new();
             encode(words, m, coding, &mut out);
@@ -529,7 +528,7 @@ mod tests {
         let mut planned = Vec::new();
         encode_planned(words, m, &p, &mut planned);
         assert_eq!(planned, out, "{:?}", p.coding);
-        if p.coding != MaskCoding::Rans {
+        if p.coding != MaskCoding::RansSeg {
             assert_eq!(out.len(), p.bytes, "{:?}", p.coding);
         }
     }

@@ -478,6 +478,22 @@ fn decode_delta_with<L: Layout>(
         vals,
         ..
     } = scratch;
+    // Segmented rANS masks are new in format version 3.
+    let coded: &[&[u8]] = match f.mode {
+        Mode::Exp => &[s1],
+        Mode::Hybrid => &[s1, s2],
+        _ => &[],
+    };
+    let seg = bitmask::MaskCoding::RansSeg.code();
+    if f.format < 3 && coded.iter().any(|m| m.first() == Some(&seg)) {
+        return Err(CodecError::corrupt(
+            "mask",
+            format!(
+                "coding {seg} (segmented rANS) in a version {} frame",
+                f.format
+            ),
+        ));
+    }
     match f.mode {
         Mode::Exp => {
             if s0.len() != L::sm_len(n) {

@@ -3,7 +3,8 @@
 //! ```text
 //! off len field
 //!   0   4 magic "CIRF"
-//!   4   1 format version (2; version 1 frames, which have no Delta mode, still decode)
+//!   4   1 format version (3; version 2 frames, which have no mask coding 4, and version 1
+//!           frames, which also have no Delta mode, still decode)
 //!   5   1 dtype (ncclDataType_t number)
 //!   6   1 mode: 0 raw, 1 exp (exponent delta), 2 hybrid (value delta), 3 delta (ulp moves)
 //!   7   1 flags: bit 0 FILL (raw frame that (re)fills the receiver's cache slot); others zero
@@ -23,8 +24,9 @@ use crate::coded_enum::coded_enum;
 use crate::DType;
 
 pub const MAGIC: [u8; 4] = *b"CIRF";
-pub const FORMAT_VERSION: u8 = 2;
-/// The oldest format version this build still decodes (version 1: no Delta mode).
+pub const FORMAT_VERSION: u8 = 3;
+/// The oldest format version this build still decodes (version 1: no Delta mode; version 2:
+/// no segmented rANS masks).
 pub const OLDEST_FORMAT_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 64;
 pub const FLAG_FILL: u8 = 1;
@@ -68,6 +70,9 @@ pub struct Frame<'a> {
     pub count: usize,
     pub offset: usize,
     pub version: u64,
+    /// The format version the frame says (header byte 4), `OLDEST_FORMAT_VERSION` to
+    /// `FORMAT_VERSION`.
+    pub format: u8,
     pub sections: [&'a [u8]; 4],
     /// Total bytes of the frame (header + sections).
     pub len: usize,
@@ -254,6 +259,7 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>> {
         count,
         offset,
         version,
+        format: bytes[4],
         sections,
         len,
         s0_hash: u64_at(bytes, 48),

@@ -37,6 +37,7 @@ pub mod frame;
 mod hybrid_simd;
 pub mod kernels;
 pub mod rans;
+pub mod rans_seg;
 mod scratch;
 mod simd;
 pub mod slot;

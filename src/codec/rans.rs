@@ -21,7 +21,7 @@ use super::error::{CodecError, Result};
 pub(super) const PROB_BITS: u32 = 12;
 const PROB_SCALE: u32 = 1 << PROB_BITS;
 /// Lower bound of the normalised state interval [L, L*256).
-const RANS_L: u32 = 1 << 23;
+pub(super) const RANS_L: u32 = 1 << 23;
 
 /// Normalised frequencies of the 256 byte values; present symbols have freq >= 1.
 #[derive(Clone)]
@@ -76,6 +76,30 @@ impl FreqTable {
         FreqTable { freq, cum }
     }
 
+    /// The decoder's slots packed in one word each, for vector decoders that look them up
+    /// with one gather: `sym << 24 | (freq - 1) << 12 | (slot - cum)`.
+    pub(super) fn packed_slots(&self) -> Vec<u32> {
+        let mut t = vec![0u32; PROB_SCALE as usize];
+        for s in 0..256 {
+            let (c, f) = (self.cum[s] as usize, self.freq[s]);
+            for r in 0..f as usize {
+                t[c + r] = (s as u32) << 24 | (f - 1) << 12 | r as u32;
+            }
+        }
+        t
+    }
+
+    /// The encoder's constants of each symbol (absent ones left zero).
+    pub(super) fn enc_syms(&self) -> [EncSym; 256] {
+        let mut syms = [EncSym::default(); 256];
+        for (s, e) in syms.iter_mut().enumerate() {
+            if self.freq[s] > 0 {
+                *e = EncSym::new(self.freq[s], self.cum[s]);
+            }
+        }
+        syms
+    }
+
     /// Estimated coded size in bytes of data with this histogram (table + state + payload).
     pub fn estimate_bytes(&self, hist: &[u64; 256]) -> usize {
         // Integer arithmetic (Q16 code lengths), so a GPU encoder (cuda/codec.cu) makes the
@@ -105,7 +129,7 @@ impl FreqTable {
         1 + syms + varints
     }
 
-    fn write(&self, out: &mut Vec<u8>) {
+    pub(super) fn write(&self, out: &mut Vec<u8>) {
         let n = self.nsym();
         out.push((n - 1) as u8);
         if n < 32 {
@@ -126,7 +150,7 @@ impl FreqTable {
         }
     }
 
-    fn read(input: &[u8], pos: &mut usize) -> Result<FreqTable> {
+    pub(super) fn read(input: &[u8], pos: &mut usize) -> Result<FreqTable> {
         let n = *take(input, pos, 1)?.first().unwrap_or(&0) as usize + 1;
         let mut present = [false; 256];
         if n < 32 {
@@ -286,57 +310,37 @@ pub(super) fn enc_step(x: u32, e: &EncSym) -> u32 {
         .wrapping_add(q.wrapping_mul(e.cmpl_freq))
 }
 
+/// Code a symbol (its constants `e`) with state `x`, returning the new state: renormalise
+/// (emit 0-2 bytes backwards before `*p`, which moves down by as many), then `enc_step`. Always
+/// writes the two bytes before `*p` (the second is overwritten by the next step when not
+/// taken), without branches.
+#[inline(always)]
+pub(super) fn put(buf: &mut [u8], p: &mut usize, x: u32, e: &EncSym) -> u32 {
+    let one = x >= e.x_max;
+    let two = (x as u64) >= (e.x_max as u64) << 8;
+    buf[*p - 1] = x as u8;
+    buf[*p - 2] = (x >> 8) as u8;
+    let n = one as u32 + two as u32;
+    *p -= n as usize;
+    enc_step(x >> (8 * n), e)
+}
+
 /// Encode `data` (non-empty) with `table`, appending to `out`.
 pub fn encode(data: &[u8], table: &FreqTable, out: &mut Vec<u8>) {
     ENC_BUF.with(|c| {
-        let mut bufs = c.take();
-        let mut e = EncStream::new(data, table, std::mem::take(&mut bufs[0]));
+        let mut e = EncStream::new(data, table, c.take());
         let mut l = e.lane;
         while l.i >= 2 {
             e.step2(&mut l);
         }
         e.lane = l;
-        bufs[0] = e.finish(table, out);
-        c.replace(bufs);
-    });
-}
-
-/// `encode` of two blocks at once (`a` onto `out_a`, `b` onto `out_b`, each the bytes `encode`
-/// writes): the two blocks' dependency chains interleave, four states in flight instead of two.
-pub fn encode_pair(
-    a: &[u8],
-    ta: &FreqTable,
-    out_a: &mut Vec<u8>,
-    b: &[u8],
-    tb: &FreqTable,
-    out_b: &mut Vec<u8>,
-) {
-    ENC_BUF.with(|c| {
-        let mut bufs = c.take();
-        let mut ea = EncStream::new(a, ta, std::mem::take(&mut bufs[0]));
-        let mut eb = EncStream::new(b, tb, std::mem::take(&mut bufs[1]));
-        let (mut la, mut lb) = (ea.lane, eb.lane);
-        while la.i >= 2 && lb.i >= 2 {
-            ea.step2(&mut la);
-            eb.step2(&mut lb);
-        }
-        while la.i >= 2 {
-            ea.step2(&mut la);
-        }
-        while lb.i >= 2 {
-            eb.step2(&mut lb);
-        }
-        (ea.lane, eb.lane) = (la, lb);
-        bufs[0] = ea.finish(ta, out_a);
-        bufs[1] = eb.finish(tb, out_b);
-        c.replace(bufs);
+        c.replace(e.finish(table, out));
     });
 }
 
 thread_local! {
-    /// The encoders' byte buffers, reused call after call (fresh ones would page-fault in).
-    static ENC_BUF: std::cell::RefCell<[Vec<u8>; 2]> =
-        const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
+    /// The encoder's byte buffer, reused call after call (fresh ones would page-fault in).
+    static ENC_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The moving part of an encoder, held in registers by the loops (a copy, written back).
@@ -365,12 +369,7 @@ struct EncStream<'a> {
 
 impl<'a> EncStream<'a> {
     fn new(data: &'a [u8], table: &FreqTable, mut buf: Vec<u8>) -> EncStream<'a> {
-        let mut syms = [EncSym::default(); 256];
-        for (s, e) in syms.iter_mut().enumerate() {
-            if table.freq[s] > 0 {
-                *e = EncSym::new(table.freq[s], table.cum[s]);
-            }
-        }
+        let syms = table.enc_syms();
         let end = 2 * data.len() + 2;
         if buf.len() < end {
             buf.resize(end, 0);
@@ -402,13 +401,7 @@ impl<'a> EncStream<'a> {
     fn put(&mut self, p: &mut usize, x: u32, s: u8) -> u32 {
         let e = &self.syms[s as usize];
         debug_assert!(e.x_max > 0, "symbol {s} missing from table");
-        let one = x >= e.x_max;
-        let two = (x as u64) >= (e.x_max as u64) << 8;
-        self.buf[*p - 1] = x as u8;
-        self.buf[*p - 2] = (x >> 8) as u8;
-        let n = one as u32 + two as u32;
-        *p -= n as usize;
-        enc_step(x >> (8 * n), e)
+        put(&mut self.buf, p, x, e)
     }
 
     /// Code the two symbols before `l.i` (states 1 then 0, as the decoder reads them
@@ -490,9 +483,51 @@ struct DecLane {
 }
 
 /// Per slot of the 4096: freq << 12 | (slot - cum), and the symbol.
-struct DecTable {
+pub(super) struct DecTable {
     fb: [u32; PROB_SCALE as usize],
     sym: [u8; PROB_SCALE as usize],
+}
+
+impl DecTable {
+    pub(super) fn new(table: &FreqTable) -> Box<DecTable> {
+        let mut t = Box::new(DecTable {
+            fb: [0; PROB_SCALE as usize],
+            sym: [0; PROB_SCALE as usize],
+        });
+        for s in 0..256 {
+            let (c, f) = (table.cum[s] as usize, table.freq[s]);
+            for r in 0..f as usize {
+                t.fb[c + r] = f << 12 | r as u32;
+                t.sym[c + r] = s as u8;
+            }
+        }
+        t
+    }
+
+    /// One decoder step of state `x` (in [2^23, 2^31)): the symbol, and the state before
+    /// renormalisation (at least 2^11, so it takes at most two bytes).
+    #[inline(always)]
+    pub(super) fn step(&self, x: u32) -> (u32, u8) {
+        let slot = (x & (PROB_SCALE - 1)) as usize;
+        let e = self.fb[slot];
+        ((e >> 12) * (x >> PROB_BITS) + (e & 0xfff), self.sym[slot])
+    }
+
+    /// `step`, then the renormalisation from `bytes[*bi..]` without branches: the caller
+    /// knows two more bytes are there (it reads two whatever it takes).
+    #[inline(always)]
+    pub(super) fn get(&self, x: u32, bytes: &[u8], bi: &mut usize) -> (u32, u8) {
+        let (nx, sym) = self.step(x);
+        let b = (bytes[*bi] as u32) << 8 | bytes[*bi + 1] as u32;
+        // Shifts by the count rather than a choice of three: compilers turn that into
+        // branches, which mispredict at mid densities.
+        let n = (nx < RANS_L) as u32 + (nx < 1 << 15) as u32;
+        *bi += n as usize;
+        (
+            ((nx as u64) << (8 * n) | (b as u64) >> (16 - 8 * n)) as u32,
+            sym,
+        )
+    }
 }
 
 /// One block being decoded.
@@ -507,17 +542,7 @@ impl<'a, 'o> DecStream<'a, 'o> {
     fn new(input: &'a [u8], out: &'o mut [u8]) -> Result<DecStream<'a, 'o>> {
         let mut pos = 0;
         let table = FreqTable::read(input, &mut pos)?;
-        let mut t = Box::new(DecTable {
-            fb: [0; PROB_SCALE as usize],
-            sym: [0; PROB_SCALE as usize],
-        });
-        for s in 0..256 {
-            let (c, f) = (table.cum[s] as usize, table.freq[s]);
-            for r in 0..f as usize {
-                t.fb[c + r] = f << 12 | r as u32;
-                t.sym[c + r] = s as u8;
-            }
-        }
+        let t = DecTable::new(&table);
         let st = take(input, &mut pos, 8)?;
         let x = [
             u32::from_le_bytes([st[0], st[1], st[2], st[3]]),
@@ -544,21 +569,10 @@ impl<'a, 'o> DecStream<'a, 'o> {
         })
     }
 
-    /// One step of a state: x stays in [2^23, 2^31), so the step leaves x >= 2^11 and the
-    /// renormalisation takes at most two bytes, read here without branches (the caller knows
-    /// two more bytes are in the stream).
+    /// One step of a state (`DecTable::get`; the caller knows two more bytes are there).
     #[inline(always)]
     fn get(&self, x: u32, bi: &mut usize) -> (u32, u8) {
-        let slot = (x & (PROB_SCALE - 1)) as usize;
-        let e = self.table.fb[slot];
-        let nx = (e >> 12) * (x >> PROB_BITS) + (e & 0xfff);
-        let b = (self.bytes[*bi] as u32) << 8 | self.bytes[*bi + 1] as u32;
-        // Shifts by the count rather than a choice of three: compilers turn that into
-        // branches, which mispredict at mid densities.
-        let n = (nx < RANS_L) as u32 + (nx < 1 << 15) as u32;
-        *bi += n as usize;
-        let x = ((nx as u64) << (8 * n) | (b as u64) >> (16 - 8 * n)) as u32;
-        (x, self.table.sym[slot])
+        self.table.get(x, self.bytes, bi)
     }
 
     /// How many `step2` can run with no checks: symbols left, and at most four renormalisation
@@ -600,10 +614,8 @@ impl<'a, 'o> DecStream<'a, 'o> {
         let mut l = self.lane;
         while l.i < self.out.len() {
             let x = if l.i & 1 == 0 { l.x0 } else { l.x1 };
-            let slot = (x & (PROB_SCALE - 1)) as usize;
-            let e = self.table.fb[slot];
-            self.out[l.i] = self.table.sym[slot];
-            let mut nx = (e >> 12) * (x >> PROB_BITS) + (e & 0xfff);
+            let (mut nx, sym) = self.table.step(x);
+            self.out[l.i] = sym;
             while nx < RANS_L {
                 let &b = self.bytes.get(l.bi).ok_or_else(ends_early)?;
                 l.bi += 1;
@@ -662,7 +674,7 @@ pub(super) fn read_varint(input: &[u8], pos: &mut usize, what: &'static str) -> 
     Err(CodecError::corrupt(what, "varint longer than 3 bytes"))
 }
 
-fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
+pub(super) fn take<'a>(input: &'a [u8], pos: &mut usize, n: usize) -> Result<&'a [u8]> {
     let end = pos
         .checked_add(n)
         .filter(|&e| e <= input.len())
@@ -851,13 +863,11 @@ mod tests {
                     }
                 };
                 same(enc, len);
-                // The pair coders give each block what the single ones do.
+                // The pair decoder gives each block what the single one does.
                 let other: Vec<u8> = data.iter().rev().map(|&x| x ^ 0x0f).collect();
                 let to = FreqTable::from_histogram(&histogram(&other));
-                let (mut pa, mut pb, mut single) = (vec![1u8], vec![2u8], vec![2u8]);
-                encode_pair(&data, &t, &mut pa, &other, &to, &mut pb);
+                let mut single = vec![2u8];
                 encode(&other, &to, &mut single);
-                assert_eq!((&pa, &pb), (&a, &single), "pair encode len {len}");
                 let (mut oa, mut ob) = (vec![0u8; len], vec![0u8; len]);
                 let (ra, rb) = decode_pair(enc, &mut oa, &single[1..], &mut ob);
                 assert!(ra.is_ok() && rb.is_ok() && oa == data && ob == other);

@@ -109,18 +109,24 @@ pub fn mask_is_canonical(section: &[u8], m: usize, words: &[u64]) -> Result<(), 
         0 => MaskCoding::Zero,
         1 => MaskCoding::Flat,
         2 => MaskCoding::Hier,
-        _ => MaskCoding::Rans,
+        3 => MaskCoding::Rans,
+        _ => MaskCoding::RansSeg,
     };
     let mut again = Vec::new();
-    if coding == MaskCoding::Rans {
+    if matches!(coding, MaskCoding::Rans | MaskCoding::RansSeg) {
         let hist = rans_table(&section[1..]).ok_or("unparsable rANS table")?;
         let bytes: Vec<u8> = words
             .iter()
             .flat_map(|w| w.to_le_bytes())
             .take(m.div_ceil(8))
             .collect();
-        again.push(3);
-        rans::encode(&bytes, &rans::FreqTable::from_histogram(&hist), &mut again);
+        let table = rans::FreqTable::from_histogram(&hist);
+        again.push(coding.code());
+        if coding == MaskCoding::Rans {
+            rans::encode(&bytes, &table, &mut again);
+        } else {
+            ciera::codec::rans_seg::encode(&bytes, &table, &mut again);
+        }
     } else {
         bitmask::encode(words, m, coding, &mut again);
     }
