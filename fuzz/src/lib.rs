@@ -4,7 +4,7 @@
 //! checksums so the fuzzer gets past them, and the checks every accepted frame must pass.
 
 use ciera::codec::{
-    bitmask, decode_raw, frame, rans, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode,
+    bitmask, decode_raw, frame, rans, rans_seg, CacheMode, CacheSlot, FrameChoice, FrameInfo, Mode,
 };
 use ciera::DType;
 
@@ -259,7 +259,7 @@ pub fn decode_arbitrary(data: &[u8]) {
     let mut f = Vec::new();
     if flags & 8 != 0 {
         f.extend_from_slice(b"CIRF");
-        f.push(1 + (inp.u8() & 1));
+        f.push(1 + inp.u8() % 3);
         f.push(if inp.u8() < 240 {
             dtype.code()
         } else {
@@ -521,7 +521,7 @@ pub fn rans_roundtrip(data: &[u8]) {
     let mut inp = Input(data);
     let sel = inp.u8();
     let body = inp.rest();
-    match sel % 3 {
+    match sel % 4 {
         0 => {
             if body.is_empty() {
                 return;
@@ -536,6 +536,31 @@ pub fn rans_roundtrip(data: &[u8]) {
             let mut short = vec![0u8; body.len() + 1];
             let _ = rans::decode(&enc, &mut short);
         }
+        3 => {
+            // The segmented block, the body repeated up to past eight segments (the vector
+            // decoder's batch) so that the fuzzer's bytes reach every segment layout.
+            if body.is_empty() {
+                return;
+            }
+            let n = 1 + (sel >> 2) as usize * 1291 % (9 * rans_seg::SEG_BYTES);
+            let data: Vec<u8> = body.iter().copied().cycle().take(n).collect();
+            let table = rans::FreqTable::from_histogram(&rans::histogram(&data));
+            let mut enc = Vec::new();
+            rans_seg::encode(&data, &table, &mut enc);
+            let mut dec = vec![0u8; n];
+            rans_seg::decode(&enc, &mut dec).expect("segmented rANS round trip");
+            assert_eq!(dec, data);
+            let mut other = vec![0u8; n + 1];
+            let _ = rans_seg::decode(&enc, &mut other);
+            // The body itself as a block: no panic, and an accepted one is canonical.
+            let mut out = vec![0u8; n];
+            if rans_seg::decode(body, &mut out).is_ok() {
+                let hist = rans_table(body).expect("table of an accepted block");
+                let mut enc = Vec::new();
+                rans_seg::encode(&out, &rans::FreqTable::from_histogram(&hist), &mut enc);
+                assert_eq!(enc, body, "accepted segmented rANS block is not canonical");
+            }
+        }
         1 => {
             // The body as a mask of m bits (bits past m cleared).
             let m = (body.len() * 8).saturating_sub((sel >> 2) as usize % 8);
@@ -549,7 +574,12 @@ pub fn rans_roundtrip(data: &[u8]) {
             let codings: &[MaskCoding] = if ones == 0 {
                 &[MaskCoding::Zero]
             } else {
-                &[MaskCoding::Flat, MaskCoding::Hier, MaskCoding::Rans]
+                &[
+                    MaskCoding::Flat,
+                    MaskCoding::Hier,
+                    MaskCoding::Rans,
+                    MaskCoding::RansSeg,
+                ]
             };
             for &c in codings {
                 let mut enc = Vec::new();
