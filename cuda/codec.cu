@@ -27,8 +27,9 @@
 //                        DE_AUTO, its pick of frame (see "Encode of Delta frames")
 //   ciera_enc_tile_<t>   grid (max tiles, jobs) x 256: values -> sign+mantissa (s0), mask words,
 //                        exponent cache update, per-tile counts and SH64 partial sums
-//   ciera_enc_plan       grid (1, jobs) x 256: tile offsets (scan), mask coding (plan), rANS
-//                        mask (one thread: rare), FILL decision, section offsets
+//   ciera_enc_plan       grid (1, jobs) x 256: tile offsets (scan), mask coding (plan), a
+//                        segmented rANS mask (a thread per run of segments; rare), FILL
+//                        decision, section offsets
 //   ciera_enc_emit_<t>   grid (max tiles, jobs) x 256: mask bytes (Flat/Hier) and exceptions,
 //                        or the raw values of a FILL
 //   ciera_enc_finish_<t> grid (1, jobs) x 256: header, SH64, XXH3 (8 lanes), frame length
@@ -425,16 +426,25 @@ HD u64 log2_q16(u64 x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Coded masks (docs/WIRE.md "Coded masks"; src/codec/bitmask.rs): the choice of coding and the
-// order-0 rANS coder (one thread: the rANS stream is sequential; Exp frames choose it only where
-// it saves 2% of the frame).
+// Coded masks (docs/WIRE.md "Coded masks"; src/codec/bitmask.rs): the choice of coding, the
+// segmented rANS coder the encoders write (coding 4: segments of 4096 mask bytes, each with a
+// state and a stream of its own, so a block codes and decodes them a thread per run of
+// segments), and the two-state coder of format versions 1 and 2 (coding 3), decoded on one
+// thread (its two states are one dependency chain each, however long the mask).
 
-enum : u32 { MASK_ZERO = 0, MASK_FLAT = 1, MASK_HIER = 2, MASK_RANS = 3 };
+enum : u32 { MASK_ZERO = 0, MASK_FLAT = 1, MASK_HIER = 2, MASK_RANS = 3, MASK_RANS_SEG = 4 };
+HD bool rans_coded(u64 coding) { return coding == MASK_RANS || coding == MASK_RANS_SEG; }
 constexpr u32 PROB_SCALE = 4096;
 constexpr u32 RANS_L = 1u << 23;
+// Coding 4: mask bytes per segment, and the first format version whose frames may carry it.
+constexpr u64 SEG_BYTES = 4096;
+constexpr u32 SEG_VERSION = 3;
+HD u64 seg_count(u64 nbytes) { return cdiv(nbytes, SEG_BYTES); }
 // A mask takes rANS only where it saves 1/RANS_MIN_GAIN of the frame's values and exponents
 // (chunk.rs RANS_MIN_GAIN).
 constexpr u64 RANS_MIN_GAIN = 50;
+
+HD u32 rd16(const u8* p) { return (u32)p[0] | (u32)p[1] << 8; }
 
 HD u32 nonzero_bytes(u64 w) {
     u64 t = w;
@@ -516,23 +526,25 @@ HD u32 table_bytes(const u32* freq) {
         }
     return 1 + (n < 32 ? n : 32) + v;
 }
+// rans::FreqTable::estimate_bytes: table, payload and the two states of coding 3.
 HD u64 rans_estimate(const u32* hist, const u32* freq) {
     u64 bits = 0;
     for (u32 s = 0; s < 256; ++s)
         if (hist[s]) bits += (u64)hist[s] * ((12ull << 16) - log2_q16(freq[s]));
     return cdiv(bits, 8ull << 16) + table_bytes(freq) + 8;
 }
+// Coding 4's estimate of nbytes mask bytes (without the coding byte): coding 3's, its two states
+// (8 bytes) replaced by a state and a length per segment (6 bytes each).
+HD u64 rans_seg_estimate(const u32* hist, const u32* freq, u64 nbytes) {
+    return rans_estimate(hist, freq) - 8 + 6 * seg_count(nbytes);
+}
 HD u8 mask_byte(const u64* words, u64 i) { return (u8)(words[i / 8] >> (8 * (i % 8))); }
 
-// rans::encode of the nbytes mask bytes into out (the coding byte excluded); `rev` holds up to
-// 2 * nbytes bytes. Returns the bytes written.
-HD u64 rans_encode(const u64* words, u64 nbytes, const u32* freq, u8* rev, u8* out) {
-    u32 cum[256], n = 0, c = 0;
-    for (u32 s = 0; s < 256; ++s) {
-        cum[s] = c;
-        c += freq[s];
-        n += freq[s] != 0;
-    }
+// rans::FreqTable::write: nsym - 1, the symbols (or their presence bitmap), the frequencies - 1
+// as LEB128 varints. Returns the bytes written (table_bytes).
+HD u64 rans_table_write(const u32* freq, u8* out) {
+    u32 n = 0;
+    for (u32 s = 0; s < 256; ++s) n += freq[s] != 0;
     u64 o = 0;
     out[o++] = (u8)(n - 1);
     if (n < 32) {
@@ -553,28 +565,112 @@ HD u64 rans_encode(const u64* words, u64 nbytes, const u32* freq, u8* rev, u8* o
             }
             out[o++] = (u8)v;
         }
-    u32 x[2] = {RANS_L, RANS_L};
-    u64 r = 0;
-    for (u64 i = nbytes; i-- > 0;) {
-        u32 s = mask_byte(words, i);
-        u32& st = x[i & 1];
-        u32 f = freq[s];
-        u32 x_max = ((RANS_L >> 12) << 8) * f;
-        while (st >= x_max) {
-            rev[r++] = (u8)st;
-            st >>= 8;
+    return o;
+}
+// rans::FreqTable::read from in[*at..len): the frequencies, their cumulative sums, and the
+// symbol of each of the 4096 slots; *at moves past the table. Returns 0, or why not (a code for
+// DE_MASK's detail).
+HD u32 rans_table_read(const u8* in, u64 len, u64* at, u32* freq, u32* cum, u8* sym) {
+    u64 pos = *at;
+    if (pos >= len) return 10;
+    u32 ns = (u32)in[pos++] + 1;
+    u8 present[256];
+    for (u32 s = 0; s < 256; ++s) present[s] = 0;
+    if (ns < 32) {
+        if (pos + ns > len) return 11;
+        i64 prev = -1;
+        for (u32 k = 0; k < ns; ++k) {
+            u32 s = in[pos++];
+            if ((i64)s <= prev) return 12;
+            prev = s;
+            present[s] = 1;
         }
-        st = (st / f) * PROB_SCALE + st % f + cum[s];
+    } else {
+        if (pos + 32 > len) return 11;
+        u32 count = 0;
+        for (u32 s = 0; s < 256; ++s) count += present[s] = (in[pos + s / 8] >> (s % 8)) & 1;
+        pos += 32;
+        if (count != ns) return 13;
     }
-    wr32(out + o, x[0]);
-    wr32(out + o + 4, x[1]);
-    o += 8;
-    for (u64 j = 0; j < r; ++j) out[o + j] = rev[r - 1 - j];
-    return o + r;
+    u64 sum = 0;
+    for (u32 s = 0; s < 256; ++s) {
+        freq[s] = 0;
+        if (!present[s]) continue;
+        u32 val = 0;
+        bool done = false;
+        for (u32 sh = 0; sh <= 14; sh += 7) {
+            if (pos >= len) return 14;
+            u8 c = in[pos++];
+            val |= (u32)(c & 0x7f) << sh;
+            if (!(c & 0x80)) {
+                done = true;
+                break;
+            }
+        }
+        if (!done) return 15;
+        u64 fq = (u64)val + 1;
+        if (fq > PROB_SCALE) return 16;
+        freq[s] = (u32)fq;
+        sum += fq;
+    }
+    if (sum != PROB_SCALE) return 17;
+    u32 c = 0;
+    for (u32 s = 0; s < 256; ++s) {
+        cum[s] = c;
+        for (u32 q = 0; q < freq[s]; ++q) sym[c + q] = (u8)s;
+        c += freq[s];
+    }
+    *at = pos;
+    return 0;
 }
 
-// One-thread mask coding, for the Hybrid frames' two masks (the CPU's bitmask::plan_gated,
-// encode and decode over `words` of m bits). `hist` is 256 u32 of scratch.
+// Coding 4, one segment: mask bytes lo..hi coded backwards from state RANS_L, one rANS step each
+// (rans.rs: 32-bit state, byte renormalisation); the renormalisation bytes are written backwards
+// ending at `end`, so that they lie in decoding order at end - len .. end. Returns len (at most
+// 2 a mask byte) and the final state in *x_out.
+HD u32 seg_encode_one(const u64* words, u64 lo, u64 hi, const u32* freq, const u32* cum, u8* end,
+                      u32* x_out) {
+    u32 x = RANS_L;
+    u8* p = end;
+    for (u64 i = hi; i-- > lo;) {
+        u32 s = mask_byte(words, i), f = freq[s];
+        u32 x_max = ((RANS_L >> 12) << 8) * f;
+        while (x >= x_max) {
+            *--p = (u8)x;
+            x >>= 8;
+        }
+        x = (x / f) * PROB_SCALE + x % f + cum[s];
+    }
+    *x_out = x;
+    return (u32)(end - p);
+}
+// Coding 4, one segment: mask bytes lo..hi (lo a multiple of 8: the segment owns whole words)
+// decoded from state x and exactly in[0..len) into words. Returns 0, or why not.
+HD u32 seg_decode_one(const u8* in, u64 len, u32 x, u64 lo, u64 hi, const u32* freq,
+                      const u32* cum, const u8* sym, u64* words) {
+    if (x < RANS_L || (u64)x >= ((u64)RANS_L << 8)) return 19;
+    u64 pos = 0, w = 0;
+    for (u64 i = lo; i < hi; ++i) {
+        u32 slot = x & (PROB_SCALE - 1), s = sym[slot];
+        x = freq[s] * (x >> 12) + slot - cum[s];
+        while (x < RANS_L) {
+            if (pos >= len) return 20;
+            x = (x << 8) | in[pos++];
+        }
+        w |= (u64)s << (8 * (i % 8));
+        if (i % 8 == 7 || i + 1 == hi) {
+            words[i / 8] = w;
+            w = 0;
+        }
+    }
+    if (pos != len) return 21;
+    if (x != RANS_L) return 22;
+    return 0;
+}
+
+// The one-thread parts of the Hybrid frames' mask coding (the CPU's bitmask::plan_gated, and
+// encode and decode but for coding 4, over `words` of m bits; mask_code_blk and mask_read_blk
+// below run them in a block). `hist` is 256 u32 of scratch.
 struct MaskChoice {
     u32 coding;
     u64 bytes;
@@ -595,14 +691,15 @@ HD MaskChoice mask_plan_seq(const u64* words, u64 m, bool rans, u64 try_gain, u6
         for (u32 q = 0; q < 256; ++q) hist[q] = 0;
         for (u64 i = 0; i < cdiv(m, 8); ++i) hist[mask_byte(words, i)] += 1;
         freq_from_hist(hist, freq);
-        u64 est = 1 + rans_estimate(hist, freq); // with the coding byte, as bitmask::plan
-        if (est + gain < c.bytes) c = MaskChoice{MASK_RANS, est};
+        // with the coding byte, as bitmask::plan
+        u64 est = 1 + rans_seg_estimate(hist, freq, cdiv(m, 8));
+        if (est + gain < c.bytes) c = MaskChoice{MASK_RANS_SEG, est};
     }
     return c;
 }
-// Writes the coding byte and payload at `out`; `freq` is the table mask_plan_seq built (Rans);
-// `rev` holds 2 * ceil(m/8) bytes. Returns the bytes written.
-HD u64 mask_write_seq(const u64* words, u64 m, u32 coding, const u32* freq, u8* rev, u8* out) {
+// Writes the coding byte and payload of a Zero, Flat or Hier mask at `out` (coding 4 is
+// mask_code_blk's). Returns the bytes written.
+HD u64 mask_write_seq(const u64* words, u64 m, u32 coding, u8* out) {
     u64 W = cdiv(m, 64), nbytes = cdiv(m, 8), o = 0;
     out[o++] = (u8)coding;
     if (coding == MASK_FLAT) {
@@ -618,15 +715,25 @@ HD u64 mask_write_seq(const u64* words, u64 m, u32 coding, const u32* freq, u8* 
         for (u64 g = 0; g < W; ++g)
             for (u32 q = 0; q < 8; ++q)
                 if ((u8)(words[g] >> (8 * q))) out[o++] = (u8)(words[g] >> (8 * q));
-    } else if (coding == MASK_RANS) {
-        o += rans_encode(words, nbytes, freq, rev, out + o);
     }
     return o;
 }
-// Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64), zeroed first).
-// Returns 0 and the ones, or why not (a code for DE_MASK's detail).
+// The checks every decoded mask of m bits passes (bitmask::check_words): no bit at or past m,
+// and a non-zero coding codes a non-zero mask. Returns 0 and the ones, or why not.
+HD u32 mask_check(const u64* words, u64 m, u32 coding, u64* ones) {
+    u64 W = cdiv(m, 64);
+    if (m % 64 && W && (words[W - 1] >> (m % 64))) return 2;
+    u64 c = 0;
+    for (u64 w = 0; w < W; ++w) c += pop64(words[w]);
+    if (coding != MASK_ZERO && c == 0) return 5;
+    *ones = c;
+    return 0;
+}
+// Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64), zeroed first), one
+// thread: every coding but a non-empty coding 4 in a frame that may carry it (`seg_ok`), which is
+// mask_read_blk's. Returns 0 and the ones, or why not (a code for DE_MASK's detail).
 HD u32 rans_decode_seq(const u8* in, u64 len, u64 nbytes, u64* words);
-HD u32 mask_read_seq(const u8* in, u64 len, u64 m, u64* words, u64* ones) {
+HD u32 mask_read_one(const u8* in, u64 len, u64 m, bool seg_ok, u64* words, u64* ones) {
     u64 W = cdiv(m, 64), nbytes = cdiv(m, 8);
     for (u64 w = 0; w < W; ++w) words[w] = 0;
     if (len == 0) return 30;
@@ -663,15 +770,199 @@ HD u32 mask_read_seq(const u8* in, u64 len, u64 m, u64* words, u64* ones) {
         if (nbytes == 0) return 34;
         u32 why = rans_decode_seq(pay, pl, nbytes, words);
         if (why) return why;
+    } else if (coding == MASK_RANS_SEG) {
+        return !seg_ok ? 36 : 34; // format version 1 or 2; or an empty mask
     } else {
         return 35;
     }
-    if (m % 64 && W && (words[W - 1] >> (m % 64))) return 2;
-    u64 c = 0;
-    for (u64 w = 0; w < W; ++w) c += pop64(words[w]);
-    if (coding != MASK_ZERO && c == 0) return 5;
-    *ones = c;
-    return 0;
+    return mask_check(words, m, coding, ones);
+}
+
+// Inclusive scan of x[k][0..NT) for k < K, in place (tmp: scratch of the same shape).
+template <u32 K> HD void block_scan(Blk& b, u64 (*x)[NT], u64 (*tmp)[NT]) {
+    for (u32 d = 1; d < NT; d *= 2) {
+        b.each([&](u32 t) {
+            for (u32 k = 0; k < K; ++k) tmp[k][t] = x[k][t] + (t >= d ? x[k][t - d] : 0);
+        });
+        b.sync();
+        b.each([&](u32 t) {
+            for (u32 k = 0; k < K; ++k) x[k][t] = tmp[k][t];
+        });
+        b.sync();
+    }
+}
+
+// Coding 4 by a block: thread t takes segments seg_lo(t, S) .. seg_hi(t, S), a contiguous run,
+// so that a scan of the runs' stream bytes gives each run its streams' offset.
+HD u64 seg_lo(u32 t, u64 S) { return min64(S, t * cdiv(S, NT)); }
+HD u64 seg_hi(u32 t, u64 S) { return min64(S, (t + 1) * cdiv(S, NT)); }
+struct SegShm {
+    u64 a[1][NT], own[1][NT], tmp[1][NT]; // per run: its streams' bytes, scanned
+    u32 cum[256];
+    u64 total; // the payload's bytes (table, states, lengths, streams)
+};
+// Codes the nbytes mask bytes of `words` (coding 4, table `freq`), a thread per run: segment j's
+// stream goes to rev[2*lo .. 2*hi) (its end, in decoding order: a segment of hi - lo bytes emits
+// at most 2 a byte, so rev holds 2 * nbytes), its final state and stream length to sl[j] and
+// sl[S + j]. Then sh.total is the payload's length (seg_write writes it).
+HD void seg_code(Blk& b, SegShm& sh, const u64* words, u64 nbytes, const u32* freq, u8* rev,
+                 u32* sl) {
+    u64 S = seg_count(nbytes);
+    b.one([&] {
+        u32 c = 0;
+        for (u32 s = 0; s < 256; ++s) {
+            sh.cum[s] = c;
+            c += freq[s];
+        }
+    });
+    b.sync();
+    b.each([&](u32 t) {
+        u64 run = 0;
+        for (u64 j = seg_lo(t, S); j < seg_hi(t, S); ++j) {
+            u64 lo = j * SEG_BYTES, hi = min64(lo + SEG_BYTES, nbytes);
+            u32 x;
+            u32 len = seg_encode_one(words, lo, hi, freq, sh.cum, rev + 2 * hi, &x);
+            sl[j] = x;
+            sl[S + j] = len;
+            run += len;
+        }
+        sh.a[0][t] = sh.own[0][t] = run;
+    });
+    b.sync();
+    block_scan<1>(b, sh.a, sh.tmp);
+    b.one([&] { sh.total = table_bytes(freq) + 6 * S + sh.a[0][NT - 1]; });
+    b.sync();
+}
+// Writes the payload seg_code measured (table, states, lengths, streams) at `out`.
+HD void seg_write(Blk& b, SegShm& sh, u64 nbytes, const u32* freq, const u8* rev, const u32* sl,
+                  u8* out) {
+    u64 S = seg_count(nbytes), tb = sh.total - 6 * S - sh.a[0][NT - 1];
+    b.one([&] { rans_table_write(freq, out); });
+    b.each([&](u32 t) {
+        u8* st = out + tb;
+        u8* ln = st + 4 * S;
+        u64 off = tb + 6 * S + sh.a[0][t] - sh.own[0][t];
+        for (u64 j = seg_lo(t, S); j < seg_hi(t, S); ++j) {
+            u32 len = sl[S + j];
+            wr32(st + 4 * j, sl[j]);
+            ln[2 * j] = (u8)len;
+            ln[2 * j + 1] = (u8)(len >> 8);
+            const u8* src = rev + 2 * min64((j + 1) * SEG_BYTES, nbytes) - len;
+            for (u32 q = 0; q < len; ++q) out[off + q] = src[q];
+            off += len;
+        }
+    });
+    b.sync();
+}
+
+// A block's mask coder (Hybrid frames): the plan on one thread (mask_plan_seq), the bytes by the
+// block.
+struct MaskShm {
+    u32 hist[256];
+    u32 freq[256];
+    MaskChoice c;
+    u64 len;
+    SegShm seg;
+};
+// The mask of m bits planned as bitmask::plan_gated does (with `rans`, rANS considered with the
+// margins try_gain and gain) and coded at `out`, coding 4 a thread per run of segments through
+// `rev` (2 * ceil(m/8) bytes) and `sl` (2 * seg_count(ceil(m/8)) u32). Then sh.len is its
+// bytes, written only where they fit in `cap`.
+HD void mask_code_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, bool rans, u64 try_gain,
+                      u64 gain, u8* rev, u32* sl, u8* out, u64 cap) {
+    b.one([&] {
+        sh.c = mask_plan_seq(words, m, rans, try_gain, gain, sh.hist, sh.freq);
+        if (sh.c.coding != MASK_RANS_SEG && sh.c.bytes <= cap)
+            mask_write_seq(words, m, sh.c.coding, out);
+    });
+    b.sync();
+    if (sh.c.coding == MASK_RANS_SEG) {
+        seg_code(b, sh.seg, words, cdiv(m, 8), sh.freq, rev, sl);
+        if (1 + sh.seg.total <= cap) {
+            b.one([&] { out[0] = MASK_RANS_SEG; });
+            seg_write(b, sh.seg, cdiv(m, 8), sh.freq, rev, sl, out + 1);
+        }
+    }
+    b.one([&] { sh.len = sh.c.coding == MASK_RANS_SEG ? 1 + sh.seg.total : sh.c.bytes; });
+    b.sync();
+}
+
+// A block's mask decoder: coding 4's table (with each slot's symbol), per run of segments its
+// streams' bytes (scanned into offsets), per thread the first failing segment's reason.
+struct SegDecShm {
+    u32 freq[256], cum[256];
+    u8 sym[PROB_SCALE];
+    u64 a[1][NT], own[1][NT], tmp[1][NT];
+    u32 terr[NT];
+    u64 hdr, ones;
+    u32 why, coding;
+};
+// Decodes the coding-4 payload in[0..len) of nbytes (>= 1) mask bytes into words
+// (ceil(nbytes/8)), a thread per run of segments. Thread 0 reads the table and checks that the
+// states and lengths are there; the lengths, summed per run and scanned, must add up to the
+// bytes after them (so every stream lies in the payload); then each segment decodes from its
+// own stream into its own words. sh.why: 0, or why not (the first failing segment's reason).
+HD void seg_decode(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 nbytes, u64* words) {
+    u64 S = seg_count(nbytes);
+    b.one([&] {
+        u64 pos = 0;
+        u32 why = rans_table_read(in, len, &pos, sh.freq, sh.cum, sh.sym);
+        if (!why && len - pos < 6 * S) why = 23;
+        sh.hdr = pos;
+        sh.why = why;
+    });
+    b.sync();
+    if (sh.why) return;
+    const u8* st = in + sh.hdr;
+    const u8* ln = st + 4 * S;
+    u64 streams = sh.hdr + 6 * S;
+    b.each([&](u32 t) {
+        u64 run = 0;
+        for (u64 j = seg_lo(t, S); j < seg_hi(t, S); ++j) run += rd16(ln + 2 * j);
+        sh.a[0][t] = sh.own[0][t] = run;
+    });
+    b.sync();
+    block_scan<1>(b, sh.a, sh.tmp);
+    b.one([&] {
+        if (sh.a[0][NT - 1] != len - streams) sh.why = 24;
+    });
+    b.sync();
+    if (sh.why) return;
+    b.each([&](u32 t) {
+        u64 off = streams + sh.a[0][t] - sh.own[0][t];
+        u32 why = 0;
+        for (u64 j = seg_lo(t, S); j < seg_hi(t, S) && !why; ++j) {
+            u64 lo = j * SEG_BYTES, l = rd16(ln + 2 * j);
+            why = seg_decode_one(in + off, l, rd32(st + 4 * j), lo, min64(lo + SEG_BYTES, nbytes),
+                                 sh.freq, sh.cum, sh.sym, words);
+            off += l;
+        }
+        sh.terr[t] = why;
+    });
+    b.sync();
+    b.one([&] {
+        for (u32 t = 0; t < NT && !sh.why; ++t) sh.why = sh.terr[t];
+    });
+    b.sync();
+}
+// Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64)) by the block, as
+// bitmask::decode; coding 4 only where the frame's format version may carry it (`seg_ok`), a
+// thread per run of segments; the other codings on one thread. sh.why: 0, or why not (a code
+// for DE_MASK's detail); sh.ones: the set bits.
+HD void mask_read_blk(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 m, bool seg_ok,
+                      u64* words) {
+    b.one([&] { sh.coding = len ? in[0] : 255; });
+    b.sync();
+    if (sh.coding != MASK_RANS_SEG || !seg_ok || m == 0) {
+        b.one([&] { sh.why = mask_read_one(in, len, m, seg_ok, words, &sh.ones); });
+        b.sync();
+        return;
+    }
+    seg_decode(b, sh, in + 1, len - 1, cdiv(m, 8), words);
+    b.one([&] {
+        if (!sh.why) sh.why = mask_check(words, m, MASK_RANS_SEG, &sh.ones);
+    });
+    b.sync();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -719,7 +1010,7 @@ HD u32 job_choice(const EncJob& j) {
 
 // Per job, in scratch: the plan (what enc_plan decided; the host reads `frame_len`, `mode`,
 // `fill` and `ones` back), then per-tile counts and partial sums, then the mask words and the
-// rANS reversal buffer.
+// rANS buffer (segment streams, states and lengths).
 struct Plan {
     u64 coding, s1_len, ones, nzw, nzb, fill, frame_len, mode;
     u64 l1_len, s1_off, s2_off, sm_len;
@@ -741,7 +1032,7 @@ struct EncView {
     TileStat* stat;
     TileOff* off;
     u64* words; // the exponent mask (Exp frames)
-    u8* rev;    // rANS: reversal buffer, then the coded mask
+    u8* rev;    // rANS: each segment's stream (2 bytes a mask byte), then states and lengths
     // full-value cache only:
     u64* cw;    // the changed mask (n bits)
     u64* xw;    // the Hybrid exponent mask (over the changed values)
@@ -937,26 +1228,14 @@ struct PlanShm {
     u64 a[4][NT], own[4][NT], tmp[4][NT];
     u64 acc[4][NT];
     u32 hist[256];
-    u32 need_hist;
+    u32 freq[256];
+    u32 need_hist, take, fits;
+    SegShm seg;
 };
 
-// Inclusive scan of x[k][0..NT) for k < K, in place (tmp: scratch of the same shape).
-template <u32 K> HD void block_scan(Blk& b, u64 (*x)[NT], u64 (*tmp)[NT]) {
-    for (u32 d = 1; d < NT; d *= 2) {
-        b.each([&](u32 t) {
-            for (u32 k = 0; k < K; ++k) tmp[k][t] = x[k][t] + (t >= d ? x[k][t - d] : 0);
-        });
-        b.sync();
-        b.each([&](u32 t) {
-            for (u32 k = 0; k < K; ++k) x[k][t] = tmp[k][t];
-        });
-        b.sync();
-    }
-}
-
 // enc_plan: one block per job. Scans the tile counts into tile offsets, sums the SH64 partials,
-// chooses the mask coding as bitmask::plan does (with the same integer estimates), codes a rANS
-// mask on one thread when that wins, and decides FILL.
+// chooses the mask coding as bitmask::plan does (with the same integer estimates), codes a
+// segmented rANS mask (a thread per run of segments) when that wins, and decides FILL.
 template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
     if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n, T = cdiv(n, TILE), seg = cdiv(T, NT);
@@ -1035,24 +1314,27 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
         });
         b.sync();
         b.one([&] {
-            Plan& p = *v.plan;
-            u32 freq[256];
-            freq_from_hist(sh.hist, freq);
-            u64 est = 1 + rans_estimate(sh.hist, freq), budget = (p.sm_len + p.ones) / RANS_MIN_GAIN;
-            if (est + budget < p.s1_len) {
-                // Code into scratch (past the reversal buffer's 2 * nbytes), then into the frame
-                // if it fits there.
-                u8* tmp = v.rev + 2 * nbytes + 8;
-                u64 len = 1 + rans_encode(v.words, nbytes, freq, v.rev, tmp + 1);
-                p.coding = MASK_RANS;
-                p.s1_len = len;
-                if (p.s1_off + len + p.ones <= 64 + n * L::BYTES) {
-                    u8* s1 = (u8*)j.frame + p.s1_off;
-                    for (u64 q = 1; q < len; ++q) s1[q] = tmp[q];
-                }
-            }
+            const Plan& p = *v.plan;
+            freq_from_hist(sh.hist, sh.freq);
+            u64 est = 1 + rans_seg_estimate(sh.hist, sh.freq, nbytes);
+            sh.take = est + (p.sm_len + p.ones) / RANS_MIN_GAIN < p.s1_len;
         });
         b.sync();
+        if (sh.take) {
+            // Segments a thread per run: their streams and states in the reversal buffer
+            // (2 * nbytes, then 2 u32 a segment), then into the frame if the frame fits.
+            u32* sl = (u32*)(v.rev + align8(2 * nbytes));
+            seg_code(b, sh.seg, v.words, nbytes, sh.freq, v.rev, sl);
+            b.one([&] {
+                Plan& p = *v.plan;
+                p.coding = MASK_RANS_SEG;
+                p.s1_len = 1 + sh.seg.total;
+                sh.fits = p.s1_off + p.s1_len + p.ones <= 64 + n * L::BYTES;
+            });
+            b.sync();
+            if (sh.fits)
+                seg_write(b, sh.seg, nbytes, sh.freq, v.rev, sl, (u8*)j.frame + v.plan->s1_off + 1);
+        }
     }
     b.one([&] {
         Plan& p = *v.plan;
@@ -1209,15 +1491,11 @@ template <class L> HD void hyb_compact(const EncJob& j, u64 tile, Blk& b, EmitSh
     });
 }
 
-struct HybShm {
-    u32 hist[256];
-    u32 freq[256];
-};
-
 // hyb_masks (Hybrid only): one block per job. The exponent mask over the changed values, then
-// both masks planned and coded as the CPU does (bitmask::plan_gated, one thread: the rANS
-// stream is sequential), the frame laid out, or a FILL where it would be longer than the values.
-template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
+// both masks planned as the CPU does (bitmask::plan_gated, on one thread) and coded by the block
+// (a coding 4 mask a thread per run of segments), the frame laid out, or a FILL where it would be
+// longer than the values.
+template <class L> HD void hyb_masks(const EncJob& j, Blk& b, MaskShm& sh) {
     if (job_delta_frame(j)) return; // a warm delta cache's Delta frame (below)
     u64 n = j.n;
     EncView v(j.scratch, n);
@@ -1232,18 +1510,26 @@ template <class L> HD void hyb_masks(const EncJob& j, Blk& b, HybShm& sh) {
         }
     });
     b.sync();
+    // Both masks (k <= n bits) code their segments through the reversal buffer: streams in its
+    // first 2 * ceil(n/8) bytes, states and lengths after them. mbuf holds both coded masks: a
+    // coding 4 mask is chosen only where its estimate is under 1 + ceil(m/8) bytes, and its
+    // streams exceed the estimate by under a byte a segment, so they fit; a FILL, should they not.
+    u64 nb = cdiv(n, 8), cap = align8(2 * (2 * nb + 1100));
+    u64 budget = (L::sm_len(k) + ke) / RANS_MIN_GAIN;
+    u32* sl = (u32*)(v.rev + align8(2 * nb));
+    mask_code_blk(b, sh, v.cw, n, true, 0, budget, v.rev, sl, v.mbuf, cap);
+    u64 l1 = sh.len;
+    mask_code_blk(b, sh, v.xw, k, true, 0, budget, v.rev, sl, v.mbuf + min64(l1, cap),
+                  l1 < cap ? cap - l1 : 0);
     b.one([&] {
         p.sm_len = L::sm_len(k);
         p.s1_off = 64 + p.sm_len;
-        u64 budget = (p.sm_len + ke) / RANS_MIN_GAIN;
-        MaskChoice c1 = mask_plan_seq(v.cw, n, true, 0, budget, sh.hist, sh.freq);
-        p.s1_len = mask_write_seq(v.cw, n, c1.coding, sh.freq, v.rev, v.mbuf);
-        MaskChoice c2 = mask_plan_seq(v.xw, k, true, 0, budget, sh.hist, sh.freq);
-        p.s2_len = mask_write_seq(v.xw, k, c2.coding, sh.freq, v.rev, v.mbuf + p.s1_len);
+        p.s1_len = l1;
+        p.s2_len = sh.len;
         p.s3_len = ke;
         p.s2_off = p.s1_off + p.s1_len;
         p.frame_len = p.s2_off + p.s2_len + ke;
-        p.fill = p.frame_len > 64 + n * L::BYTES;
+        p.fill = p.frame_len > 64 + n * L::BYTES || p.s1_len + p.s2_len > cap;
         if (p.fill) {
             p.frame_len = 64 + n * L::BYTES;
             p.mode = 0;
@@ -1294,13 +1580,15 @@ struct FinishShm {
     u64 red[4][NT];
 };
 
+// The format version the encoders write (docs/WIRE.md; decoders read 1 to this one).
+constexpr u32 FORMAT_VERSION = 3;
 HD void write_header(u8* h, u32 dt, u32 mode, u32 flags, u64 n, u64 offset, u64 version,
                      const u64* sec) {
     h[0] = 'C';
     h[1] = 'I';
     h[2] = 'R';
     h[3] = 'F';
-    h[4] = 2;
+    h[4] = FORMAT_VERSION;
     h[5] = (u8)dt;
     h[6] = (u8)mode;
     h[7] = (u8)flags;
@@ -1369,7 +1657,8 @@ template <class L> HD void enc_finish(const EncJob& j, Blk& b, FinishShm& sh) {
 //   ciera_dec_parse_<t>   grid (1, jobs) x 256: header checks, frame checksum (XXH3, 8 lanes)
 //   ciera_dec_delta_model_<t>, ciera_dec_delta_<t>: Delta frames (see that section)
 //   ciera_dec_mask_<t>    grid (tiles, jobs): Flat/Zero mask words, or Hier level-1 counts
-//   ciera_dec_rans        grid (1, jobs): a rANS-coded mask on one thread (rare)
+//   ciera_dec_rans        grid (1, jobs): a rANS-coded mask (rare): coding 4 a thread per run
+//                         of segments, coding 3 (format versions 1 and 2) on one thread
 //   ciera_dec_scan (0)    grid (1, jobs): Hier level-1 counts -> offsets
 //   ciera_dec_hier2       grid (tiles, jobs): Hier level-2 bytes -> counts
 //   ciera_dec_scan (1)    level-2 counts -> offsets
@@ -1484,7 +1773,7 @@ template <class L> HD void dec_parse(const DecJob& j, Blk& b, ParseShm& sh) {
         sh.ok = 0;
         u64 len = j.frame_len, n = j.n;
         if (len < 64 || f[0] != 'C' || f[1] != 'I' || f[2] != 'R' || f[3] != 'F' ||
-            (f[4] != 1 && f[4] != 2)) {
+            f[4] < 1 || f[4] > FORMAT_VERSION) {
             set_err(&p, DE_HEADER, 0, 0);
             return;
         }
@@ -1546,8 +1835,12 @@ template <class L> HD void dec_parse(const DecJob& j, Blk& b, ParseShm& sh) {
                 set_err(&p, DE_LENGTH, L::sm_len(n), sec[0]);
                 return;
             }
-            if (sec[1] == 0 || f[p.s1_off] > 3) {
+            if (sec[1] == 0 || f[p.s1_off] > MASK_RANS_SEG) {
                 set_err(&p, DE_MASK, 0, 0);
+                return;
+            }
+            if (f[p.s1_off] == MASK_RANS_SEG && f[4] < SEG_VERSION) {
+                set_err(&p, DE_MASK, 0, 36); // coding 4 in a frame of format version 1 or 2
                 return;
             }
             p.coding = f[p.s1_off];
@@ -1603,7 +1896,7 @@ HD void dec_mask(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     if (tile * TILE >= n) return;
     DecView v(j.scratch, n);
     const DecPlan& p = *v.plan;
-    if (p.fill || p.mode != 1 || p.coding == MASK_RANS || !block_go(b, p, sh.go)) return;
+    if (p.fill || p.mode != 1 || rans_coded(p.coding) || !block_go(b, p, sh.go)) return;
     const u8* pay = (const u8*)j.frame + p.s1_off + 1;
     u64 W = cdiv(n, 64), nbytes = cdiv(n, 8);
     b.each([&](u32 t) {
@@ -1636,61 +1929,15 @@ HD void dec_mask(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     });
 }
 
-// dec_rans: a rANS-coded mask (rans::decode) on one thread, with per-tile ones.
-// rans::decode of `nbytes` mask bytes from exactly in[0..len) into words (ceil(nbytes/8) of
-// them, zeroed first). Returns 0, or why not (a code for DE_MASK's detail).
+// rans::decode of a coding 3 payload (two states) of `nbytes` mask bytes from exactly
+// in[0..len) into words (ceil(nbytes/8) of them, zeroed first), on one thread. Returns 0, or why
+// not (a code for DE_MASK's detail).
 HD u32 rans_decode_seq(const u8* in, u64 len, u64 nbytes, u64* words) {
     u64 pos = 0;
-    if (len < 1) return 10;
-    u32 ns = (u32)in[pos++] + 1;
-    u8 present[256];
-    for (u32 s = 0; s < 256; ++s) present[s] = 0;
-    if (ns < 32) {
-        if (pos + ns > len) return 11;
-        i64 prev = -1;
-        for (u32 k = 0; k < ns; ++k) {
-            u32 s = in[pos++];
-            if ((i64)s <= prev) return 12;
-            prev = s;
-            present[s] = 1;
-        }
-    } else {
-        if (pos + 32 > len) return 11;
-        u32 count = 0;
-        for (u32 s = 0; s < 256; ++s) count += present[s] = (in[pos + s / 8] >> (s % 8)) & 1;
-        pos += 32;
-        if (count != ns) return 13;
-    }
     u32 freq[256], cum[256];
-    u64 sum = 0;
-    for (u32 s = 0; s < 256; ++s) {
-        freq[s] = 0;
-        if (!present[s]) continue;
-        u32 val = 0;
-        bool done = false;
-        for (u32 sh = 0; sh <= 14; sh += 7) {
-            if (pos >= len) return 14;
-            u8 c = in[pos++];
-            val |= (u32)(c & 0x7f) << sh;
-            if (!(c & 0x80)) {
-                done = true;
-                break;
-            }
-        }
-        if (!done) return 15;
-        u64 fq = (u64)val + 1;
-        if (fq > PROB_SCALE) return 16;
-        freq[s] = (u32)fq;
-        sum += fq;
-    }
-    if (sum != PROB_SCALE) return 17;
-    u32 c = 0;
     u8 slot_sym[PROB_SCALE];
-    for (u32 s = 0; s < 256; ++s) {
-        cum[s] = c;
-        for (u32 q = 0; q < freq[s]; ++q) slot_sym[c + q] = (u8)s;
-        c += freq[s];
-    }
+    u32 why = rans_table_read(in, len, &pos, freq, cum, slot_sym);
+    if (why) return why;
     if (pos + 8 > len) return 18;
     u32 x[2] = {rd32(in + pos), rd32(in + pos + 4)};
     pos += 8;
@@ -1713,23 +1960,33 @@ HD u32 rans_decode_seq(const u8* in, u64 len, u64 nbytes, u64* words) {
     return 0;
 }
 
-// dec_rans: a rANS-coded Exp mask on one thread, with per-tile ones.
-HD void dec_rans(const DecJob& j, Blk& b) {
+// dec_rans: a rANS-coded Exp mask, with per-tile ones: coding 4 a thread per run of segments
+// (dec_parse refused it in a version 1 or 2 frame), coding 3 on one thread.
+HD void dec_rans(const DecJob& j, Blk& b, SegDecShm& sh) {
     DecView v(j.scratch, j.n);
     DecPlan& p = *v.plan;
-    if (p.err || p.fill || p.mode != 1 || p.coding != MASK_RANS) return;
+    if (p.err || p.fill || p.mode != 1 || !rans_coded(p.coding)) return;
+    u64 n = j.n, W = cdiv(n, 64), T = cdiv(n, TILE);
+    const u8* in = (const u8*)j.frame + p.s1_off + 1;
+    if (p.coding == MASK_RANS) {
+        b.one([&] { sh.why = rans_decode_seq(in, p.s1_len - 1, cdiv(n, 8), v.words); });
+        b.sync();
+    } else {
+        seg_decode(b, sh, in, p.s1_len - 1, cdiv(n, 8), v.words);
+    }
     b.one([&] {
-        const u8* in = (const u8*)j.frame + p.s1_off + 1;
-        u64 n = j.n, W = cdiv(n, 64);
-        u32 why = rans_decode_seq(in, p.s1_len - 1, cdiv(n, 8), v.words);
-        if (why) return set_err(&p, DE_MASK, why, 0);
-        if (n % 64 && (v.words[W - 1] >> (n % 64))) return set_err(&p, DE_MASK, 2, 0);
-        for (u64 t = 0; t < cdiv(n, TILE); ++t) {
+        if (!sh.why && n % 64 && (v.words[W - 1] >> (n % 64))) sh.why = 2;
+        if (sh.why) set_err(&p, DE_MASK, sh.why, 0);
+    });
+    b.sync();
+    if (sh.why) return;
+    b.each([&](u32 t) {
+        for (u64 tile = t; tile < T; tile += NT) {
             u32 ones = 0;
-            for (u64 wi = t * TILE_WORDS; wi < W && wi < (t + 1) * TILE_WORDS; ++wi)
+            for (u64 wi = tile * TILE_WORDS; wi < W && wi < (tile + 1) * TILE_WORDS; ++wi)
                 ones += pop64(v.words[wi]);
-            v.stat[t].c[0] = v.stat[t].c[1] = 0;
-            v.stat[t].c[2] = ones;
+            v.stat[tile].c[0] = v.stat[tile].c[1] = 0;
+            v.stat[tile].c[2] = ones;
         }
     });
 }
@@ -1856,24 +2113,31 @@ HD void dec_hier3(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     });
 }
 
-// dec_hyb (Hybrid only): one block per job, one thread: both masks (bitmask::decode: their
-// rANS streams are sequential), the section lengths they imply, the exponent mask's word
-// prefixes and each tile's offset among the changed values.
-template <class L> HD void dec_hyb(const DecJob& j, Blk& b) {
+// dec_hyb (Hybrid only): one block per job: both masks (bitmask::decode; coding 4 a thread per
+// run of segments, the others on one thread), the section lengths they imply, the exponent
+// mask's word prefixes and each tile's offset among the changed values (one thread).
+template <class L> HD void dec_hyb(const DecJob& j, Blk& b, SegDecShm& sh) {
     u64 n = j.n;
     DecView v(j.scratch, n);
     DecPlan& p = *v.plan;
     if (p.err || p.mode != 2) return;
+    const u8* f = (const u8*)j.frame;
+    bool seg_ok = f[4] >= SEG_VERSION;
+    mask_read_blk(b, sh, f + p.s1_off, p.s1_len, n, seg_ok, v.words);
     b.one([&] {
-        const u8* f = (const u8*)j.frame;
-        u64 k = 0, ke = 0;
-        u32 why = mask_read_seq(f + p.s1_off, p.s1_len, n, v.words, &k);
-        if (why) return set_err(&p, DE_MASK, why, 1);
-        why = mask_read_seq(f + p.s2_off, p.s2_len, k, v.xw, &ke);
-        if (why) return set_err(&p, DE_MASK, why, 2);
+        if (sh.why) set_err(&p, DE_MASK, sh.why, 1);
+    });
+    b.sync();
+    // Every thread reads sh.why and sh.ones (the changed values, k <= n: the exponent mask's
+    // bits) here, after the barrier; mask_read_blk writes them again only after one of its own.
+    u64 k = sh.ones;
+    if (sh.why) return;
+    mask_read_blk(b, sh, f + p.s2_off, p.s2_len, k, seg_ok, v.xw);
+    b.one([&] {
+        if (sh.why) return set_err(&p, DE_MASK, sh.why, 2);
         if (p.s0_len != L::sm_len(k)) return set_err(&p, DE_LENGTH, L::sm_len(k), p.s0_len);
         p.k = k;
-        u64 run = 0;
+        u64 ke = sh.ones, run = 0;
         for (u64 w = 0; w < cdiv(k, 64); ++w) {
             v.xp[w] = (u32)run;
             run += pop64(v.xw[w]);
@@ -3004,7 +3268,7 @@ template <class L> HD void enc_delta_finish(const EncJob& j, Blk& b, DEncShm& sh
         hyb_compact<L>(jobs[blockIdx.y], blockIdx.x, b, sh);                                    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(NT) ciera_hyb_masks_##name(const EncJob* jobs) { \
-        __shared__ HybShm sh;                                                                   \
+        __shared__ MaskShm sh;                                                                  \
         Blk b{NT};                                                                              \
         hyb_masks<L>(jobs[blockIdx.y], b, sh);                                                  \
     }                                                                                           \
@@ -3063,8 +3327,9 @@ CIERA_TYPES(CIERA_ENC_DELTA)
         dec_parse<L>(jobs[blockIdx.y], b, sh);                                                  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(NT) ciera_dec_hyb_##name(const DecJob* jobs) { \
+        __shared__ SegDecShm sh;                                                                \
         Blk b{NT};                                                                              \
-        dec_hyb<L>(jobs[blockIdx.y], b);                                                        \
+        dec_hyb<L>(jobs[blockIdx.y], b, sh);                                                    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(NT) ciera_dec_tile_hyb_##name(const DecJob* jobs) { \
         __shared__ DecMaskShm sh;                                                               \
@@ -3094,8 +3359,9 @@ extern "C" __global__ void __launch_bounds__(NT) ciera_dec_mask(const DecJob* jo
     dec_mask(jobs[blockIdx.y], blockIdx.x, b, sh);
 }
 extern "C" __global__ void __launch_bounds__(NT) ciera_dec_rans(const DecJob* jobs) {
+    __shared__ SegDecShm sh;
     Blk b{NT};
-    dec_rans(jobs[blockIdx.y], b);
+    dec_rans(jobs[blockIdx.y], b, sh);
 }
 extern "C" __global__ void __launch_bounds__(NT) ciera_dec_scan(const DecJob* jobs, u32 which) {
     __shared__ DecScanShm sh;

@@ -207,7 +207,8 @@ fn kernel_frames_match_the_cpu_on_the_trace() {
 }
 
 /// Synthetic drift at exception rates from none to most, with special values: every mask
-/// coding (Zero, Flat, Hier and rANS) is produced by the CPU and matched by the kernels.
+/// coding the encoders write (Zero, Flat, Hier and segmented rANS) is produced by the CPU and
+/// matched by the kernels.
 #[test]
 fn kernel_frames_match_at_every_density_and_special_values() {
     let mut seen = Seen::default();
@@ -250,7 +251,7 @@ fn kernel_frames_match_at_every_density_and_special_values() {
         "kernel frames == CPU frames on synthetic drift: {} frames, {} FILL, {} Hybrid, Exp mask codings {:?}\n",
         seen.frames, seen.fills, seen.hybrid, seen.coding
     ));
-    for coding in 0..4u8 {
+    for coding in [0u8, 1, 2, 4] {
         assert!(
             seen.coding.contains_key(&coding),
             "mask coding {coding} never compared: {seen:?}"
@@ -364,6 +365,8 @@ fn kernel_decoder_refuses_what_the_cpu_refuses() {
                 (5000, 20),
                 (5000, 300),
                 (3000, 900),
+                // Masks of several rANS segments (coding 4).
+                (70_001, 20),
             ] {
                 let size = dtype.size();
                 let mut rng = Rng(77 + di as u64 * 31 + n as u64 + p_exp + mi as u64 * 1000);
@@ -457,6 +460,190 @@ fn kernel_decoder_refuses_what_the_cpu_refuses() {
         refused > cases / 4,
         "too few refusals: {refused} of {cases}"
     );
+}
+
+/// `f` (format version 3) with its segmented rANS masks (coding 4) re-coded in the two-state
+/// block (coding 3, which `bitmask::encode` still writes when asked) and its version byte set to `version`, resealed: the frame
+/// an encoder of format version 1 or 2 wrote for the same values. None without a coding 4 mask.
+fn with_coding_3(f: &[u8], n: usize, version: u8) -> Option<Vec<u8>> {
+    use ciera::codec::bitmask::{self, MaskCoding};
+    let mut at = HEADER_LEN;
+    let mut secs: Vec<Vec<u8>> = Vec::new();
+    for q in 0..4 {
+        let len = u32::from_le_bytes(f[32 + 4 * q..36 + 4 * q].try_into().unwrap()) as usize;
+        secs.push(f[at..at + len].to_vec());
+        at += len;
+    }
+    let recode = |s: &[u8], m: usize| -> Vec<u8> {
+        let (mut words, mut out) = (Vec::new(), Vec::new());
+        bitmask::decode(s, m, &mut words).unwrap();
+        bitmask::encode(&words, m, MaskCoding::Rans, &mut out);
+        out
+    };
+    // s1: the Exp mask, or Hybrid's changed mask (n bits); s2: Hybrid's exponent mask, over
+    // the k changed values.
+    let mut words = Vec::new();
+    let k = bitmask::decode(&secs[1], n, &mut words).ok()?;
+    let mut recoded = false;
+    if f[6] == 2 && secs[2].first() == Some(&4) {
+        secs[2] = recode(&secs[2], k);
+        recoded = true;
+    }
+    if matches!(f[6], 1 | 2) && secs[1].first() == Some(&4) {
+        secs[1] = recode(&secs[1], n);
+        recoded = true;
+    }
+    if !recoded {
+        return None;
+    }
+    let mut g = f.to_vec();
+    g[4] = version;
+    Some(with_sections(&g, [&secs[0], &secs[1], &secs[2], &secs[3]]))
+}
+
+/// Exp and Hybrid frames whose masks take segmented rANS (coding 4) over 1 to 10 segments: the
+/// kernels write the CPU's frames. The same frames as format versions 1 and 2 wrote them, their
+/// rANS masks two-state blocks (coding 3, no longer written): the kernels decode them as the
+/// CPU does (Exp masks with `ciera_dec_rans`, Hybrid ones with `ciera_dec_hyb`), and both refuse
+/// them claiming version 1 or 2 with their coding 4 masks left in.
+#[test]
+fn kernel_codes_rans_masks_of_every_format_version() {
+    let (mut exp, mut hybrid) = (0, 0);
+    for (di, dtype) in [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .enumerate()
+    {
+        let size = dtype.size();
+        // Exp frames (exponent cache): one exponent change in every group of 8 values, at a
+        // random place, so that rANS beats Hier by the 2% of the frame it must (not with
+        // fp32's 3 bytes of sign+mantissa a value); Hybrid frames (full-value cache): a few
+        // values changed. n spans 1 to several segments of 4096 mask bytes.
+        for (full, n) in [
+            (false, 5000usize),
+            (false, 70_001),
+            (false, 300_000),
+            (true, 20_000),
+            (true, 150_001),
+        ] {
+            if !full && dtype == DType::F32 {
+                continue;
+            }
+            let mode = if full {
+                CacheMode::FullValue
+            } else {
+                CacheMode::Exponent
+            };
+            let mut rng = Rng(31 + di as u64 * 7 + n as u64);
+            let v0: Vec<u8> = (0..n * size).map(|_| rng.next() as u8).collect();
+            let v1 = if full {
+                drift(dtype, &v0, 5, 1, 990, &mut rng)
+            } else {
+                let mut v = v0.clone();
+                // The codec's cached field is the top byte (bf16, fp32) or the 5 bits above
+                // fp16's mantissa: flip its lowest bit.
+                let bit = match dtype {
+                    DType::F16 => 10,
+                    _ => 8 * size - 8,
+                };
+                for g in 0..n / 8 {
+                    let i = 8 * g + rng.below(8) as usize;
+                    v[i * size + bit / 8] ^= 1 << (bit % 8);
+                }
+                v
+            };
+            let mut tx = CacheSlot::new(dtype, mode, n);
+            if full {
+                tx.set_frame_choice(FrameChoice::Hybrid);
+            }
+            let per = if full { size } else { 1 };
+            let mut cache = vec![0u8; n * per];
+            let mut frames = Vec::new();
+            for (step, v) in [&v0, &v1].into_iter().enumerate() {
+                let (version, mut f) = (tx.version(), Vec::new());
+                tx.encode(v, &mut f).unwrap();
+                let emu = ciera_cuda_host::encode(
+                    dtype.code() as u32,
+                    &mut [EncChunk {
+                        input: v,
+                        cache: &mut cache,
+                        offset: 0,
+                        version,
+                        cold: step == 0,
+                        full,
+                        choice: if full { 2 } else { 0 },
+                        ctx: None,
+                    }],
+                );
+                assert!(
+                    emu[0] == f,
+                    "{dtype} n={n} step {step}: kernel frame differs"
+                );
+                frames.push(f);
+            }
+            let (f0, f1) = (&frames[0], &frames[1]);
+            let old: Vec<(Vec<u8>, bool)> = [1u8, 2]
+                .into_iter()
+                .filter_map(|version| with_coding_3(f1, n, version).map(|g| (g, true)))
+                .chain([1u8, 2].into_iter().map(|version| {
+                    let mut g = f1.clone();
+                    g[4] = version;
+                    reseal(&mut g);
+                    (g, false)
+                }))
+                .collect();
+            assert!(
+                old.iter().any(|(_, ok)| *ok),
+                "{dtype} n={n}: no coding 4 mask in the frame (mode {})",
+                f1[6]
+            );
+            for (f, ok) in &old {
+                let mut rx = CacheSlot::new(dtype, mode, n);
+                let mut out = vec![0u8; n * size];
+                rx.decode(f0, &mut out).unwrap();
+                let version = rx.version();
+                let cpu = rx.decode(f, &mut out);
+                let mut cache = vec![0u8; n * per];
+                let mut got = vec![0u8; n * size];
+                let mut chunk = |frame: &[u8], warm: bool, got: &mut [u8]| {
+                    ciera_cuda_host::decode(
+                        dtype.code() as u32,
+                        &mut [DecChunk {
+                            frame,
+                            out: got,
+                            cache: &mut cache,
+                            offset: 0,
+                            version,
+                            warm,
+                            full,
+                            ctx: None,
+                        }],
+                    )[0]
+                };
+                assert_eq!(chunk(f0, false, &mut got), Ok(()));
+                let kernels = chunk(f, true, &mut got);
+                let what = format!("{dtype} n={n} version {} mode {}", f[4], f[6]);
+                if *ok {
+                    assert!(cpu.is_ok(), "{what}: the CPU refused: {cpu:?}");
+                    assert_eq!(kernels, Ok(()), "{what}: the kernels refused");
+                    assert!(got == v1 && out == v1, "{what}: values differ");
+                    if full {
+                        hybrid += 1;
+                    } else {
+                        exp += 1;
+                    }
+                } else {
+                    assert!(cpu.is_err(), "{what}: the CPU took coding 4");
+                    assert!(kernels.is_err(), "{what}: the kernels took coding 4");
+                }
+            }
+        }
+    }
+    skip::show(&format!(
+        "segmented rANS masks: kernel frames == CPU frames; as format versions 1 and 2 with \
+         two-state rANS masks: {exp} Exp, {hybrid} Hybrid frames decoded alike, and coding 4 \
+         under those versions refused by both\n"
+    ));
+    assert!(exp > 0 && hybrid > 0);
 }
 
 /// Frames of a delta slot (`choice`: Delta forced, or Auto: the smallest of Exp, Hybrid and
@@ -1012,10 +1199,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
     /// The kernels' mask coder picks bitmask::plan_gated's coding and writes bitmask::encode's
     /// bytes, at every density (both rANS margins included: the histogram's and the choice's),
-    /// and its decoder reads them back.
+    /// and its decoder reads them back. A quarter of the masks are up to 80,000 bits: segmented
+    /// rANS (coding 4) then has up to 3 segments of 4096 bytes, coded and decoded a thread per
+    /// segment; the decoder refuses coding 4 in a frame of format version 2.
     #[test]
     fn kernel_mask_coder_matches_bitmask(
-        m in 0usize..5000,
+        m in prop_oneof![3 => 0usize..5000, 1 => 5000usize..80_000],
         density in 0u64..1001,
         seed in any::<u64>(),
         gain in proptest::option::of((0usize..200, 0usize..200)),
@@ -1048,8 +1237,11 @@ proptest! {
         ciera::codec::bitmask::encode(&words, m, plan.coding, &mut want);
         let got = ciera_cuda_host::mask_encode(&words, m, gain);
         prop_assert_eq!(&got, &want, "m={} density={} gain={:?}", m, density, gain);
-        let (back, ones) = ciera_cuda_host::mask_decode(&got, m).unwrap();
+        let (back, ones) = ciera_cuda_host::mask_decode(&got, m, 3).unwrap();
         prop_assert_eq!(&back, &words);
         prop_assert_eq!(ones as usize, plan.ones);
+        if got[0] == 4 {
+            prop_assert!(ciera_cuda_host::mask_decode(&got, m, 2).is_err());
+        }
     }
 }

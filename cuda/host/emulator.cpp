@@ -13,7 +13,7 @@ template <class L> static void encode_batch(const EncJob* jobs, u32 nj) {
     auto ts = std::make_unique<EncTileShm<L>>();
     auto ps = std::make_unique<PlanShm>();
     auto es = std::make_unique<EmitShm>();
-    auto hs = std::make_unique<HybShm>();
+    auto hs = std::make_unique<MaskShm>();
     auto fs = std::make_unique<FinishShm>();
     auto tiled = [&](auto body) {
         for (u32 y = 0; y < nj; ++y)
@@ -80,13 +80,14 @@ template <class L> static void decode_batch(const DecJob* jobs, u32 nj) {
     auto ss = std::make_unique<DecScanShm>();
     auto fs = std::make_unique<FinishShm>();
     auto ds = std::make_unique<DeltaShm>();
+    auto rs = std::make_unique<SegDecShm>();
     for (u32 y = 0; y < nj; ++y) dec_parse<L>(jobs[y], b, *ps);
     for (u32 y = 0; y < nj; ++y) dec_delta_model<L>(jobs[y], b, *ps);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_delta<L>(jobs[y], x, b, *ds);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_mask(jobs[y], x, b, *ms);
-    for (u32 y = 0; y < nj; ++y) dec_rans(jobs[y], b);
+    for (u32 y = 0; y < nj; ++y) dec_rans(jobs[y], b, *rs);
     for (u32 y = 0; y < nj; ++y) dec_scan(jobs[y], 0, b, *ss);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_hier2(jobs[y], x, b, *ms);
@@ -94,7 +95,7 @@ template <class L> static void decode_batch(const DecJob* jobs, u32 nj) {
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_hier3(jobs[y], x, b, *ms);
     for (u32 y = 0; y < nj; ++y) dec_scan(jobs[y], 2, b, *ss);
-    for (u32 y = 0; y < nj; ++y) dec_hyb<L>(jobs[y], b);
+    for (u32 y = 0; y < nj; ++y) dec_hyb<L>(jobs[y], b, *rs);
     for (u32 y = 0; y < nj; ++y)
         for (u64 x = 0; x < tiles; ++x) dec_tile<L>(jobs[y], x, b, *ms);
     for (u32 y = 0; y < nj; ++y)
@@ -117,14 +118,25 @@ int ciera_emu_decode(u32 dtype, const DecJob* jobs, u32 njobs) {
 }
 
 extern "C" {
-// The one-thread mask coder of Hybrid frames: plan (with rANS when `rans`: tried where the
-// entropy of independent bits saves more than `try_gain` bytes, taken where it saves more
-// than `gain`) and write; returns the bytes written to out (room: 2 * ceil(m/8) + 1100).
-u64 ciera_emu_mask_encode(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u8* out) {
-    u32 hist[256], freq[256];
-    MaskChoice c = mask_plan_seq(words, m, rans != 0, try_gain, gain, hist, freq);
-    std::unique_ptr<u8[]> rev(new u8[2 * cdiv(m, 8) + 16]);
-    return mask_write_seq(words, m, c.coding, freq, rev.get(), out);
+// The Hybrid frames' mask coder: plan (with rANS when `rans`: tried where the entropy of
+// independent bits saves more than `try_gain` bytes, taken where it saves more than `gain`) and
+// write, by a block; returns the bytes written to out (room: `cap`, at least
+// mask_max_bytes(m)).
+u64 ciera_emu_mask_encode(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u8* out,
+                          u64 cap) {
+    Blk b{NT};
+    auto sh = std::make_unique<MaskShm>();
+    u64 nb = cdiv(m, 8);
+    // The reversal buffer as the encoders lay it out: streams, then states and lengths.
+    std::unique_ptr<u8[]> rev(new u8[align8(2 * nb) + 8 * seg_count(nb) + 8]);
+    u32* sl = (u32*)(rev.get() + align8(2 * nb));
+    mask_code_blk(b, *sh, words, m, rans != 0, try_gain, gain, rev.get(), sl, out, cap);
+    return sh->len <= cap ? sh->len : 0;
+}
+// The most bytes a coded mask of m bits can take (coding 4 at 2 stream bytes a mask byte).
+u64 ciera_emu_mask_max_bytes(u64 m) {
+    u64 nb = cdiv(m, 8);
+    return 1 + 1 + 32 + 2 * 256 + 6 * seg_count(nb) + 2 * nb;
 }
 // Its plan alone: the coding (into *coding) and its estimated bytes.
 u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u32* coding) {
@@ -133,8 +145,12 @@ u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gai
     *coding = c.coding;
     return c.bytes;
 }
-// Its decoder: 0 and the ones, or why not.
-u32 ciera_emu_mask_decode(const u8* in, u64 len, u64 m, u64* words, u64* ones) {
-    return mask_read_seq(in, len, m, words, ones);
+// Its decoder, by a block, for a frame of format `version`: 0 and the ones, or why not.
+u32 ciera_emu_mask_decode(const u8* in, u64 len, u64 m, u32 version, u64* words, u64* ones) {
+    Blk b{NT};
+    auto sh = std::make_unique<SegDecShm>();
+    mask_read_blk(b, *sh, in, len, m, version >= SEG_VERSION, words);
+    if (sh->why == 0) *ones = sh->ones;
+    return sh->why;
 }
 }

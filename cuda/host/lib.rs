@@ -334,7 +334,9 @@ extern "C" {
         try_gain: u64,
         gain: u64,
         out: *mut u8,
+        cap: u64,
     ) -> u64;
+    fn ciera_emu_mask_max_bytes(m: u64) -> u64;
     fn ciera_emu_mask_plan(
         words: *const u64,
         m: u64,
@@ -347,17 +349,21 @@ extern "C" {
         input: *const u8,
         len: u64,
         m: u64,
+        version: u32,
         words: *mut u64,
         ones: *mut u64,
     ) -> u32;
 }
 
-/// The kernels' one-thread mask coder (Hybrid frames): the coding `bitmask::plan_gated` would
-/// pick (rANS considered when `rans` is Some((try_gain, min_gain))), written out.
+/// The kernels' mask coder (Hybrid frames; a block, coding 4 a thread per run of segments):
+/// the coding `bitmask::plan_gated` would pick (rANS considered when `rans` is
+/// Some((try_gain, min_gain))), written out.
 pub fn mask_encode(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> Vec<u8> {
     assert_eq!(words.len(), m.div_ceil(64));
-    let mut out = vec![0u8; 2 * m.div_ceil(8) + 1100];
-    // SAFETY: words holds ceil(m/64) words; out has the room the coder needs.
+    // SAFETY: a pure function of m.
+    let cap = unsafe { ciera_emu_mask_max_bytes(m as u64) };
+    let mut out = vec![0u8; cap as usize];
+    // SAFETY: words holds ceil(m/64) words; out has `cap` bytes, the most a mask of m bits takes.
     let len = unsafe {
         ciera_emu_mask_encode(
             words.as_ptr(),
@@ -366,8 +372,10 @@ pub fn mask_encode(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> Vec
             rans.map_or(0, |r| r.0) as u64,
             rans.map_or(0, |r| r.1) as u64,
             out.as_mut_ptr(),
+            cap,
         )
     };
+    assert!(len >= 1, "a coded mask of {m} bits over {cap} bytes");
     out.truncate(len as usize);
     out
 }
@@ -391,8 +399,10 @@ pub fn mask_plan(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> (u8, 
     (coding as u8, bytes as usize)
 }
 
-/// The kernels' one-thread mask decoder: the words and their ones, or the reason code.
-pub fn mask_decode(input: &[u8], m: usize) -> Result<(Vec<u64>, u64), u32> {
+/// The kernels' mask decoder (Hybrid frames; a block, coding 4 a thread per run of segments) for
+/// a frame of format `version` (coding 4 is refused below version 3): the words and their ones,
+/// or the reason code.
+pub fn mask_decode(input: &[u8], m: usize, version: u8) -> Result<(Vec<u64>, u64), u32> {
     let mut words = vec![0u64; m.div_ceil(64)];
     let mut ones = 0u64;
     // SAFETY: input has input.len() bytes; words ceil(m/64).
@@ -401,6 +411,7 @@ pub fn mask_decode(input: &[u8], m: usize) -> Result<(Vec<u64>, u64), u32> {
             input.as_ptr(),
             input.len() as u64,
             m as u64,
+            version as u32,
             words.as_mut_ptr(),
             &mut ones,
         )
