@@ -9,13 +9,22 @@
 //!     library), and must match byte for byte. This makes WIRE.md a spec: a change to the
 //!     format must change the document, the vectors and this file together.
 //!
-//! Encoders write format version 2. `*_v1.hex` vectors are version 1 frames kept as they were
-//! stored before version 2 (never re-blessed): the current decoder must still decode them, and
-//! they must be the version 2 frames of the same inputs but for the version byte.
+//! Encoders write format version 3, whose masks coded by rANS are segmented rANS blocks
+//! (coding 4: one state and stream per 4096 mask bytes; the rANS-coded cases include masks of
+//! one, two, four and nine segments). `*_v1.hex` and `*_v2.hex` vectors are version 1 and 2
+//! frames kept as they were stored before versions 2 and 3 (never re-blessed; their rANS masks
+//! are coding 3): the current decoder must still decode them, and they must be the version 3
+//! frames of the same inputs but for the version byte, the checksums and each coding 3 mask
+//! coded 4 with the same table. Every vector without a coding 4 mask must also decode, and be
+//! derived, relabelled version 2 (and 1, without Delta frames); one with a coding 4 mask so
+//! relabelled must be refused.
+//!
+//! Large cases repeat their values, and the files write a run of a repeated unit as
+//! `HEX*COUNT` (a FILL frame's s0 is its values); the rANS streams are written out in full.
 //!
 //! `CIERA_BLESS=1 cargo test --test codec_golden` rewrites the vectors from the encoder (not
-//! the `_v1` ones); (b) and (c) still run, so a blessed vector that contradicts the document
-//! fails anyway.
+//! the `_v1` and `_v2` ones); (b) and (c) still run, so a blessed vector that contradicts the
+//! document fails anyway.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -127,9 +136,9 @@ mod spec {
         b
     }
 
-    /// A coded mask in `coding` ("Coded masks"). For Rans, the frequency table is the one of
-    /// `rans_like` (a stored block: the encoder's choice of frequencies is not part of the
-    /// format); the coded stream is re-derived from it.
+    /// A coded mask in `coding` ("Coded masks"). For Rans and RansSeg, the frequency table is
+    /// the one of `rans_like` (a stored block: the encoder's choice of frequencies is not part
+    /// of the format); the coded stream is re-derived from it.
     pub fn mask(bits: &[bool], coding: u8, rans_like: Option<&[u8]>) -> Vec<u8> {
         let b = mask_bytes(bits);
         let mut out = vec![coding];
@@ -158,10 +167,27 @@ mod spec {
                 out.extend(l2);
                 out.extend(l3);
             }
-            3 => {
-                let (freq, table_len) = rans_table(rans_like.expect("rans needs a table"));
-                out.extend_from_slice(&rans_like.unwrap()[..table_len]);
-                out.extend(rans_encode(&b, &freq));
+            3 | 4 => {
+                let like = rans_like.expect("rans needs a table");
+                let (freq, table_len) = rans_table(like);
+                // "of all nbytes bytes": the table's symbols are the bytes of the mask.
+                let mut present = [false; 256];
+                for &x in &b {
+                    present[x as usize] = true;
+                }
+                for s in 0..256 {
+                    assert_eq!(
+                        freq[s] > 0,
+                        present[s],
+                        "symbol {s:#04x}: in the table iff in the mask's bytes"
+                    );
+                }
+                out.extend_from_slice(&like[..table_len]);
+                if coding == 3 {
+                    out.extend(rans_encode(&b, &freq));
+                } else {
+                    out.extend(rans_seg_encode(&b, &freq));
+                }
             }
             c => panic!("unknown coding {c}"),
         }
@@ -227,6 +253,18 @@ mod spec {
 
     const L: u32 = 1 << 23;
 
+    /// One encoder step (the inverse of a decoding step) of symbol `s` on state `st`, its
+    /// renormalisation bytes pushed onto `rev` (the stream backwards).
+    fn rans_put(st: &mut u32, s: u8, freq: &[u32; 256], c: &[u32; 256], rev: &mut Vec<u8>) {
+        let f = freq[s as usize];
+        // Push bytes until the decoder's step will land back in [2^23, 2^31).
+        while *st >= ((L >> 12) << 8) * f {
+            rev.push(*st as u8);
+            *st >>= 8;
+        }
+        *st = (*st / f) * 4096 + *st % f + c[s as usize];
+    }
+
     /// States and renormalisation bytes coding `data` with `freq`: the inverse of the decoding
     /// rule in "rANS block" (two states, symbol i on state i % 2, both starting at 2^23).
     pub fn rans_encode(data: &[u8], freq: &[u32; 256]) -> Vec<u8> {
@@ -234,19 +272,91 @@ mod spec {
         let mut x = [L; 2];
         let mut rev = Vec::new();
         for (i, &s) in data.iter().enumerate().rev() {
-            let f = freq[s as usize];
-            let st = &mut x[i % 2];
-            // Push bytes until the decoder's step will land back in [2^23, 2^31).
-            while *st >= ((L >> 12) << 8) * f {
-                rev.push(*st as u8);
-                *st >>= 8;
-            }
-            *st = (*st / f) * 4096 + *st % f + c[s as usize];
+            rans_put(&mut x[i % 2], s, freq, &c, &mut rev);
         }
         let mut out = Vec::new();
         out.extend_from_slice(&x[0].to_le_bytes());
         out.extend_from_slice(&x[1].to_le_bytes());
         out.extend(rev.iter().rev());
+        out
+    }
+
+    /// Bytes per segment of a segmented rANS block.
+    pub const SEGMENT: usize = 4096;
+
+    /// States, lengths and streams of the segmented rANS block ("Segmented rANS block") coding
+    /// `data` with `freq`: `S = ceil(nbytes / 4096)` segments of 4096 bytes (the last one
+    /// shorter), each coded backwards by one state of its own from 2^23, with its own stream.
+    pub fn rans_seg_encode(data: &[u8], freq: &[u32; 256]) -> Vec<u8> {
+        let c = cum(freq);
+        let nseg = data.len().div_ceil(SEGMENT);
+        let mut states = Vec::new();
+        let mut streams: Vec<Vec<u8>> = Vec::new();
+        for j in 0..nseg {
+            let seg = &data[SEGMENT * j..(SEGMENT * (j + 1)).min(data.len())];
+            let mut x = L;
+            let mut rev = Vec::new();
+            for &s in seg.iter().rev() {
+                rans_put(&mut x, s, freq, &c, &mut rev);
+            }
+            assert!(rev.len() <= 2 * seg.len(), "at most 2 bytes a symbol");
+            states.push(x);
+            streams.push(rev.into_iter().rev().collect());
+        }
+        let mut out = Vec::new();
+        for x in &states {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        for s in &streams {
+            out.extend_from_slice(&u16::try_from(s.len()).unwrap().to_le_bytes());
+        }
+        for s in &streams {
+            out.extend_from_slice(s);
+        }
+        out
+    }
+
+    /// Decode the `nbytes` bytes of a segmented rANS block by the rule in the document: each
+    /// segment from its own state and stream, one step as in the rANS block per byte.
+    pub fn rans_seg_decode(block: &[u8], nbytes: usize) -> Vec<u8> {
+        let (freq, mut pos) = rans_table(block);
+        let c = cum(&freq);
+        let nseg = nbytes.div_ceil(SEGMENT);
+        let u32_at = |p: usize| u32::from_le_bytes(block[p..p + 4].try_into().unwrap());
+        let states: Vec<u32> = (0..nseg).map(|j| u32_at(pos + 4 * j)).collect();
+        pos += 4 * nseg;
+        let lens: Vec<usize> = (0..nseg)
+            .map(|j| u16::from_le_bytes([block[pos + 2 * j], block[pos + 2 * j + 1]]) as usize)
+            .collect();
+        pos += 2 * nseg;
+        assert_eq!(
+            lens.iter().sum::<usize>(),
+            block.len() - pos,
+            "the lengths add up to the bytes after them"
+        );
+        let mut out = Vec::new();
+        for j in 0..nseg {
+            let mut x = states[j];
+            assert!((L..1 << 31).contains(&x), "segment {j}: state out of range");
+            let stream = &block[pos..pos + lens[j]];
+            let mut at = 0;
+            let count = SEGMENT.min(nbytes - SEGMENT * j);
+            for _ in 0..count {
+                let slot = x & 4095;
+                let s = (0..256)
+                    .find(|&s| freq[s] > 0 && c[s] <= slot && slot < c[s] + freq[s])
+                    .unwrap();
+                out.push(s as u8);
+                x = freq[s] * (x >> 12) + slot - c[s];
+                while x < L {
+                    x = (x << 8) | stream[at] as u32;
+                    at += 1;
+                }
+            }
+            assert_eq!(at, stream.len(), "segment {j}: its stream consumed exactly");
+            assert_eq!(x, L, "segment {j}: final state");
+            pos += lens[j];
+        }
         out
     }
 
@@ -320,10 +430,10 @@ mod spec {
     }
 
     /// The format version encoders write ("Frame header", byte 4).
-    pub const FORMAT: u8 = 2;
+    pub const FORMAT: u8 = 3;
 
     pub struct Header {
-        /// Format version byte: 2, or 1 for the kept version 1 vectors.
+        /// Format version byte: 3, or 2 or 1 for the kept (or derived) older vectors.
         pub format: u8,
         pub dtype: DType,
         pub mode: u8,
@@ -887,8 +997,107 @@ fn cases() -> Vec<Case> {
             u32s(&[2, 0xFFFF_FFFE, 0x8000_0000]),
         ]),
     });
+    v.extend(rans_seg_cases());
     v.extend(delta_cases());
     v.extend(small_delta_cases());
+    v
+}
+
+/// Steps of a large Hybrid case whose masks the encoder codes by segmented rANS: `n` values of
+/// `d` repeating every 8 (mantissa `(i % 8) * 9`), then the values of mask byte j's set bits
+/// changed, `bytes[j % bytes.len()]`; a changed value at `i % 8 == 3` changes its cached field
+/// (its lowest bit), the others their mantissa's lowest bit. Every mask byte is non-zero, so
+/// neither Flat nor Hier gets near the entropy of the few byte values. The values repeat
+/// (every `8 * bytes.len()`), so the file writes them as runs; the rANS streams do not.
+fn rans_seg_steps(d: DType, n: usize, bytes: &[u8]) -> Vec<Vec<u8>> {
+    let (one, exp_bit) = match d {
+        DType::BF16 => (0x3D00u32, 8),
+        DType::F16 => (0x3C00, 10),
+        _ => panic!("{d}"),
+    };
+    let old: Vec<u32> = (0..n).map(|i| one | ((i as u32 % 8) * 9)).collect();
+    let new: Vec<u32> = old
+        .iter()
+        .enumerate()
+        .map(|(i, &u)| {
+            let changed = bytes[i / 8 % bytes.len()] >> (i % 8) & 1 == 1;
+            match (changed, i % 8 == 3) {
+                (false, _) => u,
+                (true, true) => u ^ (1 << exp_bit),
+                (true, false) => u ^ 1,
+            }
+        })
+        .collect();
+    vec![to_bytes(d, &old), to_bytes(d, &new)]
+}
+
+/// Cases whose masks are segmented rANS blocks (coding 4) of one segment, two, and nine (eight
+/// whole segments, which the vector decoder runs at once, and a short one).
+fn rans_seg_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    v.push(Case {
+        name: "bf16_exp_rans_2048",
+        about: "bf16, exponent cache, 2048 values: a FILL, then an exp frame whose mask of \
+                exponent changes has bytes 0x01 (7 of 8) and 0x10: coded by segmented rANS \
+                (coding 4, one segment of 256 bytes)",
+        dtype: DType::BF16,
+        mode: CacheMode::Exponent,
+        choice: FrameChoice::Auto,
+        chunk: None,
+        steps: plain(vec![
+            u16s(
+                &(0..2048u16)
+                    .map(|i| 0x3D00 | ((i % 128 * 37) & 0x7f))
+                    .collect::<Vec<_>>(),
+            ),
+            u16s(
+                &(0..2048u16)
+                    .map(|i| {
+                        let byte = (i / 8) as usize;
+                        let m: u8 = if byte % 8 == 7 { 0x10 } else { 0x01 };
+                        let exp = m >> (i % 8) & 1 == 1;
+                        (0x3D00 | ((i % 128 * 37 + 1) & 0x7f)) ^ (exp as u16) << 8
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+        ]),
+    });
+    v.push(Case {
+        name: "f16_hybrid_rans_40000",
+        about: "fp16, full-value cache, hybrid frames, 40000 values: the changed-value mask \
+                (5000 bytes: 0x0f, 0xf0 and 0x3c, repeating every 13 bytes) coded by segmented \
+                rANS in two segments (4096 bytes and 904); the exponent mask over the changed \
+                values by segmented rANS in one",
+        dtype: DType::F16,
+        mode: CacheMode::FullValue,
+        choice: FrameChoice::Hybrid,
+        chunk: None,
+        steps: plain(rans_seg_steps(
+            DType::F16,
+            40_000,
+            &[
+                0x0f, 0x0f, 0x0f, 0x0f, 0x0f, 0xf0, 0x0f, 0x0f, 0x0f, 0x3c, 0x0f, 0x0f, 0xf0,
+            ],
+        )),
+    });
+    v.push(Case {
+        name: "bf16_hybrid_rans_270000",
+        about: "bf16, full-value cache, hybrid frames, 270000 values: the changed-value mask \
+                (33750 bytes: 0x0f, 0xf0, 0x3c and 0x81, repeating every 11 bytes) coded by \
+                segmented rANS in nine segments (eight of 4096 bytes and one of 982); the \
+                exponent mask over the changed values in four",
+        dtype: DType::BF16,
+        mode: CacheMode::FullValue,
+        choice: FrameChoice::Hybrid,
+        chunk: None,
+        steps: plain(rans_seg_steps(
+            DType::BF16,
+            270_000,
+            &[
+                0x0f, 0x0f, 0xf0, 0x0f, 0x3c, 0x0f, 0x0f, 0x81, 0x0f, 0xf0, 0x0f,
+            ],
+        )),
+    });
     v
 }
 
@@ -984,8 +1193,10 @@ fn decode_case(c: &Case, frames: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
 
 /// Re-derive every frame of a case from the document, in format version `format`. `stored`
 /// supplies only what the format leaves to the encoder: the mode an `Auto` slot picks, the
-/// coding of each mask (and a rANS block's frequency table), and a Delta frame's lanes, group
-/// and token tables (checked against the document's rules and the elements they describe).
+/// coding of each mask (and a rANS or segmented rANS block's frequency table), and a Delta
+/// frame's lanes, group and token tables (checked against the document's rules and the
+/// elements they describe). Format version 3 masks coded by rANS must be coding 4, older ones
+/// coding 3.
 fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>], format: u8) -> Vec<Vec<Vec<u8>>> {
     let size = c.dtype.size();
     let n_all = c.steps[0].0.len() / size;
@@ -1076,8 +1287,27 @@ fn derive_case(c: &Case, stored: &[Vec<Vec<u8>>], format: u8) -> Vec<Vec<Vec<u8>
                     } else {
                         actual[at]
                     };
-                    let m = spec::mask(bits, coding, (coding == 3).then(|| &actual[at + 1..]));
-                    if coding != 3 {
+                    // Encoders of format version 3 write coding 4 where earlier ones wrote 3;
+                    // coding 4 is refused in a version 1 or 2 frame.
+                    match coding {
+                        3 => assert!(format < 3, "{ctx}: coding 3 in a version {format} frame"),
+                        4 => assert!(format >= 3, "{ctx}: coding 4 in a version {format} frame"),
+                        _ => {}
+                    }
+                    let rans = coding == 3 || coding == 4;
+                    let m = spec::mask(bits, coding, rans.then(|| &actual[at + 1..]));
+                    if rans && !fallback {
+                        // The stored block decodes by the document, too.
+                        let block = &actual[at + 1..at + m.len()];
+                        let nbytes = bits.len().div_ceil(8);
+                        let back = if coding == 3 {
+                            spec::rans_decode(block, nbytes)
+                        } else {
+                            spec::rans_seg_decode(block, nbytes)
+                        };
+                        assert_eq!(back, spec::mask_bytes(bits), "{ctx}: rANS by the document");
+                    }
+                    if !rans {
                         let best = *spec::cheap_sizes(bits).iter().min().unwrap();
                         assert_eq!(
                             m.len(),
@@ -1220,13 +1450,63 @@ fn hex(b: &[u8]) -> String {
         })
 }
 
+/// Bytes of hex tokens separated by white space: `-` is nothing, `HEX*N` is HEX N times.
 fn unhex(s: &str) -> Vec<u8> {
-    let s: String = s.split_whitespace().filter(|t| *t != "-").collect();
-    assert!(s.len().is_multiple_of(2), "odd hex length");
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digit"))
-        .collect()
+    let mut out = Vec::new();
+    for t in s.split_whitespace().filter(|t| *t != "-") {
+        let (t, times) = match t.split_once('*') {
+            Some((t, n)) => (t, n.parse::<usize>().expect("repeat count")),
+            None => (t, 1),
+        };
+        assert!(t.len().is_multiple_of(2), "odd hex length");
+        let b: Vec<u8> = (0..t.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&t[i..i + 2], 16).expect("hex digit"))
+            .collect();
+        for _ in 0..times {
+            out.extend_from_slice(&b);
+        }
+    }
+    out
+}
+
+/// Runs this long or longer (of a unit of at most `RUN_UNIT` bytes repeated) are written
+/// `UNIT*COUNT`: the large cases' values repeat, and so would their FILL frames.
+const RUN_MIN: usize = 2048;
+const RUN_UNIT: usize = 512;
+
+/// `b` as hex tokens: runs as `UNIT*COUNT`, the bytes between them in tokens of `width` bytes
+/// (None: one token). Data without such runs gives what plain hex (in `width` pieces) does.
+fn hex_tokens(b: &[u8], width: Option<usize>) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let literal = |tokens: &mut Vec<String>, lit: &[u8]| {
+        if !lit.is_empty() {
+            tokens.extend(lit.chunks(width.unwrap_or(lit.len())).map(hex));
+        }
+    };
+    let (mut i, mut lit) = (0, 0);
+    while i < b.len() {
+        // The smallest unit that repeats over at least RUN_MIN bytes from i.
+        let run = (1..=RUN_UNIT.min((b.len() - i) / 2))
+            .find(|&p| i + RUN_MIN <= b.len() && b[i..i + RUN_MIN - p] == b[i + p..i + RUN_MIN]);
+        match run {
+            Some(p) => {
+                let same = b[i + p..]
+                    .iter()
+                    .zip(&b[i..])
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                let count = (p + same) / p;
+                literal(&mut tokens, &b[lit..i]);
+                tokens.push(format!("{}*{count}", hex(&b[i..i + p])));
+                i += p * count;
+                lit = i;
+            }
+            None => i += 1,
+        }
+    }
+    literal(&mut tokens, &b[lit..]);
+    tokens
 }
 
 /// One frame as annotated lines: the header split at its fields, then each section.
@@ -1254,7 +1534,7 @@ fn frame_lines(key: &str, f: &[u8]) -> String {
         let text = if body.is_empty() {
             "-".to_string()
         } else {
-            body.chunks(32).map(hex).collect::<Vec<_>>().join(" ")
+            hex_tokens(body, Some(32)).join(" ")
         };
         s += &format!("{key} s{i}       {text}\n");
     }
@@ -1280,6 +1560,8 @@ fn case_file(c: &Case, frames: &[Vec<(FrameInfo, Vec<u8>)>]) -> String {
     s +=
         "# Lines: `input STEP HEX` (the values, little-endian), then per frame `frame STEP.CHUNK\n";
     s += "# FIELD HEX`; a frame is the concatenation of its lines' hex (`-` = empty section).\n";
+    let head = s;
+    let mut s = String::new();
     for (step, ((input, restart), fs)) in c.steps.iter().zip(frames).enumerate() {
         s += "\n";
         if let Some(v) = restart {
@@ -1287,7 +1569,7 @@ fn case_file(c: &Case, frames: &[Vec<(FrameInfo, Vec<u8>)>]) -> String {
                 "# both sides start over before step {step}: cold slots at version {v:#x}\n"
             );
         }
-        s += &format!("input {step} {}\n", hex(input));
+        s += &format!("input {step} {}\n", hex_tokens(input, None).join(" "));
         for (ci, (info, f)) in fs.iter().enumerate() {
             s += &format!(
                 "# {} frame{}, slot version {}, {} bytes\n",
@@ -1302,7 +1584,13 @@ fn case_file(c: &Case, frames: &[Vec<(FrameInfo, Vec<u8>)>]) -> String {
             s += &frame_lines(&format!("frame {step}.{ci}"), f);
         }
     }
-    s
+    let runs = s.lines().any(|l| !l.starts_with('#') && l.contains('*'));
+    let note = if runs {
+        "# A token `HEX*N` stands for HEX repeated N times.\n"
+    } else {
+        ""
+    };
+    head + note + &s
 }
 
 /// A comment line that reads a Delta frame's s1: lanes, group, the tables, group lengths.
@@ -1385,9 +1673,11 @@ fn parse_case_file(text: &str) -> (Vec<Vec<u8>>, Vec<Vec<Vec<u8>>>) {
     (inputs, frames)
 }
 
-fn read_or_bless(name: &str, fresh: String) -> String {
+/// The stored vector `name`, or (blessing) `fresh()`, written there.
+fn read_or_bless(name: &str, fresh: impl FnOnce() -> String) -> String {
     let path = golden_dir().join(name);
     if blessing() {
+        let fresh = fresh();
         std::fs::create_dir_all(golden_dir()).unwrap();
         std::fs::write(&path, &fresh).unwrap();
         eprintln!("blessed {}", path.display());
@@ -1406,7 +1696,7 @@ fn read_or_bless(name: &str, fresh: String) -> String {
 /// (a), (b) and (c) for one case; returns the stored frames.
 fn check_case(c: &Case) -> Vec<Vec<Vec<u8>>> {
     let encoded = encode_case(c);
-    let text = read_or_bless(&format!("{}.hex", c.name), case_file(c, &encoded));
+    let text = read_or_bless(&format!("{}.hex", c.name), || case_file(c, &encoded));
     let (inputs, stored) = parse_case_file(&text);
     // The file's inputs are the case's inputs.
     assert_eq!(inputs.len(), c.steps.len(), "{}", c.name);
@@ -1587,41 +1877,270 @@ fn delta_frames_match_the_document_at_scale() {
     }
 }
 
-/// Version 1 vectors (stored before version 2, never re-blessed) still decode, are version 1
-/// frames as the document describes them, and are the version 2 frames of the same inputs but
-/// for the version byte (and so the header checksum).
-#[test]
-fn version_1_frames_still_decode() {
-    for name in ["bf16_exp_8", "bf16_hybrid_rans_512"] {
-        let c = cases().into_iter().find(|c| c.name == name).unwrap();
-        let path = golden_dir().join(format!("{name}_v1.hex"));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (kept, never blessed)", path.display()));
-        let (inputs, stored) = parse_case_file(&text);
-        for (a, (b, _)) in inputs.iter().zip(&c.steps) {
-            assert_eq!(hex(a), hex(b), "{name}_v1: stored input");
+/// The stored vector `{name}{suffix}.hex` of a case, and the case.
+fn stored_vector(name: &str, suffix: &str) -> (Case, Vec<Vec<Vec<u8>>>) {
+    let c = cases().into_iter().find(|c| c.name == name).unwrap();
+    let path = golden_dir().join(format!("{name}{suffix}.hex"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (inputs, stored) = parse_case_file(&text);
+    assert_eq!(inputs.len(), c.steps.len(), "{name}{suffix}");
+    for (a, (b, _)) in inputs.iter().zip(&c.steps) {
+        assert_eq!(hex(a), hex(b), "{name}{suffix}: stored input");
+    }
+    (c, stored)
+}
+
+/// The sections of a frame.
+fn sections(f: &[u8]) -> [&[u8]; 4] {
+    let l = frame_support::section_lens(f);
+    let mut at = spec::HEADER;
+    std::array::from_fn(|i| {
+        at += l[i];
+        &f[at - l[i]..at]
+    })
+}
+
+/// (section index, bits) of the coded masks of a frame ("Modes and sections": s1 of an Exp
+/// frame; s1 and s2 of a Hybrid frame, s2 of as many bits as s1 has set).
+fn masks_of(f: &[u8]) -> Vec<(usize, usize)> {
+    let n = u64::from_le_bytes(f[8..16].try_into().unwrap()) as usize;
+    match f[6] {
+        1 => vec![(1, n)],
+        2 => {
+            let mut w = Vec::new();
+            let k = bitmask::decode(sections(f)[1], n, &mut w).unwrap();
+            vec![(1, n), (2, k)]
         }
+        _ => vec![],
+    }
+}
+
+/// The mask codings of a frame (their coding bytes, in section order).
+fn mask_codings(f: &[u8]) -> Vec<u8> {
+    let s = sections(f);
+    masks_of(f).iter().map(|&(i, _)| s[i][0]).collect()
+}
+
+/// `f` (of type `d`) rebuilt by the document at format version `format`, each mask section
+/// `i` replaced by `recode(i, the mask's bytes, the section)`.
+fn rebuild(
+    d: DType,
+    f: &[u8],
+    format: u8,
+    recode: impl Fn(usize, &[u8], &[u8]) -> Vec<u8>,
+) -> Vec<u8> {
+    let u64_at = |at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap());
+    let h = spec::Header {
+        format,
+        dtype: d,
+        mode: f[6],
+        fill: f[7] & 1 == 1,
+        count: u64_at(8),
+        offset: u64_at(16),
+        version: u64_at(24),
+    };
+    let mut s: [Vec<u8>; 4] = sections(f).map(<[u8]>::to_vec);
+    for (i, m) in masks_of(f) {
+        let mut w = Vec::new();
+        bitmask::decode(&s[i], m, &mut w).unwrap();
+        let bytes: Vec<u8> = w
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .take(m.div_ceil(8))
+            .collect();
+        s[i] = recode(i, &bytes, &s[i]);
+    }
+    spec::frame(&h, [&s[0], &s[1], &s[2], &s[3]])
+}
+
+/// The version 3 frame of a version 1 or 2 frame: "version 3 added mask coding 4 (segmented
+/// rANS), which encoders write instead of coding 3": each coding 3 mask is coded 4 with the
+/// same table (both are of all the mask's bytes); the rest is the same.
+fn as_version_3(d: DType, f: &[u8]) -> Vec<u8> {
+    rebuild(d, f, 3, |_, bytes, sec| {
+        if sec[0] != 3 {
+            return sec.to_vec();
+        }
+        assert_eq!(
+            spec::rans_decode(&sec[1..], bytes.len()),
+            bytes,
+            "rANS by the document"
+        );
+        let (freq, table_len) = spec::rans_table(&sec[1..]);
+        let mut out = vec![4];
+        out.extend_from_slice(&sec[1..1 + table_len]);
+        out.extend(spec::rans_seg_encode(bytes, &freq));
+        out
+    })
+}
+
+/// Every frame of `frames` with byte 4 set to `format`, resealed.
+fn relabelled(frames: &[Vec<Vec<u8>>], format: u8) -> Vec<Vec<Vec<u8>>> {
+    frames
+        .iter()
+        .map(|s| {
+            s.iter()
+                .map(|f| {
+                    let mut g = f.clone();
+                    g[4] = format;
+                    frame_support::reseal(&mut g);
+                    g
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Kept vectors (never re-blessed) of format version 1 (stored before version 2) and 2
+/// (stored before version 3) still decode; they are frames of their version as the document
+/// describes them (coding 3 masks, never coding 4), and the version 3 frames of the same
+/// inputs but for the version byte, the checksums and each coding 3 mask coded 4 instead with
+/// the same table. Relabelled version 3, with their coding 3 masks, they decode the same.
+#[test]
+fn older_version_frames_still_decode() {
+    let mut rans3 = 0;
+    for (name, format) in [
+        ("bf16_exp_8", 1u8),
+        ("bf16_hybrid_rans_512", 1),
+        ("bf16_hybrid_rans_512", 2),
+        ("bf16_delta_1537", 2),
+    ] {
+        let (c, stored) = stored_vector(name, &format!("_v{format}"));
         for f in stored.iter().flatten() {
-            assert_eq!(f[4], 1, "{name}_v1: a version 1 frame");
+            assert_eq!(f[4], format, "{name}_v{format}: a version {format} frame");
+            rans3 += mask_codings(f).iter().filter(|&&m| m == 3).count();
         }
         let outs = decode_case(&c, &stored);
         for (step, (o, (i, _))) in outs.iter().zip(&c.steps).enumerate() {
-            assert_eq!(hex(o), hex(i), "{name}_v1 step {step}: decoded");
+            assert_eq!(hex(o), hex(i), "{name}_v{format} step {step}: decoded");
         }
-        derive_case(&c, &stored, 1);
+        derive_case(&c, &stored, format);
         let now = encode_case(&c);
         for (s, e) in stored.iter().zip(&now) {
             for (old, (_, new)) in s.iter().zip(e) {
-                let mut g = old.clone();
-                g[4] = spec::FORMAT;
-                frame_support::reseal(&mut g);
                 assert_eq!(
-                    hex(&g),
+                    hex(&as_version_3(c.dtype, old)),
                     hex(new),
-                    "{name}: version 1 and 2 frames differ in more than byte 4"
+                    "{name}_v{format}: the version 3 frame differs in more than the document says"
                 );
             }
         }
+        assert_eq!(
+            decode_case(&c, &relabelled(&stored, 3)),
+            outs,
+            "{name}_v{format}: coding 3 masks in version 3 frames"
+        );
+    }
+    assert!(rans3 >= 2, "the kept vectors have coding 3 masks");
+}
+
+/// A receiver of case `c` (whole-slot frames) that has decoded `frames`.
+fn receiver_after(c: &Case, frames: &[&[u8]]) -> (CacheSlot, Vec<u8>) {
+    let len = c.steps[0].0.len() / c.dtype.size();
+    let mut rx = CacheSlot::new(c.dtype, c.mode, len);
+    let mut out = vec![0u8; len * c.dtype.size()];
+    for f in frames {
+        rx.decode(f, &mut out).unwrap();
+    }
+    (rx, out)
+}
+
+/// Every stored vector relabelled format version 2 (and, without mode 3, version 1): byte 4
+/// changed, the header checksum resealed. Without a coding 4 mask it decodes to the same values
+/// and is what the document derives at that version; a frame with a coding 4 mask is refused
+/// ("a coding 4 mask in a frame that says version 1 or 2 is refused") with what = "mask", a
+/// Hybrid frame whose s2 alone is coding 4 too (s1 recoded flat), which version 3 takes.
+#[test]
+fn version_2_frames_decode_without_coding_4() {
+    let (mut derived, mut refused) = (0, 0);
+    for c in cases() {
+        let (_, stored) = stored_vector(c.name, "");
+        let has_seg = stored
+            .iter()
+            .flatten()
+            .any(|f| mask_codings(f).contains(&4));
+        let has_delta = stored.iter().flatten().any(|f| f[6] == 3);
+        for format in [2u8, 1] {
+            if format == 1 && has_delta {
+                continue;
+            }
+            let old = relabelled(&stored, format);
+            if !has_seg {
+                let outs = decode_case(&c, &old);
+                for (step, (o, (i, _))) in outs.iter().zip(&c.steps).enumerate() {
+                    assert_eq!(hex(o), hex(i), "{} v{format} step {step}", c.name);
+                }
+                derive_case(&c, &old, format);
+                derived += 1;
+                continue;
+            }
+            assert!(c.chunk.is_none(), "{}: whole-slot frames", c.name);
+            let new: Vec<&[u8]> = stored.iter().map(|s| &s[0][..]).collect();
+            for (step, f) in new.iter().enumerate() {
+                let codings = mask_codings(f);
+                if !codings.contains(&4) {
+                    continue;
+                }
+                let refuse = |g: &[u8], what: &str| {
+                    let (mut rx, mut out) = receiver_after(&c, &new[..step]);
+                    let r = rx.decode(g, &mut out);
+                    assert!(
+                        matches!(r, Err(CodecError::CorruptFrame { what: "mask", .. })),
+                        "{} step {step} as version {format}{what}: {r:?}",
+                        c.name
+                    );
+                    assert!(!rx.is_warm(), "a refused frame poisons the slot");
+                };
+                refuse(&old[step][0], "");
+                refused += 1;
+                if codings == [4, 4] {
+                    let flat_s1 = |v: u8| {
+                        rebuild(c.dtype, f, v, |i, bytes, sec| {
+                            if i == 1 {
+                                [&[1u8][..], bytes].concat()
+                            } else {
+                                sec.to_vec()
+                            }
+                        })
+                    };
+                    refuse(&flat_s1(format), " (s1 flat, s2 coding 4)");
+                    refused += 1;
+                    let (mut rx, mut out) = receiver_after(&c, &new[..step]);
+                    rx.decode(&flat_s1(3), &mut out).unwrap();
+                    assert_eq!(out, c.steps[step].0, "{}: s1 flat at version 3", c.name);
+                }
+            }
+        }
+    }
+    assert!(derived >= 20, "{derived} vectors derived as version 2 or 1");
+    assert!(refused >= 10, "{refused} frames refused");
+}
+
+/// The cases with segmented rANS masks have what they say: (coding of s1, its segments) and
+/// (coding of s2, its segments) of their delta frame.
+#[test]
+fn rans_seg_cases_cover_what_they_say() {
+    for (name, want) in [
+        ("bf16_hybrid_rans_512", vec![(4, 1), (0, 0)]),
+        ("bf16_exp_rans_2048", vec![(4, 1)]),
+        ("f16_hybrid_rans_40000", vec![(4, 2), (4, 1)]),
+        ("bf16_hybrid_rans_270000", vec![(4, 9), (4, 4)]),
+    ] {
+        let (_, stored) = stored_vector(name, "");
+        let f = &stored[1][0];
+        let s = sections(f);
+        let got: Vec<(u8, usize)> = masks_of(f)
+            .iter()
+            .map(|&(i, m)| {
+                let segs = if s[i][0] == 4 {
+                    m.div_ceil(8).div_ceil(spec::SEGMENT)
+                } else {
+                    0
+                };
+                (s[i][0], segs)
+            })
+            .collect();
+        assert_eq!(got, want, "{name}");
     }
 }
 
@@ -1635,17 +2154,12 @@ fn format_versions_are_checked() {
         .unwrap();
     let e = encode_case(&c);
     let (fill, delta) = (&e[0][0].1, &e[1][0].1);
-    assert_eq!((fill[4], delta[4], delta[6]), (2, 2, 3));
-    let len = c.steps[0].0.len() / 2;
+    assert_eq!((fill[4], delta[4], delta[6]), (3, 3, 3));
     let rx_at = |frames: &[&Vec<u8>]| {
-        let mut rx = CacheSlot::new(DType::BF16, CacheMode::Delta, len);
-        let mut out = vec![0u8; 2 * len];
-        for f in frames {
-            rx.decode(f, &mut out).unwrap();
-        }
-        (rx, out)
+        let f: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        receiver_after(&c, &f)
     };
-    for v in [0u8, 3, 4, 0x80, 0xff] {
+    for v in [0u8, 4, 5, 0x80, 0xff] {
         for f in [fill, delta] {
             let mut g = f.clone();
             g[4] = v;
@@ -1657,7 +2171,7 @@ fn format_versions_are_checked() {
                     detail,
                 }) => {
                     assert!(
-                        detail.contains(&format!("version {v}")) && detail.contains('2'),
+                        detail.contains(&format!("version {v}")) && detail.contains('3'),
                         "the error names the frame's version and the known ones: {detail}"
                     );
                 }
@@ -1676,8 +2190,13 @@ fn format_versions_are_checked() {
         "{r:?}"
     );
     assert!(!rx.is_warm(), "a refused frame poisons the slot");
-    // The same frame at version 2 is taken; a version 1 FILL (mode 0) too.
+    // The same frame at version 3 is taken, and at version 2; a version 1 FILL (mode 0) too.
     let (_, out) = rx_at(&[fill, delta]);
+    assert_eq!(out, c.steps[1].0);
+    let mut g = delta.clone();
+    g[4] = 2;
+    frame_support::reseal(&mut g);
+    let (_, out) = rx_at(&[fill, &g]);
     assert_eq!(out, c.steps[1].0);
     let mut g = fill.clone();
     g[4] = 1;
@@ -1694,7 +2213,7 @@ fn header_layout_by_hand() {
     let e = encode_case(c);
     let f = &e[1][0].1;
     assert_eq!(&f[0..4], b"CIRF");
-    assert_eq!(f[4], 2, "format version");
+    assert_eq!(f[4], 3, "format version");
     assert_eq!(f[5], 9, "bf16 is ncclBfloat16 = 9");
     assert_eq!(f[6], 1, "exp mode");
     assert_eq!(f[7], 0, "no flags");
@@ -1752,7 +2271,7 @@ fn sh64_matches_golden_vectors() {
         };
         fresh += &format!("sh64 {input} = {:016x}\n", checksum::sh64(d));
     }
-    let text = read_or_bless("sh64.hex", fresh);
+    let text = read_or_bless("sh64.hex", || fresh);
     let mut seen = 0;
     for line in text.lines().filter(|l| l.starts_with("sh64 ")) {
         let (data, want) = line["sh64 ".len()..].split_once(" = ").unwrap();
@@ -1782,6 +2301,10 @@ fn sh64_matches_golden_vectors() {
 fn masks_match_golden_vectors() {
     fn bits_of(m: usize, set: impl Fn(usize) -> bool) -> Vec<bool> {
         (0..m).map(set).collect()
+    }
+    fn sparse(i: usize) -> bool {
+        let x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (x ^ x >> 29).wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 57 < 15
     }
     let masks: Vec<(&str, usize, Vec<bool>, MaskCoding)> = vec![
         ("zero", 0, vec![], MaskCoding::Zero),
@@ -1826,6 +2349,53 @@ fn masks_match_golden_vectors() {
             bits_of(2048, |i| (i * i + 3 * i) % 11 < 3),
             MaskCoding::Rans,
         ),
+        (
+            "ransseg",
+            512,
+            bits_of(512, |i| {
+                (if (i / 8) % 8 == 7 { 0xf0u8 } else { 0x0f }) >> (i % 8) & 1 == 1
+            }),
+            MaskCoding::RansSeg,
+        ),
+        (
+            "ransseg",
+            77,
+            bits_of(77, |i| (i * 7) % 5 < 2),
+            MaskCoding::RansSeg,
+        ),
+        (
+            "ransseg",
+            9,
+            bits_of(9, |i| i % 2 == 0),
+            MaskCoding::RansSeg,
+        ),
+        // One symbol (frequency 4096).
+        (
+            "ransseg",
+            1000,
+            bits_of(1000, |_| true),
+            MaskCoding::RansSeg,
+        ),
+        // Bits set with probability 15/128: many byte values (a table with the presence
+        // bitmap); one whole segment, then a second of one byte, then of 904.
+        (
+            "ransseg",
+            32768,
+            bits_of(32768, sparse),
+            MaskCoding::RansSeg,
+        ),
+        (
+            "ransseg",
+            32769,
+            bits_of(32769, sparse),
+            MaskCoding::RansSeg,
+        ),
+        (
+            "ransseg",
+            40000,
+            bits_of(40000, sparse),
+            MaskCoding::RansSeg,
+        ),
     ];
     let words = |bits: &[bool]| -> Vec<u64> {
         let mut w = vec![0u64; bits.len().div_ceil(64)];
@@ -1847,7 +2417,7 @@ fn masks_match_golden_vectors() {
             hex(&out)
         );
     }
-    let text = read_or_bless("masks.hex", fresh);
+    let text = read_or_bless("masks.hex", || fresh);
     let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("mask ")).collect();
     assert_eq!(lines.len(), masks.len());
     for (line, (name, m, bits, coding)) in lines.iter().zip(&masks) {
@@ -1876,6 +2446,13 @@ fn masks_match_golden_vectors() {
                 spec::rans_decode(&coded[1..], m.div_ceil(8)),
                 spec::mask_bytes(bits),
                 "{line}: rANS by the document"
+            );
+        }
+        if *coding == MaskCoding::RansSeg {
+            assert_eq!(
+                spec::rans_seg_decode(&coded[1..], m.div_ceil(8)),
+                spec::mask_bytes(bits),
+                "{line}: segmented rANS by the document"
             );
         }
     }
