@@ -668,56 +668,11 @@ HD u32 seg_decode_one(const u8* in, u64 len, u32 x, u64 lo, u64 hi, const u32* f
     return 0;
 }
 
-// The one-thread parts of the Hybrid frames' mask coding (the CPU's bitmask::plan_gated, and
-// encode and decode but for coding 4, over `words` of m bits; mask_code_blk and mask_read_blk
-// below run them in a block). `hist` is 256 u32 of scratch.
+// A mask coding and its size in bytes (with the coding byte), as bitmask::plan_gated chooses.
 struct MaskChoice {
     u32 coding;
     u64 bytes;
 };
-HD MaskChoice mask_plan_seq(const u64* words, u64 m, bool rans, u64 try_gain, u64 gain, u32* hist,
-                            u32* freq) {
-    u64 W = cdiv(m, 64), ones = 0, nzw = 0, nzb = 0;
-    for (u64 w = 0; w < W; ++w)
-        if (words[w]) {
-            ones += pop64(words[w]);
-            ++nzw;
-            nzb += nonzero_bytes(words[w]);
-        }
-    if (ones == 0) return MaskChoice{MASK_ZERO, 1};
-    u64 flat = 1 + cdiv(m, 8), hier = 1 + cdiv(W, 8) + nzw + nzb;
-    MaskChoice c = hier <= flat ? MaskChoice{MASK_HIER, hier} : MaskChoice{MASK_FLAT, flat};
-    if (rans && iid_bytes(ones, m) + try_gain < c.bytes) {
-        for (u32 q = 0; q < 256; ++q) hist[q] = 0;
-        for (u64 i = 0; i < cdiv(m, 8); ++i) hist[mask_byte(words, i)] += 1;
-        freq_from_hist(hist, freq);
-        // with the coding byte, as bitmask::plan
-        u64 est = 1 + rans_seg_estimate(hist, freq, cdiv(m, 8));
-        if (est + gain < c.bytes) c = MaskChoice{MASK_RANS_SEG, est};
-    }
-    return c;
-}
-// Writes the coding byte and payload of a Zero, Flat or Hier mask at `out` (coding 4 is
-// mask_code_blk's). Returns the bytes written.
-HD u64 mask_write_seq(const u64* words, u64 m, u32 coding, u8* out) {
-    u64 W = cdiv(m, 64), nbytes = cdiv(m, 8), o = 0;
-    out[o++] = (u8)coding;
-    if (coding == MASK_FLAT) {
-        for (u64 i = 0; i < nbytes; ++i) out[o++] = mask_byte(words, i);
-    } else if (coding == MASK_HIER) {
-        u64 l1 = cdiv(W, 8);
-        for (u64 g = 0; g < l1; ++g) out[o + g] = 0;
-        for (u64 g = 0; g < W; ++g)
-            if (words[g]) out[o + g / 8] |= (u8)(1u << (g % 8));
-        o += l1;
-        for (u64 g = 0; g < W; ++g)
-            if (words[g]) out[o++] = (u8)nonzero_byte_map(words[g]);
-        for (u64 g = 0; g < W; ++g)
-            for (u32 q = 0; q < 8; ++q)
-                if ((u8)(words[g] >> (8 * q))) out[o++] = (u8)(words[g] >> (8 * q));
-    }
-    return o;
-}
 // The checks every decoded mask of m bits passes (bitmask::check_words): no bit at or past m,
 // and a non-zero coding codes a non-zero mask. Returns 0 and the ones, or why not.
 HD u32 mask_check(const u64* words, u64 m, u32 coding, u64* ones) {
@@ -855,27 +810,110 @@ HD void seg_write(Blk& b, SegShm& sh, u64 nbytes, const u32* freq, const u8* rev
     b.sync();
 }
 
-// A block's mask coder (Hybrid frames): the plan on one thread (mask_plan_seq), the bytes by the
-// block.
+// A block's mask coder (Hybrid frames), bitmask::plan_gated and encode: thread t takes the
+// words run_lo(t, W) .. run_hi(t, W), a contiguous run, so that scans of the runs' counts give
+// the totals the plan weighs and each run's place in a Hier coding.
+HD u64 run_lo(u32 t, u64 W) { return min64(W, t * cdiv(W, NT)); }
+HD u64 run_hi(u32 t, u64 W) { return min64(W, (t + 1) * cdiv(W, NT)); }
 struct MaskShm {
     u32 hist[256];
     u32 freq[256];
     MaskChoice c;
     u64 len;
+    bool hist_needed;
+    // Per run: set bits, non-zero words, non-zero bytes; `cnt` scanned, `own` as counted.
+    u64 cnt[3][NT], own[3][NT], tmp[3][NT];
     SegShm seg;
 };
-// The mask of m bits planned as bitmask::plan_gated does (with `rans`, rANS considered with the
-// margins try_gain and gain) and coded at `out`, coding 4 a thread per run of segments through
-// `rev` (2 * ceil(m/8) bytes) and `sl` (2 * seg_count(ceil(m/8)) u32). Then sh.len is its
-// bytes, written only where they fit in `cap`.
-HD void mask_code_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, bool rans, u64 try_gain,
-                      u64 gain, u8* rev, u32* sl, u8* out, u64 cap) {
-    b.one([&] {
-        sh.c = mask_plan_seq(words, m, rans, try_gain, gain, sh.hist, sh.freq);
-        if (sh.c.coding != MASK_RANS_SEG && sh.c.bytes <= cap)
-            mask_write_seq(words, m, sh.c.coding, out);
+// The plan of the mask of m bits (bitmask::plan_gated, with `rans`: rANS weighed with the
+// margins try_gain and gain) into sh.c: the counts by runs and scanned, the histogram by the
+// block (shared counters), the choice on one thread.
+HD void mask_plan_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, bool rans, u64 try_gain,
+                      u64 gain) {
+    u64 W = cdiv(m, 64), nbytes = cdiv(m, 8);
+    b.each([&](u32 t) {
+        u64 ones = 0, nzw = 0, nzb = 0;
+        for (u64 w = run_lo(t, W); w < run_hi(t, W); ++w)
+            if (words[w]) {
+                ones += pop64(words[w]);
+                ++nzw;
+                nzb += nonzero_bytes(words[w]);
+            }
+        sh.cnt[0][t] = sh.own[0][t] = ones;
+        sh.cnt[1][t] = sh.own[1][t] = nzw;
+        sh.cnt[2][t] = sh.own[2][t] = nzb;
     });
     b.sync();
+    block_scan<3>(b, sh.cnt, sh.tmp);
+    b.one([&] {
+        u64 ones = sh.cnt[0][NT - 1], nzw = sh.cnt[1][NT - 1], nzb = sh.cnt[2][NT - 1];
+        sh.hist_needed = false;
+        if (ones == 0) {
+            sh.c = MaskChoice{MASK_ZERO, 1};
+            return;
+        }
+        u64 flat = 1 + nbytes, hier = 1 + cdiv(W, 8) + nzw + nzb;
+        sh.c = hier <= flat ? MaskChoice{MASK_HIER, hier} : MaskChoice{MASK_FLAT, flat};
+        sh.hist_needed = rans && iid_bytes(ones, m) + try_gain < sh.c.bytes;
+    });
+    b.sync();
+    if (!sh.hist_needed) return;
+    b.each([&](u32 t) {
+        for (u32 q = t; q < 256; q += NT) sh.hist[q] = 0;
+    });
+    b.sync();
+    b.each([&](u32 t) {
+        for (u64 i = t; i < nbytes; i += NT) add_u32(&sh.hist[mask_byte(words, i)], 1);
+    });
+    b.sync();
+    b.one([&] {
+        freq_from_hist(sh.hist, sh.freq);
+        // with the coding byte, as bitmask::plan
+        u64 est = 1 + rans_seg_estimate(sh.hist, sh.freq, nbytes);
+        if (est + gain < sh.c.bytes) sh.c = MaskChoice{MASK_RANS_SEG, est};
+    });
+    b.sync();
+}
+// Writes the Zero, Flat or Hier mask mask_plan_blk chose (its coding byte and payload) at `out`:
+// Flat a byte per thread in turn; Hier's level 1 a byte per thread in turn, levels 2 and 3 by
+// the runs, at the offsets the scans gave (bitmask::encode's order: words, then bytes, in order).
+HD void mask_write_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, u8* out) {
+    u64 W = cdiv(m, 64), nbytes = cdiv(m, 8), l1 = cdiv(W, 8);
+    u32 coding = sh.c.coding;
+    b.one([&] { out[0] = (u8)coding; });
+    if (coding == MASK_FLAT) {
+        b.each([&](u32 t) {
+            for (u64 i = t; i < nbytes; i += NT) out[1 + i] = mask_byte(words, i);
+        });
+    } else if (coding == MASK_HIER) {
+        b.each([&](u32 t) {
+            for (u64 g = t; g < l1; g += NT) {
+                u8 v = 0;
+                for (u64 q = 0; q < 8 && 8 * g + q < W; ++q)
+                    if (words[8 * g + q]) v |= (u8)(1u << q);
+                out[1 + g] = v;
+            }
+        });
+        b.each([&](u32 t) {
+            u64 o2 = 1 + l1 + sh.cnt[1][t] - sh.own[1][t];
+            u64 o3 = 1 + l1 + sh.cnt[1][NT - 1] + sh.cnt[2][t] - sh.own[2][t];
+            for (u64 w = run_lo(t, W); w < run_hi(t, W); ++w) {
+                if (!words[w]) continue;
+                out[o2++] = (u8)nonzero_byte_map(words[w]);
+                for (u32 q = 0; q < 8; ++q)
+                    if ((u8)(words[w] >> (8 * q))) out[o3++] = (u8)(words[w] >> (8 * q));
+            }
+        });
+    }
+    b.sync();
+}
+// The mask of m bits planned (mask_plan_blk) and coded at `out` by the block, coding 4 a thread
+// per run of segments through `rev` (2 * ceil(m/8) bytes) and `sl` (2 * seg_count(ceil(m/8))
+// u32). Then sh.len is its bytes, written only where they fit in `cap`.
+HD void mask_code_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, bool rans, u64 try_gain,
+                      u64 gain, u8* rev, u32* sl, u8* out, u64 cap) {
+    mask_plan_blk(b, sh, words, m, rans, try_gain, gain);
+    if (sh.c.coding != MASK_RANS_SEG && sh.c.bytes <= cap) mask_write_blk(b, sh, words, m, out);
     if (sh.c.coding == MASK_RANS_SEG) {
         seg_code(b, sh.seg, words, cdiv(m, 8), sh.freq, rev, sl);
         if (1 + sh.seg.total <= cap) {

@@ -140,10 +140,11 @@ u64 ciera_emu_mask_max_bytes(u64 m) {
 }
 // Its plan alone: the coding (into *coding) and its estimated bytes.
 u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u32* coding) {
-    u32 hist[256], freq[256];
-    MaskChoice c = mask_plan_seq(words, m, rans != 0, try_gain, gain, hist, freq);
-    *coding = c.coding;
-    return c.bytes;
+    Blk b{NT};
+    auto sh = std::make_unique<MaskShm>();
+    mask_plan_blk(b, *sh, words, m, rans != 0, try_gain, gain);
+    *coding = sh->c.coding;
+    return sh->c.bytes;
 }
 // Its decoder, by a block, for a frame of format `version`: 0 and the ones, or why not.
 u32 ciera_emu_mask_decode(const u8* in, u64 len, u64 m, u32 version, u64* words, u64* ones) {
