@@ -320,8 +320,10 @@ pub fn decode(input: &[u8], m: usize, words: &mut Vec<u64>) -> Result<usize> {
 
 /// `decode` of mask a (`ma` bits), then of mask b over its set bits (as many bits as a has
 /// set), with the same results and errors; `mb_hint` is what the caller expects that count to
-/// be (from another section's length). When both masks are rANS-coded and the hint is right,
-/// their decoders run interleaved (`rans::decode_pair`).
+/// be (from another section's length). When both masks are two-state rANS blocks (coding 3,
+/// format versions 1-2) and the hint is right, their decoders run interleaved
+/// (`rans::decode_pair`); segmented ones (coding 4) decode one after the other, each already
+/// many chains.
 pub fn decode_two(
     in_a: &[u8],
     ma: usize,
