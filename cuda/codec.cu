@@ -931,6 +931,8 @@ struct SegDecShm {
     u32 freq[256], cum[256];
     u8 sym[PROB_SCALE];
     u64 a[1][NT], own[1][NT], tmp[1][NT];
+    // dec_hyb's offsets: per run, the exponent mask's and the changed mask's set bits.
+    u64 cnt[2][NT], cown[2][NT], ctmp[2][NT];
     u32 terr[NT];
     u64 hdr, ones;
     u32 why, coding;
@@ -991,6 +993,37 @@ HD void mask_read_blk(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 m, bool 
                       u64* words) {
     b.one([&] { sh.coding = len ? in[0] : 255; });
     b.sync();
+    if (sh.coding == MASK_FLAT && m > 0) {
+        // A word per thread in turn, the set bits summed per thread, then mask_read_one's
+        // checks in its order (length, bits past m, a non-zero coding of a zero mask).
+        u64 W = cdiv(m, 64), nbytes = cdiv(m, 8);
+        b.one([&] { sh.why = len - 1 != nbytes ? 32 : 0; });
+        b.sync();
+        if (sh.why) return;
+        b.each([&](u32 t) {
+            u64 c = 0;
+            for (u64 w = t; w < W; w += NT) {
+                u64 x = 0;
+                for (u64 q = 0; q < 8 && 8 * w + q < nbytes; ++q) x |= (u64)in[1 + 8 * w + q] << (8 * q);
+                words[w] = x;
+                c += pop64(x);
+            }
+            sh.a[0][t] = c;
+        });
+        b.sync();
+        b.one([&] {
+            u64 ones = 0;
+            for (u32 t = 0; t < NT; ++t) ones += sh.a[0][t];
+            if (m % 64 && (words[W - 1] >> (m % 64)))
+                sh.why = 2;
+            else if (ones == 0)
+                sh.why = 5;
+            else
+                sh.ones = ones;
+        });
+        b.sync();
+        return;
+    }
     if (sh.coding != MASK_RANS_SEG || !seg_ok || m == 0) {
         b.one([&] { sh.why = mask_read_one(in, len, m, seg_ok, words, &sh.ones); });
         b.sync();
@@ -2175,19 +2208,40 @@ template <class L> HD void dec_hyb(const DecJob& j, Blk& b, SegDecShm& sh) {
         if (sh.why) return set_err(&p, DE_MASK, sh.why, 2);
         if (p.s0_len != L::sm_len(k)) return set_err(&p, DE_LENGTH, L::sm_len(k), p.s0_len);
         p.k = k;
-        u64 ke = sh.ones, run = 0;
-        for (u64 w = 0; w < cdiv(k, 64); ++w) {
+        if (p.s3_len != sh.ones) set_err(&p, DE_EXCEPTION, p.s3_len, sh.ones);
+    });
+    b.sync();
+    if (p.err) return;
+    // The exponent mask's set bits before each of its words (xp), and the changed values before
+    // each tile (off[t].c[2]): counts by runs, scanned, then each run written from its start.
+    u64 KW = cdiv(k, 64), W = cdiv(n, 64), T = cdiv(n, TILE);
+    auto tile_ones = [&](u64 t) {
+        u64 c = 0;
+        for (u64 w = t * TILE_WORDS; w < W && w < (t + 1) * TILE_WORDS; ++w) c += pop64(v.words[w]);
+        return c;
+    };
+    b.each([&](u32 t) {
+        u64 c = 0, d = 0;
+        for (u64 w = run_lo(t, KW); w < run_hi(t, KW); ++w) c += pop64(v.xw[w]);
+        for (u64 q = run_lo(t, T); q < run_hi(t, T); ++q) d += tile_ones(q);
+        sh.cnt[0][t] = sh.cown[0][t] = c;
+        sh.cnt[1][t] = sh.cown[1][t] = d;
+    });
+    b.sync();
+    block_scan<2>(b, sh.cnt, sh.ctmp);
+    b.each([&](u32 t) {
+        u64 run = sh.cnt[0][t] - sh.cown[0][t];
+        for (u64 w = run_lo(t, KW); w < run_hi(t, KW); ++w) {
             v.xp[w] = (u32)run;
             run += pop64(v.xw[w]);
         }
-        u64 W = cdiv(n, 64), T = cdiv(n, TILE);
-        run = 0;
-        for (u64 t = 0; t < T; ++t) {
-            v.off[t].c[2] = run;
-            for (u64 w = t * TILE_WORDS; w < W && w < (t + 1) * TILE_WORDS; ++w) run += pop64(v.words[w]);
+        run = sh.cnt[1][t] - sh.cown[1][t];
+        for (u64 q = run_lo(t, T); q < run_hi(t, T); ++q) {
+            v.off[q].c[2] = run;
+            run += tile_ones(q);
         }
-        if (p.s3_len != ke) set_err(&p, DE_EXCEPTION, p.s3_len, ke);
     });
+    b.sync();
 }
 
 // dec_tile: one block per tile of 4096 elements, 2 groups of 8 per thread. Exp: value =
