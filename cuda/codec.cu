@@ -673,16 +673,21 @@ struct MaskChoice {
     u32 coding;
     u64 bytes;
 };
-// The checks every decoded mask of m bits passes (bitmask::check_words): no bit at or past m,
-// and a non-zero coding codes a non-zero mask. Returns 0 and the ones, or why not.
-HD u32 mask_check(const u64* words, u64 m, u32 coding, u64* ones) {
+// The checks every decoded mask of m bits passes (bitmask::check_words), given its set bits
+// `c`: no bit at or past m, and a non-zero coding codes a non-zero mask. Returns 0, or why not.
+HD u32 mask_verdict(const u64* words, u64 m, u32 coding, u64 c) {
     u64 W = cdiv(m, 64);
     if (m % 64 && W && (words[W - 1] >> (m % 64))) return 2;
-    u64 c = 0;
-    for (u64 w = 0; w < W; ++w) c += pop64(words[w]);
     if (coding != MASK_ZERO && c == 0) return 5;
-    *ones = c;
     return 0;
+}
+// mask_verdict with the set bits counted here (one thread). Returns 0 and the ones, or why not.
+HD u32 mask_check(const u64* words, u64 m, u32 coding, u64* ones) {
+    u64 c = 0;
+    for (u64 w = 0; w < cdiv(m, 64); ++w) c += pop64(words[w]);
+    u32 why = mask_verdict(words, m, coding, c);
+    if (!why) *ones = c;
+    return why;
 }
 // Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64), zeroed first), one
 // thread: every coding but a non-empty coding 4 in a frame that may carry it (`seg_ok`), which is
@@ -985,6 +990,23 @@ HD void seg_decode(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 nbytes, u64
     });
     b.sync();
 }
+// mask_check by the block: the set bits counted a word per thread in turn, summed and judged
+// (mask_verdict) on thread 0 into sh.why, or sh.ones.
+HD void mask_check_blk(Blk& b, SegDecShm& sh, const u64* words, u64 m, u32 coding) {
+    b.each([&](u32 t) {
+        u64 c = 0;
+        for (u64 w = t; w < cdiv(m, 64); w += NT) c += pop64(words[w]);
+        sh.a[0][t] = c;
+    });
+    b.sync();
+    b.one([&] {
+        u64 c = 0;
+        for (u32 t = 0; t < NT; ++t) c += sh.a[0][t];
+        sh.why = mask_verdict(words, m, coding, c);
+        if (!sh.why) sh.ones = c;
+    });
+    b.sync();
+}
 // Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64)) by the block, as
 // bitmask::decode; coding 4 only where the frame's format version may carry it (`seg_ok`), a
 // thread per run of segments; the other codings on one thread. sh.why: 0, or why not (a code
@@ -1001,27 +1023,15 @@ HD void mask_read_blk(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 m, bool 
         b.sync();
         if (sh.why) return;
         b.each([&](u32 t) {
-            u64 c = 0;
             for (u64 w = t; w < W; w += NT) {
                 u64 x = 0;
-                for (u64 q = 0; q < 8 && 8 * w + q < nbytes; ++q) x |= (u64)in[1 + 8 * w + q] << (8 * q);
+                for (u64 q = 0; q < 8 && 8 * w + q < nbytes; ++q)
+                    x |= (u64)in[1 + 8 * w + q] << (8 * q);
                 words[w] = x;
-                c += pop64(x);
             }
-            sh.a[0][t] = c;
         });
         b.sync();
-        b.one([&] {
-            u64 ones = 0;
-            for (u32 t = 0; t < NT; ++t) ones += sh.a[0][t];
-            if (m % 64 && (words[W - 1] >> (m % 64)))
-                sh.why = 2;
-            else if (ones == 0)
-                sh.why = 5;
-            else
-                sh.ones = ones;
-        });
-        b.sync();
+        mask_check_blk(b, sh, words, m, MASK_FLAT);
         return;
     }
     if (sh.coding != MASK_RANS_SEG || !seg_ok || m == 0) {
@@ -1030,10 +1040,8 @@ HD void mask_read_blk(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 m, bool 
         return;
     }
     seg_decode(b, sh, in + 1, len - 1, cdiv(m, 8), words);
-    b.one([&] {
-        if (!sh.why) sh.why = mask_check(words, m, MASK_RANS_SEG, &sh.ones);
-    });
-    b.sync();
+    if (sh.why) return;
+    mask_check_blk(b, sh, words, m, MASK_RANS_SEG);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -300,7 +300,7 @@ fn dec_batch<const B: usize>(
 mod vector {
     /// Whether it runs: AVX2 present and SIMD not turned off (`simd::enabled`).
     pub(super) fn on() -> bool {
-        cfg!(target_arch = "x86_64") && super::super::simd::enabled()
+        super::super::simd::enabled()
     }
 
     /// The vector encoder's tables: per symbol `bias | freq << 13 | rcp_shift << 27` (13, 13
