@@ -1007,10 +1007,83 @@ HD void mask_check_blk(Blk& b, SegDecShm& sh, const u64* words, u64 m, u32 codin
     });
     b.sync();
 }
+// A Hier payload pay[0..pl) of a mask of m (>= 1) bits into words (ceil(m/64)) by the block:
+// thread t takes the words run_lo(t, W) .. run_hi(t, W); its level-1 bits, counted and scanned,
+// place its level-2 bytes, whose bits, counted and scanned, place its level-3 bytes. The checks
+// are mask_read_one's with its reasons and in its order: the lengths before any byte is read,
+// then the first failing word (each run keeps its first; the first run's is reported), then
+// stray level-1 bits, the bytes left over and mask_check's. sh.why: 0, or why not; sh.ones.
+HD void hier_read_blk(Blk& b, SegDecShm& sh, const u8* pay, u64 pl, u64 m, u64* words) {
+    u64 W = cdiv(m, 64), l1 = cdiv(W, 8);
+    b.one([&] { sh.why = pl < l1 ? 33 : 0; });
+    b.sync();
+    if (sh.why) return;
+    // Level 2: a byte per non-zero word, in word order.
+    b.each([&](u32 t) {
+        u64 c = 0;
+        for (u64 g = run_lo(t, W); g < run_hi(t, W); ++g) c += (pay[g / 8] >> (g % 8)) & 1;
+        sh.cnt[0][t] = sh.cown[0][t] = c;
+    });
+    b.sync();
+    block_scan<1>(b, sh.cnt, sh.ctmp);
+    b.one([&] {
+        // mask_read_one counts every bit of level 1, those past W included (refused below, after
+        // the words): level 3 starts after that many bytes.
+        u64 stray = W % 8 ? pop32(pay[l1 - 1] >> (W % 8)) : 0;
+        sh.hdr = l1 + sh.cnt[0][NT - 1] + stray;
+        sh.why = pl < sh.hdr ? 33 : 0;
+    });
+    b.sync();
+    if (sh.why) return;
+    // Level 3: a byte per non-zero byte of the non-zero words, in order.
+    b.each([&](u32 t) {
+        u64 k = l1 + sh.cnt[0][t] - sh.cown[0][t], c = 0;
+        for (u64 g = run_lo(t, W); g < run_hi(t, W); ++g)
+            if ((pay[g / 8] >> (g % 8)) & 1) c += pop32(pay[k++]);
+        sh.cnt[1][t] = sh.cown[1][t] = c;
+    });
+    b.sync();
+    block_scan<1>(b, sh.cnt + 1, sh.ctmp);
+    b.each([&](u32 t) {
+        u64 k = l1 + sh.cnt[0][t] - sh.cown[0][t];
+        u64 l3 = sh.hdr + sh.cnt[1][t] - sh.cown[1][t];
+        u32 why = 0;
+        for (u64 g = run_lo(t, W); g < run_hi(t, W) && !why; ++g) {
+            u64 w = 0;
+            if ((pay[g / 8] >> (g % 8)) & 1) {
+                u32 map = pay[k++];
+                if (!map) why = 6;
+                for (u32 q = 0; q < 8 && !why; ++q) {
+                    if (!((map >> q) & 1)) continue;
+                    if (l3 >= pl) {
+                        why = 33;
+                    } else {
+                        u8 c = pay[l3++];
+                        if (!c) why = 7;
+                        w |= (u64)c << (8 * q);
+                    }
+                }
+            }
+            words[g] = w;
+        }
+        sh.terr[t] = why;
+    });
+    b.sync();
+    b.one([&] {
+        for (u32 t = 0; t < NT && !sh.why; ++t) sh.why = sh.terr[t];
+        if (sh.why) return;
+        if (W % 8 && (pay[l1 - 1] >> (W % 8))) sh.why = 1;
+        else if (sh.hdr + sh.cnt[1][NT - 1] != pl) sh.why = 4;
+    });
+    b.sync();
+    if (sh.why) return;
+    mask_check_blk(b, sh, words, m, MASK_HIER);
+}
 // Decodes a mask of m bits from exactly in[0..len) into words (ceil(m/64)) by the block, as
-// bitmask::decode; coding 4 only where the frame's format version may carry it (`seg_ok`), a
-// thread per run of segments; the other codings on one thread. sh.why: 0, or why not (a code
-// for DE_MASK's detail); sh.ones: the set bits.
+// bitmask::decode: Flat a word per thread in turn, Hier by runs of words (hier_read_blk),
+// coding 4 only where the frame's format version may carry it (`seg_ok`), a thread per run of
+// segments; Zero, coding 3 and what is refused at once on one thread (mask_read_one). sh.why:
+// 0, or why not (mask_read_one's code for DE_MASK's detail); sh.ones: the set bits.
 HD void mask_read_blk(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 m, bool seg_ok,
                       u64* words) {
     b.one([&] { sh.coding = len ? in[0] : 255; });
@@ -1032,6 +1105,10 @@ HD void mask_read_blk(Blk& b, SegDecShm& sh, const u8* in, u64 len, u64 m, bool 
         });
         b.sync();
         mask_check_blk(b, sh, words, m, MASK_FLAT);
+        return;
+    }
+    if (sh.coding == MASK_HIER && m > 0) {
+        hier_read_blk(b, sh, in + 1, len - 1, m, words);
         return;
     }
     if (sh.coding != MASK_RANS_SEG || !seg_ok || m == 0) {
@@ -2192,9 +2269,9 @@ HD void dec_hier3(const DecJob& j, u64 tile, Blk& b, DecMaskShm& sh) {
     });
 }
 
-// dec_hyb (Hybrid only): one block per job: both masks (bitmask::decode; coding 4 a thread per
-// run of segments, the others on one thread), the section lengths they imply, the exponent
-// mask's word prefixes and each tile's offset among the changed values (one thread).
+// dec_hyb (Hybrid only): one block per job: both masks (bitmask::decode by mask_read_blk), the
+// section lengths they imply, the exponent mask's word prefixes and each tile's offset among
+// the changed values (counted by runs and scanned).
 template <class L> HD void dec_hyb(const DecJob& j, Blk& b, SegDecShm& sh) {
     u64 n = j.n;
     DecView v(j.scratch, n);

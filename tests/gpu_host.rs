@@ -1245,3 +1245,66 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(600))]
+    /// The block's Hier reader (runs of words: level-1 bits counted and scanned to place the
+    /// level-2 bytes, their bits counted and scanned to place the level-3 bytes) against the
+    /// one-thread reader it replaced, on Hier masks intact and damaged (a byte changed, the
+    /// payload cut or lengthened, a level-1 bit set past the last word, one or two level-2 or
+    /// level-3 bytes zeroed): the same words and ones, or the same reason. Both accept exactly what
+    /// `bitmask::decode` accepts, with its words.
+    #[test]
+    fn kernel_hier_mask_reader_matches_one_thread(
+        m in prop_oneof![3 => 1usize..5000, 1 => 5000usize..80_000],
+        density in 0u64..300,
+        seed in any::<u64>(),
+        damage in 0u32..8,
+    ) {
+        let mut rng = Rng(seed);
+        let mut words = vec![0u64; m.div_ceil(64)];
+        for i in 0..m {
+            // Sparse words (the masks Hier wins on), each bit of a live word at `density`.
+            if (i / 64) as u64 % 7 == seed % 7 && rng.below(1000) < density {
+                words[i / 64] |= 1 << (i % 64);
+            }
+        }
+        let mut enc = Vec::new();
+        ciera::codec::bitmask::encode(&words, m, ciera::codec::bitmask::MaskCoding::Hier, &mut enc);
+        let (l1, len) = ((m.div_ceil(64)).div_ceil(8), enc.len());
+        let at = 1 + rng.below(len.max(2) as u64 - 1) as usize;
+        match damage {
+            1 if len > 1 => enc[at] ^= 1 + rng.below(255) as u8,
+            2 if len > 1 => enc.truncate(at),
+            3 => enc.extend((0..1 + rng.below(9)).map(|_| rng.below(256) as u8)),
+            // A level-1 bit past the last word (where there is one).
+            4 if m.div_ceil(64) % 8 != 0 => enc[l1] |= 0x80,
+            // A level-2 or level-3 byte zeroed (past level 1).
+            5 if len > 1 + l1 => enc[1 + l1 + rng.below((len - 1 - l1) as u64) as usize] = 0,
+            // Two of them: the first (in word order) is the one reported.
+            6 if len > 1 + l1 => {
+                for _ in 0..2 {
+                    enc[1 + l1 + rng.below((len - 1 - l1) as u64) as usize] = 0;
+                }
+            }
+            _ => {}
+        }
+        let blk = ciera_cuda_host::mask_decode(&enc, m, 3);
+        let one = ciera_cuda_host::mask_decode_one_thread(&enc, m, 3);
+        prop_assert_eq!(&blk, &one, "m={} damage={} at={}", m, damage, at);
+        let mut cpu = Vec::new();
+        match (ciera::codec::bitmask::decode(&enc, m, &mut cpu), &blk) {
+            (Ok(ones), Ok((w, o))) => {
+                prop_assert_eq!(&cpu, w);
+                prop_assert_eq!(ones as u64, *o);
+            }
+            (Err(_), Err(_)) => {}
+            (c, g) => prop_assert!(false, "cpu {:?} kernels {:?} (m={} damage={})", c.is_ok(), g.is_ok(), m, damage),
+        }
+        // Intact, it reads back (a zero mask is never coded Hier: refused as a non-zero coding
+        // of nothing, by all three).
+        if damage == 0 && words.iter().any(|&w| w != 0) {
+            prop_assert_eq!(blk.unwrap().0, words);
+        }
+    }
+}

@@ -146,8 +146,11 @@ u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gai
     *coding = sh->c.coding;
     return sh->c.bytes;
 }
-// Its decoder, by a block, for a frame of format `version`: 0 and the ones, or why not.
-u32 ciera_emu_mask_decode(const u8* in, u64 len, u64 m, u32 version, u64* words, u64* ones) {
+// Its decoder, by a block (or with `block` 0 the one-thread mask_read_one), for a frame of
+// format `version`: 0 and the ones, or why not.
+u32 ciera_emu_mask_decode(const u8* in, u64 len, u64 m, u32 version, u32 block, u64* words,
+                          u64* ones) {
+    if (!block) return mask_read_one(in, len, m, version >= SEG_VERSION, words, ones);
     Blk b{NT};
     auto sh = std::make_unique<SegDecShm>();
     mask_read_blk(b, *sh, in, len, m, version >= SEG_VERSION, words);

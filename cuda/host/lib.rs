@@ -350,6 +350,7 @@ extern "C" {
         len: u64,
         m: u64,
         version: u32,
+        block: u32,
         words: *mut u64,
         ones: *mut u64,
     ) -> u32;
@@ -399,10 +400,25 @@ pub fn mask_plan(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> (u8, 
     (coding as u8, bytes as usize)
 }
 
-/// The kernels' mask decoder (Hybrid frames; a block, coding 4 a thread per run of segments) for
-/// a frame of format `version` (coding 4 is refused below version 3): the words and their ones,
-/// or the reason code.
+/// The kernels' mask decoder (Hybrid frames; a block: Flat a word per thread in turn, Hier by
+/// runs of words, coding 4 a thread per run of segments) for a frame of format `version`
+/// (coding 4 is refused below version 3): the words and their ones, or the reason code.
 pub fn mask_decode(input: &[u8], m: usize, version: u8) -> Result<(Vec<u64>, u64), u32> {
+    mask_decode_on(input, m, version, true)
+}
+
+/// The kernels' one-thread mask reader (`mask_read_one`, the reference the block's readers
+/// follow): as [`mask_decode`], same words or same reason code.
+pub fn mask_decode_one_thread(input: &[u8], m: usize, version: u8) -> Result<(Vec<u64>, u64), u32> {
+    mask_decode_on(input, m, version, false)
+}
+
+fn mask_decode_on(
+    input: &[u8],
+    m: usize,
+    version: u8,
+    block: bool,
+) -> Result<(Vec<u64>, u64), u32> {
     let mut words = vec![0u64; m.div_ceil(64)];
     let mut ones = 0u64;
     // SAFETY: input has input.len() bytes; words ceil(m/64).
@@ -412,6 +428,7 @@ pub fn mask_decode(input: &[u8], m: usize, version: u8) -> Result<(Vec<u64>, u64
             input.len() as u64,
             m as u64,
             version as u32,
+            block as u32,
             words.as_mut_ptr(),
             &mut ones,
         )
