@@ -196,7 +196,17 @@ fn emit_on<L: Layout>(
         let b1 = full.min(b0 + SPAN);
         let vals = b0 * BLOCK * L::BYTES..b1 * BLOCK * L::BYTES;
         if let Masks::Scan(a, e) = &mut masks {
-            simd::scan_blocks::<L>(&input[vals.clone()], &prev[vals.clone()], a, e);
+            let (x, p) = (&input[vals.clone()], &prev[vals.clone()]);
+            match path {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX-512 F/BW checked by `avx512_cpu()` (the caller's path); x and p
+                // are the same whole blocks of L::BYTES-byte values.
+                Path::Avx512 => unsafe {
+                    let exp_mask = (L::EXP_MAX as u32) << L::EXP_SHIFT;
+                    avx512::scan(x, p, L::BYTES, exp_mask, a, e)
+                },
+                _ => simd::scan_blocks::<L>(x, p, a, e),
+            }
             // Room for the exponent bits of every value of the span.
             let need = (idx + (b1 - b0) * BLOCK).div_ceil(64);
             if exp_sub.len() < need {
@@ -331,6 +341,8 @@ fn decode_on<L: Layout>(
         }
         let range = bi * BLOCK * L::BYTES..(bi + 1) * BLOCK * L::BYTES;
         #[cfg(target_arch = "x86_64")]
+        prefetch_ahead(&prev[range.start..], &out[range.start..], L::BYTES);
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and BMI2 checked by `enabled()` (AVX-512 by `avx512_cpu()`, on that
         // path); `prev` and `out` ranges hold one block of 64 values; on the AVX2 path
         // `st.pos + 64 * smb + 16 <= sm.len()`, so every shuffle load of the block (at most
@@ -363,6 +375,30 @@ fn decode_on<L: Layout>(
     simd::stripes(&sm[hashed..hashed + whole], &mut hash);
     hashed += whole;
     Ok(Some(hash.finish(&sm[hashed..], sm.len())))
+}
+
+/// How far ahead (bytes) the values passes ask for the lines they will read: a span's worth.
+/// The encoder's scan and emit, and the decoder's blocks, work span by span, and between two
+/// spans' loads the hardware prefetchers lose the stream (measured, 64 MiB chunks: encode
+/// 7-11% faster with 4096, less with 2048 or 8192).
+const PREFETCH: usize = 4096;
+
+/// Ask for the lines of the next block `PREFETCH` bytes on in `prev` (to read) and `out` (to
+/// write), for a block of 64 values of `vsize` bytes. Prefetches never fault: past the end of
+/// the slices they are only wasted.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead(prev: &[u8], out: &[u8], vsize: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+    for line in 0..vsize {
+        let off = PREFETCH + 64 * line;
+        // SAFETY: a prefetch only hints; it reads nothing and never faults (the addresses are
+        // computed with wrapping arithmetic, never dereferenced).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(prev.as_ptr().wrapping_add(off) as *const i8);
+            _mm_prefetch::<_MM_HINT_ET0>(out.as_ptr().wrapping_add(off) as *const i8);
+        }
+    }
 }
 
 /// Where a Hybrid decode stands: bytes of `sm` consumed, changed values and exponents seen.
@@ -784,6 +820,73 @@ mod avx512 {
         }
     }
 
+    /// `simd::scan_blocks` (the same masks): the changed and exponent-changed values of whole
+    /// blocks of 64 values of `vsize` (2 or 4) bytes, a word each appended to `changed` and
+    /// `exp_changed`, the lane masks straight from the compares (AVX2 packs and moves them).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512 F/BW; `input.len() == prev.len()`, a multiple of
+    /// `64 * vsize`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn scan(
+        input: &[u8],
+        prev: &[u8],
+        vsize: usize,
+        exp_mask: u32,
+        changed: &mut Vec<u64>,
+        exp_changed: &mut Vec<u64>,
+    ) {
+        const PF: usize = super::PREFETCH;
+        let blocks = input.len() / (64 * vsize);
+        changed.reserve(blocks);
+        exp_changed.reserve(blocks);
+        let (c0, e0) = (changed.len(), exp_changed.len());
+        let (cp, ep) = (changed.as_mut_ptr(), exp_changed.as_mut_ptr());
+        let (ip, pp) = (input.as_ptr(), prev.as_ptr());
+        // SAFETY: the loads: block b's 64 * vsize bytes lie in both slices (the caller's
+        // lengths); the stores: `blocks` words of spare capacity reserved above, which
+        // `set_len` then covers.
+        unsafe {
+            if vsize == 2 {
+                let em = _mm512_set1_epi16(exp_mask as i16);
+                for b in 0..blocks {
+                    let (mut a, mut e) = (0u64, 0u64);
+                    for h in 0..2 {
+                        let off = 128 * b + 64 * h;
+                        _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(off + PF) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(off + PF) as *const i8);
+                        let x = _mm512_loadu_si512(ip.add(off) as *const _);
+                        let p = _mm512_loadu_si512(pp.add(off) as *const _);
+                        a |= (_mm512_cmpneq_epi16_mask(x, p) as u64) << (32 * h);
+                        e |=
+                            (_mm512_test_epi16_mask(_mm512_xor_si512(x, p), em) as u64) << (32 * h);
+                    }
+                    *cp.add(c0 + b) = a;
+                    *ep.add(e0 + b) = e;
+                }
+            } else {
+                let em = _mm512_set1_epi32(exp_mask as i32);
+                for b in 0..blocks {
+                    let (mut a, mut e) = (0u64, 0u64);
+                    for q in 0..4 {
+                        let off = 256 * b + 64 * q;
+                        _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(off + PF) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(off + PF) as *const i8);
+                        let x = _mm512_loadu_si512(ip.add(off) as *const _);
+                        let p = _mm512_loadu_si512(pp.add(off) as *const _);
+                        a |= (_mm512_cmpneq_epi32_mask(x, p) as u64) << (16 * q);
+                        e |=
+                            (_mm512_test_epi32_mask(_mm512_xor_si512(x, p), em) as u64) << (16 * q);
+                    }
+                    *cp.add(c0 + b) = a;
+                    *ep.add(e0 + b) = e;
+                }
+            }
+            changed.set_len(c0 + blocks);
+            exp_changed.set_len(e0 + blocks);
+        }
+    }
+
     /// Emit whole blocks, as `avx2::emit` (same arguments, same results).
     ///
     /// # Safety
@@ -805,20 +908,18 @@ mod avx512 {
         let (per, vsize) = if smb == 1 { (32, 2) } else { (16, 4) };
         let lane_mask = low(per);
         exps.reserve(64 * changed.len());
+        let (ep, mut elen) = (exps.as_mut_ptr(), exps.len());
+        // No branch on a vector's changes or exponent changes (as good as random in the
+        // middle of training): a vector without any stores nothing (its store masks are empty).
         for (bi, (&a, &e)) in changed.iter().zip(exp_changed).enumerate() {
             if a == 0 {
                 continue;
             }
-            if e != 0 {
-                append_exp_bits(exp_sub, idx, a, e);
-            }
+            append_exp_bits(exp_sub, idx, a, e);
             idx += a.count_ones() as usize;
             let base = bi * 64 * vsize;
             for v in 0..64 / per {
                 let m = (a >> (per * v)) & lane_mask;
-                if m == 0 {
-                    continue;
-                }
                 let me = (e >> (per * v)) & lane_mask;
                 let (ks, ke) = (byte_masks(smb, m).0, byte_masks(smb, me).1);
                 // SAFETY: the vector's 64 bytes are inside the block of `input` (64 values of
@@ -826,23 +927,22 @@ mod avx512 {
                 // `smb * popcount(m)` bytes at dst + pos, within the caller's
                 // `smb * popcount(changed)`; the exponents' masked store writes popcount(me)
                 // <= 32 bytes into `exps`' spare capacity (64 per block reserved above), which
-                // `set_len` then covers.
+                // `set_len` below covers.
                 unsafe {
                     let x = _mm512_loadu_si512(input.as_ptr().add(base + 64 * v) as *const _);
                     let c = _mm512_maskz_compress_epi8(ks, x);
                     let nb = smb * m.count_ones() as usize;
                     _mm512_mask_storeu_epi8(dst.add(pos) as *mut i8, low(nb), c);
                     pos += nb;
-                    if me != 0 {
-                        let ce = _mm512_maskz_compress_epi8(ke, x);
-                        let ne = me.count_ones() as usize;
-                        let at = exps.len();
-                        _mm512_mask_storeu_epi8(exps.as_mut_ptr().add(at) as *mut i8, low(ne), ce);
-                        exps.set_len(at + ne);
-                    }
+                    let ce = _mm512_maskz_compress_epi8(ke, x);
+                    let ne = me.count_ones() as usize;
+                    _mm512_mask_storeu_epi8(ep.add(elen) as *mut i8, low(ne), ce);
+                    elen += ne;
                 }
             }
         }
+        // SAFETY: the masked stores above initialised exps[len..elen), within the reserve.
+        unsafe { exps.set_len(elen) };
         (pos, idx - idx0)
     }
 
