@@ -112,6 +112,30 @@ mod imp {
         t
     };
 
+    /// Elements ahead of the row being coded (decode: on, encode: back, as it codes
+    /// backwards) whose lines the row coders ask for: two groups coded in lockstep are six to
+    /// eight streams, more than the hardware prefetchers follow (measured, 64 MiB chunks, one
+    /// core: Delta decode 4-14% faster).
+    const AHEAD: usize = 2048;
+
+    /// Ask for the lines of `bytes` bytes from `at` elements of `size` bytes into `p` (to write
+    /// them, with `WRITE`). A prefetch never faults: its address is computed with wrapping
+    /// arithmetic and never dereferenced, and past the end it is only wasted.
+    #[inline(always)]
+    fn prefetch<const WRITE: bool>(p: *const u8, at: usize, size: usize, bytes: usize) {
+        let start = p.wrapping_add(at * size);
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch is a hint: it reads and writes nothing.
+            unsafe {
+                if WRITE {
+                    _mm_prefetch::<_MM_HINT_ET0>(start.wrapping_add(line) as *const i8);
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line) as *const i8);
+                }
+            }
+        }
+    }
+
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512cd,avx512vbmi,avx512vbmi2,popcnt")]
     fn load_i16x32(t: &[i16; 32]) -> __m512i {
@@ -580,6 +604,14 @@ mod imp {
         }
         let mut next = prep(base + (rows - 1) * 32, state, ctx);
         for r in (0..rows).rev() {
+            // fp32 only: bf16 rows code no faster with it (measured: fp32 encode 5-10% faster,
+            // bf16 1-5% slower; the bf16 coder is bound by its vector ports).
+            if let Some(back) = (base + r * 32).checked_sub(AHEAD).filter(|_| W == 32) {
+                let size = W as usize / 8;
+                prefetch::<false>(input.as_ptr(), back, size, 32 * size);
+                prefetch::<true>(state.as_ptr(), back, size, 32 * size);
+                prefetch::<true>(ctx.as_ptr(), back, 1, 32);
+            }
             let RowIn {
                 zs,
                 lo,
@@ -835,6 +867,12 @@ mod imp {
         let mut no_table: __mmask16 = 0;
         for k in 0..rows {
             let mut t = [[zero; 2]; G];
+            for base in bases {
+                let ahead = base + k * 32 + AHEAD;
+                prefetch::<false>(state.as_ptr(), ahead, L::BYTES, 32 * L::BYTES);
+                prefetch::<true>(out.as_ptr(), ahead, L::BYTES, 32 * L::BYTES);
+                prefetch::<false>(ctx.as_ptr(), ahead, 1, 32);
+            }
             for g in 0..G {
                 let row = bases[g] + k * 32;
                 // SAFETY: row + 32 <= bases[g] + 32 * rows: 32 bytes of ctx.
