@@ -517,6 +517,71 @@ HD void freq_from_hist(const u32* hist, u32* freq) {
         }
     }
 }
+// freq_from_hist by the block, a symbol per thread in turn: the scaling; then, while the
+// frequencies do not add up to PROB_SCALE, each present symbol's place in the order of
+// descending frequency (ties: ascending symbol, the stable sort's order) counted by its own
+// thread, and the rounding moved onto that order by thread 0 (at most 256 steps). Where one
+// thread sorted by insertion (up to 256^2 / 2 steps a pass).
+struct FreqShm {
+    u32 order[256];
+    u64 total;
+    i64 diff;
+    u32 present;
+};
+HD void freq_from_hist_blk(Blk& b, FreqShm& fs, const u32* hist, u32* freq) {
+    b.one([&] {
+        u64 total = 0;
+        for (u32 s = 0; s < 256; ++s) total += hist[s];
+        fs.total = total;
+    });
+    b.sync();
+    b.each([&](u32 t) {
+        for (u32 s = t; s < 256; s += NT) {
+            u64 f = hist[s] ? (u64)hist[s] * PROB_SCALE / fs.total : 0;
+            freq[s] = hist[s] ? (f < 1 ? 1 : (u32)f) : 0;
+        }
+    });
+    b.sync();
+    b.one([&] {
+        i64 sum = 0;
+        u32 present = 0;
+        for (u32 s = 0; s < 256; ++s) {
+            sum += freq[s];
+            present += freq[s] != 0;
+        }
+        fs.diff = (i64)PROB_SCALE - sum;
+        fs.present = present;
+    });
+    b.sync();
+    while (fs.diff != 0) {
+        b.each([&](u32 t) {
+            for (u32 s = t; s < 256; s += NT) {
+                if (!freq[s]) continue;
+                u32 r = 0;
+                for (u32 q = 0; q < 256; ++q)
+                    r += freq[q] && (freq[q] > freq[s] || (freq[q] == freq[s] && q < s));
+                fs.order[r] = s;
+            }
+        });
+        b.sync();
+        b.one([&] {
+            i64 diff = fs.diff;
+            for (u32 k = 0; k < fs.present && diff != 0; ++k) {
+                u32 s = fs.order[k];
+                if (diff > 0) {
+                    freq[s] += (u32)diff;
+                    diff = 0;
+                } else if (freq[s] > 1) {
+                    i64 take = (i64)(freq[s] - 1) < -diff ? (i64)(freq[s] - 1) : -diff;
+                    freq[s] -= (u32)take;
+                    diff += take;
+                }
+            }
+            fs.diff = diff;
+        });
+        b.sync();
+    }
+}
 HD u32 table_bytes(const u32* freq) {
     u32 n = 0, v = 0;
     for (u32 s = 0; s < 256; ++s)
@@ -829,6 +894,7 @@ struct MaskShm {
     // Per run: set bits, non-zero words, non-zero bytes; `cnt` scanned, `own` as counted.
     u64 cnt[3][NT], own[3][NT], tmp[3][NT];
     SegShm seg;
+    FreqShm fq;
 };
 // The plan of the mask of m bits (bitmask::plan_gated, with `rans`: rANS weighed with the
 // margins try_gain and gain) into sh.c: the counts by runs and scanned, the histogram by the
@@ -871,8 +937,8 @@ HD void mask_plan_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, bool rans, u
         for (u64 i = t; i < nbytes; i += NT) add_u32(&sh.hist[mask_byte(words, i)], 1);
     });
     b.sync();
+    freq_from_hist_blk(b, sh.fq, sh.hist, sh.freq);
     b.one([&] {
-        freq_from_hist(sh.hist, sh.freq);
         // with the coding byte, as bitmask::plan
         u64 est = 1 + rans_seg_estimate(sh.hist, sh.freq, nbytes);
         if (est + gain < sh.c.bytes) sh.c = MaskChoice{MASK_RANS_SEG, est};
@@ -1387,6 +1453,7 @@ struct PlanShm {
     u32 freq[256];
     u32 need_hist, take, fits;
     SegShm seg;
+    FreqShm fq;
 };
 
 // enc_plan: one block per job. Scans the tile counts into tile offsets, sums the SH64 partials,
@@ -1469,9 +1536,9 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
             }
         });
         b.sync();
+        freq_from_hist_blk(b, sh.fq, sh.hist, sh.freq);
         b.one([&] {
             const Plan& p = *v.plan;
-            freq_from_hist(sh.hist, sh.freq);
             u64 est = 1 + rans_seg_estimate(sh.hist, sh.freq, nbytes);
             sh.take = est + (p.sm_len + p.ones) / RANS_MIN_GAIN < p.s1_len;
         });

@@ -1308,3 +1308,41 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    /// The kernels' rANS table by the block (a symbol per thread: scaling, then each symbol's
+    /// place in the order of descending frequency counted by its thread) is the one-thread
+    /// table it replaced and `rans::FreqTable::from_histogram`'s, for histograms of every shape:
+    /// one symbol, a few, all 256; flat, skewed (one huge count beside many small ones, where
+    /// the rounding is taken back over several symbols and passes) and random.
+    #[test]
+    fn kernel_freq_table_matches_cpu(
+        seed in any::<u64>(),
+        shape in 0u32..4,
+        present in 1usize..=256,
+    ) {
+        let mut rng = Rng(seed);
+        let mut hist = [0u32; 256];
+        for _ in 0..present {
+            let s = rng.below(256) as usize;
+            hist[s] = match shape {
+                0 => 1 + rng.below(3) as u32,
+                1 => 1 + rng.below(1 << 20) as u32,
+                2 => 1,
+                _ => 1 + rng.below(40) as u32,
+            };
+        }
+        if shape == 2 {
+            // One symbol holding nearly everything: the many small ones round up to 1 each.
+            hist[rng.below(256) as usize] = 1 << 26;
+        }
+        let blk = ciera_cuda_host::freq_table(&hist, true);
+        let one = ciera_cuda_host::freq_table(&hist, false);
+        prop_assert_eq!(blk, one);
+        let h64: [u64; 256] = std::array::from_fn(|s| hist[s] as u64);
+        let cpu = ciera::codec::rans::FreqTable::from_histogram(&h64);
+        prop_assert_eq!(&blk, cpu.freqs());
+        prop_assert_eq!(blk.iter().sum::<u32>(), 4096);
+    }
+}

@@ -138,6 +138,14 @@ u64 ciera_emu_mask_max_bytes(u64 m) {
     u64 nb = cdiv(m, 8);
     return 1 + 1 + 32 + 2 * 256 + 6 * seg_count(nb) + 2 * nb;
 }
+// The rANS table of a histogram (256 counts, not all zero), by the block (`block` 1) or by the
+// one-thread freq_from_hist it replaced, into freq[256].
+void ciera_emu_freq_table(const u32* hist, u32 block, u32* freq) {
+    if (!block) return freq_from_hist(hist, freq);
+    Blk b{NT};
+    auto fs = std::make_unique<FreqShm>();
+    freq_from_hist_blk(b, *fs, hist, freq);
+}
 // Its plan alone: the coding (into *coding) and its estimated bytes.
 u64 ciera_emu_mask_plan(const u64* words, u64 m, u32 rans, u64 try_gain, u64 gain, u32* coding) {
     Blk b{NT};

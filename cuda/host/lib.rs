@@ -337,6 +337,7 @@ extern "C" {
         cap: u64,
     ) -> u64;
     fn ciera_emu_mask_max_bytes(m: u64) -> u64;
+    fn ciera_emu_freq_table(hist: *const u32, block: u32, freq: *mut u32);
     fn ciera_emu_mask_plan(
         words: *const u64,
         m: u64,
@@ -398,6 +399,16 @@ pub fn mask_plan(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> (u8, 
         )
     };
     (coding as u8, bytes as usize)
+}
+
+/// The kernels' rANS table of a byte histogram (counts not all zero): by the block
+/// (`freq_from_hist_blk`) or, with `block` false, by the one-thread `freq_from_hist`.
+pub fn freq_table(hist: &[u32; 256], block: bool) -> [u32; 256] {
+    assert!(hist.iter().any(|&c| c != 0));
+    let mut freq = [0u32; 256];
+    // SAFETY: both arrays hold 256 entries.
+    unsafe { ciera_emu_freq_table(hist.as_ptr(), block as u32, freq.as_mut_ptr()) };
+    freq
 }
 
 /// The kernels' mask decoder (Hybrid frames; a block: Flat a word per thread in turn, Hier by

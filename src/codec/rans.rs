@@ -31,6 +31,11 @@ pub struct FreqTable {
 }
 
 impl FreqTable {
+    /// The frequency of each byte value (summing to `PROB_SCALE`; 0 for absent ones).
+    pub fn freqs(&self) -> &[u32; 256] {
+        &self.freq
+    }
+
     /// Scale a histogram to frequencies summing to `PROB_SCALE`. `hist` must not be all zero.
     pub fn from_histogram(hist: &[u64; 256]) -> FreqTable {
         let total: u64 = hist.iter().sum();
