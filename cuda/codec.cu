@@ -478,6 +478,7 @@ HD u64 hybrid_estimate(u64 sm_k, u64 n, u64 k, u64 ke) {
 }
 
 // rans::FreqTable::from_histogram: 12-bit frequencies, rounding error moved onto the largest.
+// One thread; the kernels use freq_from_hist_blk, and the host build tests it against this.
 HD void freq_from_hist(const u32* hist, u32* freq) {
     u64 total = 0;
     for (u32 s = 0; s < 256; ++s) total += hist[s];
