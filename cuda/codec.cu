@@ -477,6 +477,23 @@ HD u64 hybrid_estimate(u64 sm_k, u64 n, u64 k, u64 ke) {
     return sm_k + iid_bytes(k, n) + iid_bytes(ke, k) + ke + 300;
 }
 
+// One pass of from_histogram's rounding: `diff` (PROB_SCALE minus the sum) moved onto the
+// `no` present symbols in `order` (descending frequency), keeping each at 1 or more. Returns
+// what is left of it.
+template <class O> HD i64 move_rounding(u32* freq, const O* order, u32 no, i64 diff) {
+    for (u32 k = 0; k < no && diff != 0; ++k) {
+        u32 s = order[k];
+        if (diff > 0) {
+            freq[s] += (u32)diff;
+            diff = 0;
+        } else if (freq[s] > 1) {
+            i64 take = (i64)(freq[s] - 1) < -diff ? (i64)(freq[s] - 1) : -diff;
+            freq[s] -= (u32)take;
+            diff += take;
+        }
+    }
+    return diff;
+}
 // rans::FreqTable::from_histogram: 12-bit frequencies, rounding error moved onto the largest.
 // One thread; the kernels use freq_from_hist_blk, and the host build tests it against this.
 HD void freq_from_hist(const u32* hist, u32* freq) {
@@ -505,17 +522,7 @@ HD void freq_from_hist(const u32* hist, u32* freq) {
             }
             order[j] = (u8)s;
         }
-        for (u32 k = 0; k < no && diff != 0; ++k) {
-            u32 s = order[k];
-            if (diff > 0) {
-                freq[s] += (u32)diff;
-                diff = 0;
-            } else if (freq[s] > 1) {
-                i64 take = (i64)(freq[s] - 1) < -diff ? (i64)(freq[s] - 1) : -diff;
-                freq[s] -= (u32)take;
-                diff += take;
-            }
-        }
+        diff = move_rounding(freq, order, no, diff);
     }
 }
 // freq_from_hist by the block, a symbol per thread in turn: the scaling; then, while the
@@ -565,21 +572,7 @@ HD void freq_from_hist_blk(Blk& b, FreqShm& fs, const u32* hist, u32* freq) {
             }
         });
         b.sync();
-        b.one([&] {
-            i64 diff = fs.diff;
-            for (u32 k = 0; k < fs.present && diff != 0; ++k) {
-                u32 s = fs.order[k];
-                if (diff > 0) {
-                    freq[s] += (u32)diff;
-                    diff = 0;
-                } else if (freq[s] > 1) {
-                    i64 take = (i64)(freq[s] - 1) < -diff ? (i64)(freq[s] - 1) : -diff;
-                    freq[s] -= (u32)take;
-                    diff += take;
-                }
-            }
-            fs.diff = diff;
-        });
+        b.one([&] { fs.diff = move_rounding(freq, fs.order, fs.present, fs.diff); });
         b.sync();
     }
 }
