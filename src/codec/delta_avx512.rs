@@ -118,22 +118,10 @@ mod imp {
     /// core: Delta decode 4-14% faster).
     const AHEAD: usize = 2048;
 
-    /// Ask for the lines of `bytes` bytes from `at` elements of `size` bytes into `p` (to write
-    /// them, with `WRITE`). A prefetch never faults: its address is computed with wrapping
-    /// arithmetic and never dereferenced, and past the end it is only wasted.
+    /// `simd::prefetch_lines` of `bytes` bytes from element `at` (of `size` bytes) of `p`.
     #[inline(always)]
     fn prefetch<const WRITE: bool>(p: *const u8, at: usize, size: usize, bytes: usize) {
-        let start = p.wrapping_add(at * size);
-        for line in (0..bytes).step_by(64) {
-            // SAFETY: a prefetch is a hint: it reads and writes nothing.
-            unsafe {
-                if WRITE {
-                    _mm_prefetch::<_MM_HINT_ET0>(start.wrapping_add(line) as *const i8);
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line) as *const i8);
-                }
-            }
-        }
+        super::super::simd::prefetch_lines::<WRITE>(p.wrapping_add(at * size), bytes);
     }
 
     #[inline]

@@ -383,22 +383,13 @@ fn decode_on<L: Layout>(
 /// 7-11% faster with 4096, less with 2048 or 8192).
 const PREFETCH: usize = 4096;
 
-/// Ask for the lines of the next block `PREFETCH` bytes on in `prev` (to read) and `out` (to
-/// write), for a block of 64 values of `vsize` bytes. Prefetches never fault: past the end of
-/// the slices they are only wasted.
+/// Ask for the lines of the block `PREFETCH` bytes on in `prev` (to read) and `out` (to
+/// write), for a block of 64 values of `vsize` bytes (`simd::prefetch_lines`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch_ahead(prev: &[u8], out: &[u8], vsize: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
-    for line in 0..vsize {
-        let off = PREFETCH + 64 * line;
-        // SAFETY: a prefetch only hints; it reads nothing and never faults (the addresses are
-        // computed with wrapping arithmetic, never dereferenced).
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(prev.as_ptr().wrapping_add(off) as *const i8);
-            _mm_prefetch::<_MM_HINT_ET0>(out.as_ptr().wrapping_add(off) as *const i8);
-        }
-    }
+    simd::prefetch_lines::<false>(prev.as_ptr().wrapping_add(PREFETCH), 64 * vsize);
+    simd::prefetch_lines::<true>(out.as_ptr().wrapping_add(PREFETCH), 64 * vsize);
 }
 
 /// Where a Hybrid decode stands: bytes of `sm` consumed, changed values and exponents seen.
@@ -791,6 +782,7 @@ mod avx512 {
     use super::{append_exp_bits, bad_exception, exp_lanes, repeats_cached, Cursor};
     use crate::codec::error::{CodecError, Result};
     use crate::codec::float::{Bf16, Layout, F32};
+    use crate::codec::simd::prefetch_lines;
 
     /// Byte masks of one vector's values from their lane mask `m`: (the sm bytes, the high
     /// byte). bf16: 32 lanes of 2 bytes; fp32: 16 lanes of 4 bytes.
@@ -853,8 +845,8 @@ mod avx512 {
                     let (mut a, mut e) = (0u64, 0u64);
                     for h in 0..2 {
                         let off = 128 * b + 64 * h;
-                        _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(off + PF) as *const i8);
-                        _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(off + PF) as *const i8);
+                        prefetch_lines::<false>(ip.wrapping_add(off + PF), 64);
+                        prefetch_lines::<false>(pp.wrapping_add(off + PF), 64);
                         let x = _mm512_loadu_si512(ip.add(off) as *const _);
                         let p = _mm512_loadu_si512(pp.add(off) as *const _);
                         a |= (_mm512_cmpneq_epi16_mask(x, p) as u64) << (32 * h);
@@ -870,8 +862,8 @@ mod avx512 {
                     let (mut a, mut e) = (0u64, 0u64);
                     for q in 0..4 {
                         let off = 256 * b + 64 * q;
-                        _mm_prefetch::<_MM_HINT_T0>(ip.wrapping_add(off + PF) as *const i8);
-                        _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(off + PF) as *const i8);
+                        prefetch_lines::<false>(ip.wrapping_add(off + PF), 64);
+                        prefetch_lines::<false>(pp.wrapping_add(off + PF), 64);
                         let x = _mm512_loadu_si512(ip.add(off) as *const _);
                         let p = _mm512_loadu_si512(pp.add(off) as *const _);
                         a |= (_mm512_cmpneq_epi32_mask(x, p) as u64) << (16 * q);

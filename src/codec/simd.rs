@@ -33,6 +33,28 @@ pub(super) fn enabled() -> bool {
     }
 }
 
+/// Ask for the cache lines of the `bytes` bytes at `p`, to read them or (`WRITE`) to write
+/// them: the values passes that work span by span or group by group call it for the lines
+/// they will need next, where the hardware prefetchers lose the streams. A prefetch is a
+/// hint: it reads and writes nothing and never faults, so `p` may point anywhere (callers
+/// compute it with wrapping arithmetic; past the end of their data it is only wasted).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) fn prefetch_lines<const WRITE: bool>(p: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+    for line in (0..bytes).step_by(64) {
+        let at = p.wrapping_add(line) as *const i8;
+        // SAFETY: a prefetch only hints (see above); SSE is part of x86-64.
+        unsafe {
+            if WRITE {
+                _mm_prefetch::<_MM_HINT_ET0>(at);
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(at);
+            }
+        }
+    }
+}
+
 /// Whether the Exp fast paths apply to `L` (bf16 or fp32, AVX2); and whether it is fp32.
 fn exp_fast_path<L: Layout>() -> Option<bool> {
     let f32 = match L::DTYPE {
