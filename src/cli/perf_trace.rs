@@ -31,7 +31,7 @@ Replays a real training trace through the compressed Allgather and checks every 
   -b / -e / -f SIZE    total gathered sizes, as in `ciera perf` (default 16M..16M); the tensor is
                        tiled to the size
   -i, --iters N        timed calls per window, size and mode (default 10)
-  -w, --warmup N       untimed calls first, the cache-filling one included (default 3)
+  -w, --warmup N       untimed calls first, those that fill caches included (default 3)
   --modes LIST         comma list of: auto (the configuration users get: CIERA_COMPRESS and
                        CIERA_CACHE_MODE as set, auto by default; the row says what it chose),
                        raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
@@ -370,7 +370,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 comm.algo_for(o.max_bytes / n / es, dtype)
             );
             println!(
-                "#   iters {}, warmup {} (the first fills the caches), every bit checked",
+                "#   iters {}, warmup {} (caches filled among them), every bit checked",
                 o.iters, o.warmup
             );
             println!(
@@ -578,7 +578,7 @@ fn run_model(o: &Opts, layers: usize) -> Result<u64> {
                 comm.config().transport
             );
             println!(
-                "#   iters {}, warmup {} (the first fills the caches), every bit checked; CIERA_CACHE_MB {} MiB",
+                "#   iters {}, warmup {} (caches filled among them), every bit checked; CIERA_CACHE_MB {} MiB",
                 o.iters,
                 o.warmup,
                 budget >> 20

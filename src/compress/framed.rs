@@ -94,6 +94,83 @@ impl Compressor {
         Ok((report, held))
     }
 
+    /// After a raw call of an unfilled `auto` policy (its first, or the last of a back-off):
+    /// keep the first `predict::SAMPLE_ELEMS` elements of this rank's shard (`own`), what the
+    /// next call's calibration codes its shard against (a copy of 512 KiB of bf16 at most).
+    pub(super) fn keep_sample(&mut self, pkey: SlotKey, key: SlotKey, own: &[u8], dtype: DType) {
+        let m = (own.len() / dtype.size()).min(super::predict::SAMPLE_ELEMS) * dtype.size();
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        p.prev_sample = Some((key, own[..m].to_vec()));
+    }
+
+    /// After the prediction at a raw probe of an unfilled policy: fill every rank's caches of
+    /// every source from the probe's result (`recv`), in the cache mode decided, unless the
+    /// prediction sent the tensor raw (it stays unfilled) or waits for a second probe. Every
+    /// rank decides alike (agreed prediction), and fills at the same agreed versions.
+    pub(super) fn fill_if_decided(
+        &mut self,
+        engine: &Engine,
+        key: SlotKey,
+        pkey: SlotKey,
+        recv: &[u8],
+        count: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        if !p.unfilled || p.deferred.is_some() {
+            return Ok(());
+        }
+        p.prev_sample = None;
+        let Some(mode) = p.mode.filter(|_| p.stats.calls >= p.raw_until) else {
+            return Ok(());
+        };
+        p.unfilled = false;
+        p.refill = false;
+        p.convert_to = None;
+        let n = engine.size();
+        let need = caches_bytes(n, count, dtype, mode);
+        self.stats.evictions += self
+            .store
+            .evict_to(self.config.cache_bytes.saturating_sub(need));
+        let t = Instant::now();
+        let srcs: Vec<usize> = (0..n).collect();
+        let held = self.fill_from_result(engine.rank(), key, mode, recv, &srcs, count, dtype)?;
+        tracing::info!(
+            slot = key.id,
+            count,
+            dtype = %dtype,
+            ?mode,
+            fill_ms = t.elapsed().as_secs_f64() * 1e3,
+            cache_bytes = need,
+            "predicted: compression may pay for this tensor; every cache filled from the probe's result"
+        );
+        self.policies
+            .get_mut(&pkey)
+            .expect("policy of the call")
+            .held = held;
+        Ok(())
+    }
+
+    /// A policy that goes raw for a back-off drops its caches of the tensor (this rank's own,
+    /// by `key`, and every source's it held after the last call; alike on every rank): they
+    /// would be a back-off old when it compresses again, and their memory serves other
+    /// tensors meanwhile. The probe that ends the back-off calibrates against a sample kept
+    /// at the call before it, and fills them again if compression is still predicted to pay.
+    pub(super) fn drop_caches(&mut self, pkey: SlotKey, key: SlotKey, me: usize) {
+        let p = self.policies.get_mut(&pkey).expect("policy of the call");
+        let held = std::mem::take(&mut p.held);
+        p.unfilled = true;
+        p.recalibrate = true;
+        p.refill = false;
+        p.convert_to = None;
+        for (src, version) in held {
+            if src != me {
+                self.store.take(src, version);
+            }
+        }
+        self.store.take_own(&key);
+    }
+
     /// Fill this rank's cache of each of `srcs` from their blocks of `recv` (a result every rank
     /// holds alike), replacing any it held; then evict to the budget. Returns the (source,
     /// version) of each cache filled.
@@ -512,6 +589,26 @@ impl Compressor {
             return Ok(report(false));
         }
         if mode == CompressMode::Auto && !all_fill {
+            // The model's error (`Compressor::model_error`), from a level's second call on (a
+            // level's first call after a fill or a move is slower: buffers first touched).
+            // Its least time from this call's wire (the raw baseline scaled by it) and the
+            // level's predicted codec, where both are known.
+            let codec = p.prediction.and_then(|q| q.codec[p.call_level]);
+            let least = match (p.raw_time, codec) {
+                (Some(r), Some(_)) if raw > 0 => {
+                    p.least_of(Some(r.mul_f64(wire as f64 / raw as f64)), p.call_level)
+                }
+                _ => None,
+            }
+            .filter(|l| !l.is_zero());
+            if let (Some(_), Some(least)) = (p.level_time[p.call_level], least) {
+                let ratio = (slowest.as_secs_f64() / least.as_secs_f64()).max(1.0);
+                let e = self
+                    .model_error
+                    .entry(super::size_class(raw))
+                    .or_insert(ratio);
+                *e = e.min(ratio);
+            }
             // A cache of one level (an exponent cache) is timed too: its time against the raw
             // baseline sets how often raw is probed (`raw_probe_period`).
             p.level_time[p.call_level] = Some(super::smoothed(p.level_time[p.call_level], slowest));
@@ -614,6 +711,7 @@ impl Compressor {
                         p.backoff
                     );
                     p.backoff = (p.backoff * 2).min(1 << 16);
+                    self.drop_caches(pkey, key, me);
                 }
             }
         }

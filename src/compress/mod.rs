@@ -17,15 +17,19 @@
 //! Decisions (`CIERA_COMPRESS=auto`, the default):
 //! - raw: types the codec does not compress, shards below `min_shard_bytes`, latency-bound
 //!   algorithms (not the ring or the hierarchical rings), and tensors whose caches alone exceed the budget;
-//! - the first call of a policy is a raw *fill*: an uncompressed allgather, after which every
-//!   rank fills its caches of every source from the result (a raw call plus a copy);
+//! - the first call of a policy is raw and keeps a sample of this rank's shard (`keep_sample`);
 //! - the second is a timed raw call (the baseline; one call in 64 is again, to keep it
 //!   current); where the prediction made at it (below) finds compression not far ahead of
 //!   raw, the third is a second raw probe and the prediction is made with the faster of the
-//!   two (the second call is often slow: buffers first touched, TCP windows after the fill);
+//!   two (the second call is often slow: buffers first touched, TCP windows after an idle
+//!   gap). The probe that makes the prediction fills every rank's caches of every source from
+//!   its result, in the cache mode decided, unless it sends the tensor raw
+//!   (`fill_if_decided`): a tensor that never compresses never holds a cache. Under `on` the
+//!   first call is a raw *fill* instead (a raw call plus a copy into every cache);
 //! - then delta calls; each one's time (slowest rank) is compared with the raw baseline
 //!   (slowest rank); after two in a row that are not at least 5% faster, the policy goes raw
-//!   for a back-off period (256 calls, doubling each time) and is re-probed after it. A policy
+//!   for a back-off period (256 calls, doubling each time), drops its caches (`drop_caches`),
+//!   and is re-probed and recalibrated after it (against a sample kept at the call before). A policy
 //!   with several frame levels (below) is judged by its fastest level, once each is timed.
 //!   A delta or full-value cache the default chose then tries an exponent cache once (two
 //!   calls after a refill; kept if as fast as its own best level, see `Trial`), and when even
@@ -47,7 +51,8 @@
 //!   scaled by its frame bytes) and its codec work (each rank's, on the cores of its host),
 //!   picks the level to start at, moves to an exponent cache or skips its trial, and sends a
 //!   tensor raw at once when even the best choice is predicted 25% slower than raw (then
-//!   recalibrated after the back-off).
+//!   recalibrated after the back-off), its least times weighed by the model's error measured
+//!   on this communicator's earlier calls of that size (`Compressor::model_error`).
 //! - A new regime is predicted again (`Policy::drift`): when a level's wire moves more than
 //!   `RECALIBRATE_DRIFT` from its first call after the last prediction (the learning rate fell,
 //!   the ratios rose), the next compressed call codes the sample before it encodes and the
@@ -87,7 +92,7 @@ mod stats;
 mod store;
 mod verify;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use crate::codec::{CacheMode, FrameChoice};
@@ -171,6 +176,14 @@ struct Policy {
     promotable: bool,
     /// The one trial of an exponent cache a default delta / full-value cache makes.
     trial: Trial,
+    /// An `auto` policy holds no caches until a prediction says compression may pay (its
+    /// first call, and every back-off, leaves it without): the raw probe that decides so fills
+    /// them from its result, in the mode decided (`Compressor::fill_if_decided`).
+    unfilled: bool,
+    /// This rank's first `predict::SAMPLE_ELEMS` elements of its shard at the raw call before a
+    /// calibrating probe of an unfilled policy, with the key of that call (an inferred-key
+    /// policy serves several tensors): what the probe's calibration codes against.
+    prev_sample: Option<(SlotKey, Vec<u8>)>,
     stats: SlotStats,
 }
 
@@ -204,6 +217,8 @@ impl Policy {
             default_mode,
             promotable: false,
             trial: Trial::NotYet,
+            unfilled: false,
+            prev_sample: None,
             stats: SlotStats::default(),
         }
     }
@@ -253,10 +268,14 @@ impl Policy {
         self.level_wire = remap(self.level_wire, map);
         self.wire_scale = remap(self.wire_scale, map);
         if let Some(p) = self.prediction.as_mut() {
-            let (w, c) = (
+            let (mut w, mut c) = (
                 remap([p.wire[0], p.wire[1], p.wire[2]], map),
                 remap([p.codec[0], p.codec[1], p.codec[2]], map),
             );
+            if mode == CacheMode::Exponent {
+                // An exponent cache's one level is the prediction's exponent-cache choice.
+                (w[2], c[2]) = (p.wire[predict::EXP_CACHE], p.codec[predict::EXP_CACHE]);
+            }
             p.wire[..3].copy_from_slice(&w);
             p.codec[..3].copy_from_slice(&c);
         }
@@ -411,6 +430,20 @@ pub struct Compressor {
     store: Store,
     policies: HashMap<SlotKey, Policy>,
     clock: u64,
+    /// How far this communicator's compressed calls fell short of their predicted least
+    /// times, per size class of the gathered tensor (`size_class`): the smallest ratio of a
+    /// call's agreed time to its level's least time (its wire, as measured, and its predicted
+    /// codec) seen so far, at least 1. What the model leaves out (the pipeline's copies and
+    /// hand-offs, a codec slower on a whole shard than on the cache-warm sample, cores shared
+    /// with the transport, a call's fixed costs) is a property of the host, its links and the
+    /// size of a call, not of one tensor: a later policy's raw decision weighs its least times
+    /// by its class's (`predict::decide`), so that what one tensor measured to lose is not
+    /// tried again on every other of its size. By size: fixed costs weigh on a small call
+    /// (4 ranks on 2 cores, shm, 1 MiB shards: 7.7x its least time) as they do not on a large
+    /// one (16 MiB, TCP: 2.2-2.4x), where the small one's would send a tensor raw that
+    /// compression speeds up. Agreed: times and predictions are, and every rank sees the
+    /// calls in the same order.
+    model_error: BTreeMap<u32, f64>,
     stats: Stats,
 }
 
@@ -432,6 +465,24 @@ const RECALIBRATE_MAX_CALLS: u64 = 256;
 /// A compressed call slower than this share of the raw baseline is a slow one (two in a row
 /// and the policy moves on).
 const SLOW_SHARE: f64 = 0.95;
+
+/// This rank's shard of a call: its send buffer, or its block of the result in place
+/// (`shard`: bytes per rank).
+fn own_shard<'a>(
+    engine: &Engine,
+    send: Option<&'a [u8]>,
+    recv: &'a [u8],
+    shard: usize,
+) -> &'a [u8] {
+    let me = engine.rank();
+    send.unwrap_or(&recv[me * shard..(me + 1) * shard])
+}
+
+/// The size class of a call gathering `raw_bytes` (every rank's shard): the power of two at or
+/// below it, as its exponent (`Compressor::model_error`).
+fn size_class(raw_bytes: u64) -> u32 {
+    raw_bytes.max(1).ilog2()
+}
 
 /// Whether a compressed call's time `t` is slow against the raw baseline `raw` (`SLOW_SHARE`).
 fn slow(t: Duration, raw: Duration) -> bool {
@@ -456,6 +507,7 @@ impl Compressor {
             store: Store::default(),
             policies: HashMap::new(),
             clock: 0,
+            model_error: BTreeMap::new(),
             stats: Stats::default(),
         }
     }
@@ -464,6 +516,7 @@ impl Compressor {
         let mut s = self.stats.clone();
         s.cache_bytes = self.store.bytes();
         s.slots = self.store.len();
+        s.model_error = self.model_error.iter().map(|(&c, &e)| (c, e)).collect();
         s
     }
 
@@ -600,11 +653,24 @@ impl Compressor {
         };
         p.stats.calls += 1;
         let calls = p.stats.calls;
+        if calls == 1 && mode == CompressMode::Auto {
+            // The first call of an `auto` policy travels raw and keeps a sample of this rank's
+            // shard: the next call, a raw probe, calibrates against it and fills the caches
+            // only where the prediction says compression may pay. A tensor on a link faster
+            // than the codec then never pays for caches (their page faults and copy took
+            // 25-30 ms against a 28 ms first call: 4 ranks on 2 cores, 16 MiB bf16, delta
+            // caches of 25 MB a rank) nor holds them.
+            p.unfilled = true;
+            p.stats.raw_calls += 1;
+            let r = self.raw(engine, send, recv, count, dtype)?;
+            self.keep_sample(pkey, key, own_shard(engine, send, recv, shard), dtype);
+            return Ok(r);
+        }
         if calls == 1 || p.refill {
-            // The first call of a policy travels raw and every rank fills its caches of every
-            // source from the result: costs a raw call plus a copy, where FILL frames would
-            // copy each shard through the codec on both sides. So does the first call after a
-            // move to another cache mode.
+            // The first call of a policy compressing by force (`on`) travels raw and every
+            // rank fills its caches of every source from the result: costs a raw call plus a
+            // copy, where FILL frames would copy each shard through the codec on both sides.
+            // So does the first call after a move to another cache mode.
             p.refill = false;
             p.convert_to = None;
             p.stats.fill_calls += 1;
@@ -617,7 +683,14 @@ impl Compressor {
         }
         if calls < p.raw_until {
             p.stats.raw_calls += 1;
-            return self.raw(engine, send, recv, count, dtype);
+            // The call before the probe that ends a back-off keeps the sample that probe
+            // calibrates against (the policy dropped its caches when it went raw).
+            let sample = p.unfilled && calls + 1 == p.raw_until;
+            let r = self.raw(engine, send, recv, count, dtype)?;
+            if sample {
+                self.keep_sample(pkey, key, own_shard(engine, send, recv, shard), dtype);
+            }
+            return Ok(r);
         }
         if let Some((sample, first)) = p.deferred.take() {
             // The second raw probe of a close first prediction (`predict::CONFIRM_SHARE`):
@@ -637,6 +710,7 @@ impl Compressor {
                 &sample,
                 Some(first),
             )?;
+            self.fill_if_decided(engine, key, pkey, recv, count, dtype)?;
             return Ok(r);
         }
         // In auto mode the raw baseline comes from timed raw calls: the second call of a
@@ -657,6 +731,7 @@ impl Compressor {
             let took = t.elapsed();
             if calibrate {
                 self.predict(engine, key, pkey, new_mode, recv, count, dtype, took)?;
+                self.fill_if_decided(engine, key, pkey, recv, count, dtype)?;
             } else {
                 let p = self.policies.get_mut(&pkey).expect("exists");
                 p.pending_raw = Some(took);

@@ -62,7 +62,8 @@ pub(super) fn calibrate(
     let count = input.len() / size;
     let m = count.min(SAMPLE_ELEMS);
     let mut out = Sample::default();
-    if m == 0 || cached.len() != input.len() {
+    // `cached`: the previous values of the whole shard (a cache's), or of its sample alone.
+    if m == 0 || cached.len() < m * size || cached.len() > input.len() {
         return out;
     }
     let scale = count as f64 / m as f64;
@@ -75,12 +76,16 @@ pub(super) fn calibrate(
     let mut decoded = vec![0u8; m * size];
     for (i, cache) in choices {
         let (mut enc, mut dec, mut bytes) = (f64::INFINITY, f64::INFINITY, None);
+        // One pair of slots for both runs (their memory faulted in once): the second run
+        // starts them cold again.
+        let mut tx = CacheSlot::new(dtype, cache, m);
+        let mut rx = CacheSlot::new(dtype, cache, m);
+        if i < EXP_CACHE {
+            tx.set_frame_choice(LEVEL_CHOICES[i]);
+        }
         for _ in 0..2 {
-            let mut tx = CacheSlot::new(dtype, cache, m);
-            let mut rx = CacheSlot::new(dtype, cache, m);
-            if i < EXP_CACHE {
-                tx.set_frame_choice(LEVEL_CHOICES[i]);
-            }
+            tx.poison();
+            rx.poison();
             frame.clear();
             // FILL frames set both slots to the previous values, as the real caches hold.
             if tx.encode(old, &mut frame).is_err() || rx.decode(&frame, &mut decoded).is_err() {
@@ -267,14 +272,17 @@ pub(super) enum Decision {
 
 /// The decision from the least and the expected times of each choice (`least[l]`,
 /// `expected[l]` for the cache's `levels`, `[EXP_CACHE]` for an exponent cache, weighed only
-/// with `exp_cache`) and the raw time: raw only when even the least time loses; otherwise where
-/// to start, by expected time. Ties go to the heavier level (the smaller wire).
+/// with `exp_cache`) and the raw time: raw only when even the least time, times `error` (how
+/// far the communicator's measured calls of this size fell short of theirs, at least 1:
+/// `Compressor::model_error`), loses; otherwise where to start, by expected time. Ties go to
+/// the heavier level (the smaller wire).
 pub(super) fn decide(
     least: &[Option<Duration>; 4],
     expected: &[Option<Duration>; 4],
     levels: &[usize],
     exp_cache: bool,
     raw: Duration,
+    error: f64,
 ) -> Decision {
     let best_level = levels
         .iter()
@@ -287,8 +295,8 @@ pub(super) fn decide(
         return Decision::Unknown;
     };
     match best_least(least, levels, exp_cache) {
-        Some(best) if known && best.as_secs_f64() > RAW_MARGIN * raw.as_secs_f64() => {
-            Decision::Raw(best)
+        Some(best) if known && best.as_secs_f64() * error > RAW_MARGIN * raw.as_secs_f64() => {
+            Decision::Raw(best.mul_f64(error))
         }
         _ if exp.is_some_and(|e| e.as_secs_f64() < t.as_secs_f64() / 1.05) => {
             Decision::ExponentCache
@@ -348,13 +356,21 @@ impl super::Compressor {
         let shard = count * dtype.size();
         let input = &recv[me * shard..(me + 1) * shard];
         let own = self.store.take_own(&key);
-        let sample = self.sample(
-            pkey,
-            mode,
-            own.as_ref().and_then(|l| l.slot.values()),
-            input,
-            dtype,
-        );
+        // An unfilled policy calibrates against the sample its previous call kept (of this
+        // tensor: an inferred-key policy serves several).
+        let kept = self
+            .policies
+            .get_mut(&pkey)
+            .expect("policy of the call")
+            .prev_sample
+            .take()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| v);
+        let cached = own
+            .as_ref()
+            .and_then(|l| l.slot.values())
+            .or(kept.as_deref());
+        let sample = self.sample(pkey, mode, cached, input, dtype);
         if let Some(l) = own {
             self.store.put(me, l, Some(key));
         }
@@ -414,9 +430,17 @@ impl super::Compressor {
         }
         let raw_bytes = (n * shard) as u64;
         let least: [Option<Duration>; 4] = std::array::from_fn(|i| pred.least(i, raw_bytes));
+        let error = self
+            .model_error
+            .get(&super::size_class(raw_bytes))
+            .copied()
+            .unwrap_or(1.0);
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let best = best_least(&least, levels, exp_cache);
-        if first.is_none() && p.raw_probes == 0 && not_far_ahead(best, pred.raw) {
+        if first.is_none()
+            && p.raw_probes == 0
+            && not_far_ahead(best.map(|b| b.mul_f64(error)), pred.raw)
+        {
             // Agreed (every rank holds the same prediction): the next call probes raw again.
             tracing::info!(
                 slot = key.id,
@@ -455,11 +479,13 @@ impl super::Compressor {
             raw_ms = pred.raw.as_secs_f64() * 1e3,
             levels_ms = ?levels.iter().map(|&l| ms(least[l])).collect::<Vec<_>>(),
             exp_cache_ms = ?ms(exp_cache.then_some(least[EXP_CACHE]).flatten()),
+            model_error = error,
             "predicted least call times ({:?} cache, levels {:?})",
             mode,
             levels.iter().map(|&l| LEVEL_CHOICES[l]).collect::<Vec<_>>()
         );
-        let decision = decide(&least, &expected, levels, exp_cache, pred.raw);
+        let decision = decide(&least, &expected, levels, exp_cache, pred.raw, error);
+        let mut drop = false;
         let promote =
             promoting && decision == Decision::Level(2) && delta_clearly_fastest(&expected);
         if promoting {
@@ -478,6 +504,7 @@ impl super::Compressor {
             Decision::Raw(best) => {
                 p.raw_until = p.stats.calls + p.backoff;
                 p.recalibrate = true;
+                drop = true;
                 p.stats.predicted_raw += 1;
                 tracing::info!(
                     slot = key.id,
@@ -507,6 +534,11 @@ impl super::Compressor {
                 };
             }
             Decision::Unknown => {}
+        }
+        if drop {
+            // Raw for a back-off: caches it holds (a new regime predicted) go, as after slow
+            // calls (`drop_caches`); an unfilled policy holds none.
+            self.drop_caches(pkey, key, engine.rank());
         }
         Ok(())
     }
@@ -608,35 +640,57 @@ mod tests {
         let all = &[0, 1, 2];
         // 1 Gbit/s: Delta frames fastest; an exponent cache's wire (210 ms) cannot beat them.
         let at_1g = [ms(210), ms(180), ms(80), ms(210)];
-        assert_eq!(decide(&at_1g, &at_1g, all, true, raw), Decision::Level(2));
+        assert_eq!(
+            decide(&at_1g, &at_1g, all, true, raw, 1.0),
+            Decision::Level(2)
+        );
         // Without an exponent cache to weigh: the same start.
-        assert_eq!(decide(&at_1g, &at_1g, all, false, raw), Decision::Level(2));
+        assert_eq!(
+            decide(&at_1g, &at_1g, all, false, raw, 1.0),
+            Decision::Level(2)
+        );
         // A fast link where the codec sets the time: Exp or Hybrid first, the trial still open
         // (an exponent cache's 60 ms is within 5% of 62 ms); more than 5% faster: moved to.
         let fast = [ms(70), ms(62), ms(120), ms(60)];
-        assert_eq!(decide(&fast, &fast, all, true, raw), Decision::Level(1));
+        assert_eq!(
+            decide(&fast, &fast, all, true, raw, 1.0),
+            Decision::Level(1)
+        );
         let fast = [ms(70), ms(62), ms(120), ms(50)];
         assert_eq!(
-            decide(&fast, &fast, all, true, raw),
+            decide(&fast, &fast, all, true, raw, 1.0),
             Decision::ExponentCache
         );
         // Everything more than 25% slower than raw: raw, untried. Within 25%: measured.
         let slow = [ms(30), ms(60), ms(90), ms(26)];
         let r = Duration::from_millis(20);
         assert_eq!(
-            decide(&slow, &slow, all, true, r),
+            decide(&slow, &slow, all, true, r, 1.0),
             Decision::Raw(Duration::from_millis(26))
         );
         let r = Duration::from_millis(21);
-        assert_eq!(decide(&slow, &slow, all, true, r), Decision::ExponentCache);
+        assert_eq!(
+            decide(&slow, &slow, all, true, r, 1.0),
+            Decision::ExponentCache
+        );
+        // Where the communicator's calls measured 1.6x their least times, 26 ms is 41.6 ms:
+        // raw even against 33 ms; not against 34 ms (41.6 < 1.25 x 34).
+        assert_eq!(
+            decide(&slow, &slow, all, true, Duration::from_millis(33), 1.6),
+            Decision::Raw(Duration::from_micros(41_600))
+        );
+        assert_eq!(
+            decide(&slow, &slow, all, true, Duration::from_millis(34), 1.6),
+            Decision::ExponentCache
+        );
         // A choice not predicted (a failed sample): never raw untried.
         let partial = [ms(30), None, ms(90), ms(26)];
         assert_eq!(
-            decide(&partial, &partial, all, true, Duration::from_millis(1)),
+            decide(&partial, &partial, all, true, Duration::from_millis(1), 1.0),
             Decision::ExponentCache
         );
         assert_eq!(
-            decide(&[None; 4], &[None; 4], all, true, raw),
+            decide(&[None; 4], &[None; 4], all, true, raw, 1.0),
             Decision::Unknown
         );
         // Where the codec binds, the start is chosen by expected time (the codec 1.5x longer):
@@ -652,14 +706,17 @@ mod tests {
         ] {
             let r = Duration::from_millis(raw_ms);
             assert_eq!(
-                decide(&least_5g, &expected_5g, all, true, r),
+                decide(&least_5g, &expected_5g, all, true, r, 1.0),
                 want,
                 "{raw_ms}"
             );
         }
         // Ties: the heavier level.
         let tie = [ms(50), None, ms(50), None];
-        assert_eq!(decide(&tie, &tie, &[0, 2], false, raw), Decision::Level(2));
+        assert_eq!(
+            decide(&tie, &tie, &[0, 2], false, raw, 1.0),
+            Decision::Level(2)
+        );
     }
 
     #[test]

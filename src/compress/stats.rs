@@ -123,6 +123,11 @@ pub struct Stats {
     /// Cache slots held (one per source rank and tensor).
     pub slots: usize,
     pub evictions: u64,
+    /// How far this communicator's compressed calls fell short of their predicted least times,
+    /// per size class: (log2 of the bytes a call gathers, rounded down; the smallest ratio
+    /// measured at that size, at least 1), by class. Later predictions of that size are
+    /// weighed by it. The same on every rank.
+    pub model_error: Vec<(u32, f64)>,
 }
 
 impl Stats {

@@ -1,0 +1,186 @@
+//! How an `auto` policy starts, over real processes (shm and TCP, 3 ranks): its first call is
+//! raw and fills no cache; the raw probe after it predicts, and fills the caches from its own
+//! result only where compression may pay, so no compressed call of a tensor whose buffers stay
+//! put ever sends FILL frames (a miss); a tensor predicted raw, and never compressed, holds no
+//! cache at all. Whether compression pays is a matter of this host's timings, so each run
+//! reports which way its prediction went and the test checks what must hold either way, on
+//! two tensors: one that drifts by a few ulps (compression likely pays) and one of fresh random
+//! bits every call (it cannot). Each rank gathers two such tensors in turn, so that the second
+//! meets the model's error the first one measured (`Stats::model_error`, by size: both are of one). Every result is
+//! checked bit for bit.
+
+#[path = "common/comm_harness.rs"]
+mod harness;
+
+use ciera::comm::{Communicator, Config};
+use ciera::compress::{CallKind, CompressMode, GatherOptions};
+use ciera::DType;
+use harness::*;
+
+const CALLS: u64 = 24;
+const COUNT: usize = 1 << 19;
+
+/// Rank `rank`'s shard at `call`: bf16 values that drift (a few ulps in one element in 16
+/// each call) or random bits.
+fn shard(rank: usize, call: u64, noise: bool) -> Vec<u8> {
+    let mut s = (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ call.wrapping_mul(0xD1B5);
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    (0..COUNT)
+        .flat_map(|i| {
+            let v = if noise {
+                next() as u16
+            } else {
+                let base = 0x3c00u16 + ((i * 31 + rank * 7) % 700) as u16;
+                base + ((i % 16 == 0) as u64 * (call % 3)) as u16
+            };
+            v.to_le_bytes()
+        })
+        .collect()
+}
+
+fn role_start() {
+    let mut comm = Communicator::from_env(Config::from_env().unwrap()).expect("communicator");
+    let rank = comm.rank();
+    let noise = std::env::var("CIERA_TEST_KIND").as_deref() == Ok("noise");
+    for key in [7, 8] {
+        let line = gather_tensor(&mut comm, key, noise);
+        report(&format!("rank={rank} key={key} {line}"));
+    }
+}
+
+/// CALLS calls of one tensor (its own key) in `auto` mode: what the test checks of them.
+fn gather_tensor(comm: &mut Communicator, key: u64, noise: bool) -> String {
+    let (rank, n) = (comm.rank(), comm.size());
+    let opts = GatherOptions {
+        key: Some(key),
+        compress: Some(CompressMode::Auto),
+        ..GatherOptions::default()
+    };
+    let cache_before = comm.compress_stats().cache_bytes;
+    let (mut wrong, mut first_cache, mut delta_misses) = (0, usize::MAX, 0);
+    let mut kinds = String::new();
+    for call in 0..CALLS {
+        let want: Vec<u8> = (0..n).flat_map(|r| shard(r, call, noise)).collect();
+        let mine = shard(rank, call, noise);
+        let mut recv = vec![0xA5u8; want.len()];
+        let r = comm
+            .all_gather_with(Some(&mine), &mut recv, COUNT, DType::BF16, &opts)
+            .unwrap_or_else(|e| panic!("rank {rank} key {key} call {call}: {e}"));
+        wrong += u64::from(recv != want);
+        if call == 0 {
+            // This tensor's caches: what the store holds beyond the ones it held before.
+            first_cache = comm
+                .compress_stats()
+                .cache_bytes
+                .saturating_sub(cache_before);
+        }
+        if r.kind == CallKind::Delta {
+            delta_misses += r.misses;
+        }
+        kinds.push(match r.kind {
+            CallKind::Raw => 'R',
+            CallKind::Fill => 'F',
+            CallKind::Delta => 'D',
+        });
+    }
+    let (_, _, s) = comm
+        .slot_stats()
+        .into_iter()
+        .find(|(k, _, _)| k.id == key)
+        .expect("the tensor's policy");
+    let stats = comm.compress_stats();
+    format!(
+        "wrong={wrong} first_cache={first_cache} delta_misses={delta_misses} deltas={} \
+         predicted_raw={} end_cache={} model_error={:?} kinds={kinds}",
+        s.delta_calls,
+        s.predicted_raw,
+        // This tensor's caches at the end (the other tensor's are not touched meanwhile).
+        stats.cache_bytes as i64 - cache_before as i64,
+        stats
+            .model_error
+            .iter()
+            .map(|(c, e)| format!("2^{c}:{e:.2}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
+}
+
+#[test]
+fn rank_main() {
+    let Ok(role) = std::env::var("CIERA_TEST_ROLE") else {
+        return;
+    };
+    match role.as_str() {
+        "start" => role_start(),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn field(line: &str, key: &str) -> i64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} in {line}"))
+}
+
+#[test]
+fn an_auto_policy_fills_caches_only_once_compression_may_pay() {
+    for transport in ["shm", "tcp"] {
+        for kind in ["drift", "noise"] {
+            let out = launch(
+                3,
+                "start",
+                &[("CIERA_TRANSPORT", transport), ("CIERA_TEST_KIND", kind)],
+            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "{transport} {kind}: {}\n{err}",
+                out.status
+            );
+            let lines = result_lines(&err);
+            assert_eq!(lines.len(), 6, "{err}");
+            for line in &lines {
+                println!("{transport} {kind}: {line}");
+                assert_eq!(field(line, "wrong"), 0, "a wrong result: {line}");
+                assert_eq!(
+                    field(line, "first_cache"),
+                    0,
+                    "caches filled before any prediction: {line}"
+                );
+                assert!(
+                    line.contains("kinds=R"),
+                    "the first call must travel raw: {line}"
+                );
+                assert_eq!(
+                    field(line, "delta_misses"),
+                    0,
+                    "a compressed call sent FILL frames: the probe did not fill: {line}"
+                );
+                if field(line, "predicted_raw") > 0 && field(line, "deltas") == 0 {
+                    assert_eq!(
+                        field(line, "end_cache"),
+                        0,
+                        "a tensor predicted raw holds caches: {line}"
+                    );
+                }
+            }
+            // Every rank took the same path for each tensor (agreed decisions).
+            for key in ["key=7 ", "key=8 "] {
+                let kinds: Vec<&str> = lines
+                    .iter()
+                    .filter(|l| l.contains(key))
+                    .map(|l| l.split("kinds=").nth(1).unwrap())
+                    .collect();
+                assert_eq!(kinds.len(), 3, "{lines:?}");
+                assert!(kinds.iter().all(|k| *k == kinds[0]), "{kinds:?}");
+            }
+        }
+    }
+}
