@@ -650,3 +650,35 @@ pub fn decode_raw(frame_bytes: &[u8], out: &mut [u8]) -> Result<FrameInfo> {
     out.copy_from_slice(f.sections[0]);
     Ok(FrameInfo::of(&f, bytes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vectorised exponent fill gives each element's exponent field, as the per-element
+    /// definition does, for every type and for lengths that end mid-vector.
+    #[test]
+    fn exponent_fill_is_each_elements_field() {
+        fn check<L: Layout>() {
+            let mut s = 0x2545_F491_4F6C_DD1Du64;
+            let bytes: Vec<u8> = (0..4099 * L::BYTES)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            for n in [0, 1, 31, 64, 65, 1000, 4099] {
+                let values = &bytes[..n * L::BYTES];
+                let mut exps = vec![0xA5u8; n];
+                fill_exps::<L>(values, &mut exps);
+                let want: Vec<u8> = (0..n).map(|i| L::exp(L::load(values, i))).collect();
+                assert_eq!(exps, want, "{:?}, {n} elements", L::DTYPE);
+            }
+        }
+        check::<Bf16>();
+        check::<F16>();
+        check::<F32>();
+    }
+}
