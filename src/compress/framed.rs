@@ -50,10 +50,7 @@ impl Compressor {
         dtype: DType,
     ) -> Result<(CallReport, Vec<(usize, u64)>)> {
         let n = engine.size();
-        let need = caches_bytes(n, count, dtype, mode);
-        self.stats.evictions += self
-            .store
-            .evict_to(self.config.cache_bytes.saturating_sub(need));
+        let need = self.make_room(n, count, dtype, mode);
         let t = Instant::now();
         // The caches' memory is allocated and faulted in on a thread of its own while the
         // transfer runs (fresh memory costs page faults of the order of the copy itself).
@@ -94,6 +91,17 @@ impl Compressor {
         Ok((report, held))
     }
 
+    /// Evict (least recently used first, alike on every rank) until the caches of a tensor of
+    /// `count` elements from each of `n` sources, in `mode`, fit the budget beside the rest;
+    /// returns their bytes.
+    fn make_room(&mut self, n: usize, count: usize, dtype: DType, mode: CacheMode) -> usize {
+        let need = caches_bytes(n, count, dtype, mode);
+        self.stats.evictions += self
+            .store
+            .evict_to(self.config.cache_bytes.saturating_sub(need));
+        need
+    }
+
     /// After a raw call of an unfilled `auto` policy (its first, or the last of a back-off):
     /// keep the first `predict::SAMPLE_ELEMS` elements of this rank's shard (`own`), what the
     /// next call's calibration codes its shard against (a copy of 512 KiB of bf16 at most).
@@ -128,10 +136,7 @@ impl Compressor {
         p.refill = false;
         p.convert_to = None;
         let n = engine.size();
-        let need = caches_bytes(n, count, dtype, mode);
-        self.stats.evictions += self
-            .store
-            .evict_to(self.config.cache_bytes.saturating_sub(need));
+        let need = self.make_room(n, count, dtype, mode);
         let t = Instant::now();
         let srcs: Vec<usize> = (0..n).collect();
         let held = self.fill_from_result(engine.rank(), key, mode, recv, &srcs, count, dtype)?;
