@@ -796,6 +796,13 @@ fn auto_choice(comm: &Communicator, key: Option<u64>, compressed: u64, iters: us
     else {
         return "raw (no cache: type, size or budget)".into();
     };
+    if st.delta_calls == 0 && st.predicted_raw > 0 {
+        // Never filled: its caches wait for a prediction that compression may pay.
+        return format!(
+            "raw, predicted (compression cannot win here; no cache held); {} of {iters} timed calls raw",
+            iters as u64 - compressed
+        );
+    }
     let heavy = match (mode, st.frame_choice) {
         (_, Some(FrameChoice::Exp)) => ", Exp frames only",
         (CacheMode::Delta, Some(FrameChoice::NoDelta)) => ", Exp and Hybrid frames (no Delta)",
