@@ -141,9 +141,7 @@ pub fn decode_exp<L: Layout>(
             let mut es = [0u8; BLOCK];
             for (bi, b) in (0..n).step_by(BLOCK).enumerate() {
                 let len = BLOCK.min(n - b);
-                for (j, e) in es[..len].iter_mut().enumerate() {
-                    *e = L::exp(L::load(prev, b + j));
-                }
+                fill_exps::<L>(&prev[b * L::BYTES..(b + len) * L::BYTES], &mut es[..len]);
                 let mut t = masks[bi];
                 while t != 0 {
                     let j = t.trailing_zeros() as usize;
@@ -311,5 +309,59 @@ fn next_set(words: &[u64], from: usize) -> usize {
             return usize::MAX;
         }
         w = words[wi];
+    }
+}
+
+/// The exponent field of each of `values` into `exps` (as many as both hold): what an exponent
+/// cache keeps of values, and what the Exp decoder compares a full-value cache's with.
+pub fn fill_exps<L: Layout>(values: &[u8], exps: &mut [u8]) {
+    match L::BYTES {
+        // Whole elements as arrays: the compiler vectorises these loops (2-3x faster than
+        // indexing the bytes element by element).
+        2 => {
+            let (v, _) = values.as_chunks::<2>();
+            for (e, v) in exps.iter_mut().zip(v) {
+                *e = L::exp(u16::from_le_bytes(*v) as u32);
+            }
+        }
+        _ => {
+            let (v, _) = values.as_chunks::<4>();
+            for (e, v) in exps.iter_mut().zip(v) {
+                *e = L::exp(u32::from_le_bytes(*v));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::float::{Bf16, F16, F32};
+
+    /// The vectorised exponent fill gives each element's exponent field, as the per-element
+    /// definition does, for every type and for lengths that end mid-vector.
+    #[test]
+    fn exponent_fill_is_each_elements_field() {
+        fn check<L: Layout>() {
+            let mut s = 0x2545_F491_4F6C_DD1Du64;
+            let bytes: Vec<u8> = (0..4099 * L::BYTES)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            for n in [0, 1, 31, 64, 65, 1000, 4099] {
+                let values = &bytes[..n * L::BYTES];
+                let mut exps = vec![0xA5u8; n];
+                fill_exps::<L>(values, &mut exps);
+                let want: Vec<u8> = (0..n).map(|i| L::exp(L::load(values, i))).collect();
+                assert_eq!(exps, want, "{:?}, {n} elements", L::DTYPE);
+            }
+        }
+        check::<Bf16>();
+        check::<F16>();
+        check::<F32>();
     }
 }
