@@ -128,7 +128,6 @@ impl Compressor {
         if !p.unfilled || p.deferred.is_some() {
             return Ok(());
         }
-        p.prev_sample = None;
         let Some(mode) = p.mode.filter(|_| p.stats.calls >= p.raw_until) else {
             return Ok(());
         };
@@ -316,7 +315,7 @@ impl Compressor {
             new_mode
         };
         let sample = recalibrate.map(|_| {
-            let input = send.unwrap_or(&recv[me * shard_bytes..(me + 1) * shard_bytes]);
+            let input = super::own_shard(engine, send, recv, shard_bytes);
             let cached = (!own_missed).then(|| own.slot.values()).flatten();
             self.sample(pkey, sample_mode, cached, input, dtype)
         });
@@ -599,13 +598,11 @@ impl Compressor {
             // Its least time from this call's wire (the raw baseline scaled by it) and the
             // level's predicted codec, where both are known.
             let codec = p.prediction.and_then(|q| q.codec[p.call_level]);
-            let least = match (p.raw_time, codec) {
-                (Some(r), Some(_)) if raw > 0 => {
-                    p.least_of(Some(r.mul_f64(wire as f64 / raw as f64)), p.call_level)
-                }
-                _ => None,
-            }
-            .filter(|l| !l.is_zero());
+            let least = p
+                .wire_time(wire as f64, raw)
+                .filter(|_| codec.is_some())
+                .and_then(|w| p.least_of(Some(w), p.call_level))
+                .filter(|l| !l.is_zero());
             if let (Some(_), Some(least)) = (p.level_time[p.call_level], least) {
                 let ratio = (slowest.as_secs_f64() / least.as_secs_f64()).max(1.0);
                 let e = self

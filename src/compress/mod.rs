@@ -287,11 +287,14 @@ impl Policy {
     /// transport's CPU, while the codec costs extra: a call at that level takes at least this
     /// long, about. None where the level's wire or the raw baseline is not known yet.
     fn wire_bound(&self, raw_bytes: u64) -> [Option<Duration>; 3] {
-        let base = self.raw_time.filter(|_| raw_bytes > 0);
-        std::array::from_fn(|l| {
-            let (b, w) = (base?, self.level_wire[l]?);
-            Some(b.mul_f64(w / raw_bytes as f64))
-        })
+        std::array::from_fn(|l| self.wire_time(self.level_wire[l]?, raw_bytes))
+    }
+
+    /// The raw baseline scaled by `wire` bytes over the raw bytes (`raw_bytes`): the least time
+    /// moving `wire` bytes takes (`wire_bound`). None before a baseline, or for no raw bytes.
+    fn wire_time(&self, wire: f64, raw_bytes: u64) -> Option<Duration> {
+        let base = self.raw_time.filter(|_| raw_bytes > 0)?;
+        Some(base.mul_f64(wire / raw_bytes as f64))
     }
 
     /// One raw probe in how many calls (see `RAW_PROBE_RARELY`), from agreed times. The first
@@ -468,7 +471,7 @@ const SLOW_SHARE: f64 = 0.95;
 
 /// This rank's shard of a call: its send buffer, or its block of the result in place
 /// (`shard`: bytes per rank).
-fn own_shard<'a>(
+pub(super) fn own_shard<'a>(
     engine: &Engine,
     send: Option<&'a [u8]>,
     recv: &'a [u8],

@@ -30,8 +30,7 @@ pub(super) fn exchange_words(engine: &mut Engine, mine: &[u64]) -> Result<Vec<Ve
 
 /// The hash of this rank's shard as it sends it: `send`, or its block of `recv` in place.
 pub(super) fn own_hash(engine: &Engine, send: Option<&[u8]>, recv: &[u8], shard: usize) -> u64 {
-    let me = engine.rank();
-    checksum::sh64(send.unwrap_or(&recv[me * shard..(me + 1) * shard]))
+    checksum::sh64(super::own_shard(engine, send, recv, shard))
 }
 
 /// The sources whose shard in `recv` does not hash to what they said (`hashes[src]`), with
