@@ -127,10 +127,9 @@ fn rank_main() {
     }
 }
 
-fn field(line: &str, key: &str) -> i64 {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
+/// A number of a RESULT line (`field`).
+fn num(line: &str, key: &str) -> i64 {
+    field(line, key)
         .parse()
         .unwrap_or_else(|_| panic!("{key} in {line}"))
 }
@@ -154,9 +153,9 @@ fn an_auto_policy_fills_caches_only_once_compression_may_pay() {
             assert_eq!(lines.len(), 6, "{err}");
             for line in &lines {
                 println!("{transport} {kind}: {line}");
-                assert_eq!(field(line, "wrong"), 0, "a wrong result: {line}");
+                assert_eq!(num(line, "wrong"), 0, "a wrong result: {line}");
                 assert_eq!(
-                    field(line, "first_cache"),
+                    num(line, "first_cache"),
                     0,
                     "caches filled before any prediction: {line}"
                 );
@@ -165,13 +164,13 @@ fn an_auto_policy_fills_caches_only_once_compression_may_pay() {
                     "the first call must travel raw: {line}"
                 );
                 assert_eq!(
-                    field(line, "delta_misses"),
+                    num(line, "delta_misses"),
                     0,
                     "a compressed call sent FILL frames: the probe did not fill: {line}"
                 );
-                if field(line, "predicted_raw") > 0 && field(line, "deltas") == 0 {
+                if num(line, "predicted_raw") > 0 && num(line, "deltas") == 0 {
                     assert_eq!(
-                        field(line, "end_cache"),
+                        num(line, "end_cache"),
                         0,
                         "a tensor predicted raw holds caches: {line}"
                     );

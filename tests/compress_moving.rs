@@ -83,12 +83,6 @@ fn rank_main() {
     }
 }
 
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-}
-
 fn moving_buffers(n: usize, transport: &str, cache_mb: &str) {
     let out = launch(
         n,

@@ -123,12 +123,6 @@ fn rank_main() {
     }
 }
 
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-}
-
 fn corrupted_rings_never_give_wrong_bytes(role: &str) {
     if std::fs::File::options()
         .write(true)

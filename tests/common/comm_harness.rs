@@ -108,6 +108,14 @@ pub fn report_raw(line: &str) {
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
+/// The value of `key=value` in a `RESULT` line (its words split on whitespace); panics naming
+/// the line where it has none.
+pub fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+}
+
 pub fn result_lines(stderr: &str) -> Vec<String> {
     stderr
         .lines()
