@@ -443,6 +443,8 @@ HD u64 seg_count(u64 nbytes) { return cdiv(nbytes, SEG_BYTES); }
 // A mask takes rANS only where it saves 1/RANS_MIN_GAIN of the frame's values and exponents
 // (chunk.rs RANS_MIN_GAIN).
 constexpr u64 RANS_MIN_GAIN = 50;
+// A Hybrid frame's value-change mask: 1/RANS_MIN_GAIN_VALUES (chunk.rs RANS_MIN_GAIN_VALUES).
+constexpr u64 RANS_MIN_GAIN_VALUES = 25;
 
 HD u32 rd16(const u8* p) { return (u32)p[0] | (u32)p[1] << 8; }
 
@@ -586,11 +588,14 @@ HD u32 table_bytes(const u32* freq) {
     return 1 + (n < 32 ? n : 32) + v;
 }
 // rans::FreqTable::estimate_bytes: table, payload and the two states of coding 3.
-HD u64 rans_estimate(const u32* hist, const u32* freq) {
+HD u64 payload_q16(const u32* hist, const u32* freq) {
     u64 bits = 0;
     for (u32 s = 0; s < 256; ++s)
         if (hist[s]) bits += (u64)hist[s] * ((12ull << 16) - log2_q16(freq[s]));
-    return cdiv(bits, 8ull << 16) + table_bytes(freq) + 8;
+    return bits;
+}
+HD u64 rans_estimate(const u32* hist, const u32* freq) {
+    return cdiv(payload_q16(hist, freq), 8ull << 16) + table_bytes(freq) + 8;
 }
 // Coding 4's estimate of nbytes mask bytes (without the coding byte): coding 3's, its two states
 // (8 bytes) replaced by a state and a length per segment (6 bytes each).
@@ -598,6 +603,42 @@ HD u64 rans_seg_estimate(const u32* hist, const u32* freq, u64 nbytes) {
     return rans_estimate(hist, freq) - 8 + 6 * seg_count(nbytes);
 }
 HD u8 mask_byte(const u64* words, u64 i) { return (u8)(words[i / 8] >> (8 * (i % 8))); }
+
+// bitmask::plan_gated samples a mask of at least SAMPLE_MIN_WORDS words before its histogram:
+// every SAMPLE_STRIDE-th block of SAMPLE_BLOCK whole words.
+constexpr u64 SAMPLE_BLOCK = 64, SAMPLE_STRIDE = 8, SAMPLE_MIN_WORDS = SAMPLE_BLOCK * SAMPLE_STRIDE * 8;
+// bitmask::mask_histogram by the block into hist (shared counters): the ceil(m/8) mask bytes,
+// or (sampled) the bytes of the whole words of the sampled blocks.
+HD void mask_hist_blk(Blk& b, u32* hist, const u64* words, u64 m, bool sampled) {
+    u64 nbytes = cdiv(m, 8), whole = nbytes / 8 * 8, blk = SAMPLE_BLOCK * 8;
+    b.each([&](u32 t) {
+        for (u32 q = t; q < 256; q += NT) hist[q] = 0;
+    });
+    b.sync();
+    b.each([&](u32 t) {
+        if (!sampled) {
+            for (u64 i = t; i < nbytes; i += NT) add_u32(&hist[mask_byte(words, i)], 1);
+            return;
+        }
+        // Sampled bytes in order: s's block is s / blk, the (s / blk * SAMPLE_STRIDE)-th.
+        for (u64 s = t;; s += NT) {
+            u64 i = s / blk * blk * SAMPLE_STRIDE + s % blk;
+            if (i >= whole) break;
+            add_u32(&hist[mask_byte(words, i)], 1);
+        }
+    });
+    b.sync();
+}
+// plan_gated's verdict on a sample (its histogram and table): rANS cannot save `gain` over
+// `bytes` for this mask of nbytes bytes, with an eighth of `gain` for the sample's error. The
+// estimate is rans_seg::estimate_scaled's: the sample's Q16 bits a byte times nbytes, one table.
+HD bool rans_hopeless(const u32* hist, const u32* freq, u64 nbytes, u64 gain, u64 bytes) {
+    u64 seen = 0;
+    for (u32 s = 0; s < 256; ++s) seen += hist[s];
+    u64 payload = cdiv(payload_q16(hist, freq) / seen * nbytes, 8ull << 16);
+    u64 est = 1 + payload + table_bytes(freq) + 6 * seg_count(nbytes);
+    return est + gain - gain / 8 >= bytes;
+}
 
 // rans::FreqTable::write: nsym - 1, the symbols (or their presence bitmap), the frequencies - 1
 // as LEB128 varints. Returns the bytes written (table_bytes).
@@ -923,14 +964,14 @@ HD void mask_plan_blk(Blk& b, MaskShm& sh, const u64* words, u64 m, bool rans, u
     });
     b.sync();
     if (!sh.hist_needed) return;
-    b.each([&](u32 t) {
-        for (u32 q = t; q < 256; q += NT) sh.hist[q] = 0;
-    });
-    b.sync();
-    b.each([&](u32 t) {
-        for (u64 i = t; i < nbytes; i += NT) add_u32(&sh.hist[mask_byte(words, i)], 1);
-    });
-    b.sync();
+    if (W >= SAMPLE_MIN_WORDS) {
+        mask_hist_blk(b, sh.hist, words, m, true);
+        freq_from_hist_blk(b, sh.fq, sh.hist, sh.freq);
+        b.one([&] { sh.hist_needed = !rans_hopeless(sh.hist, sh.freq, nbytes, gain, sh.c.bytes); });
+        b.sync();
+        if (!sh.hist_needed) return;
+    }
+    mask_hist_blk(b, sh.hist, words, m, false);
     freq_from_hist_blk(b, sh.fq, sh.hist, sh.freq);
     b.one([&] {
         // with the coding byte, as bitmask::plan
@@ -1520,16 +1561,19 @@ template <class L> HD void enc_plan(const EncJob& j, Blk& b, PlanShm& sh) {
         sh.need_hist = !job_cold(j) && p.mode == 1 && p.ones != 0 && iid_bytes(p.ones, n) + budget < bytes;
     });
     b.sync();
-    if (sh.need_hist) {
-        u64 nbytes = cdiv(n, 8);
-        b.each([&](u32 t) { sh.hist[t] = 0; });
-        b.sync();
-        b.each([&](u32 t) {
-            for (u64 i = t; i < nbytes; i += NT) {
-                add_u32(&sh.hist[mask_byte(v.words, i)], 1);
-            }
+    if (sh.need_hist && cdiv(n, 64) >= SAMPLE_MIN_WORDS) {
+        mask_hist_blk(b, sh.hist, v.words, n, true);
+        freq_from_hist_blk(b, sh.fq, sh.hist, sh.freq);
+        b.one([&] {
+            const Plan& p = *v.plan;
+            u64 budget = (p.sm_len + p.ones) / RANS_MIN_GAIN;
+            sh.need_hist = !rans_hopeless(sh.hist, sh.freq, cdiv(n, 8), budget, p.s1_len);
         });
         b.sync();
+    }
+    if (sh.need_hist) {
+        u64 nbytes = cdiv(n, 8);
+        mask_hist_blk(b, sh.hist, v.words, n, false);
         freq_from_hist_blk(b, sh.fq, sh.hist, sh.freq);
         b.one([&] {
             const Plan& p = *v.plan;
@@ -1734,7 +1778,8 @@ template <class L> HD void hyb_masks(const EncJob& j, Blk& b, MaskShm& sh) {
     u64 nb = cdiv(n, 8), cap = align8(2 * (2 * nb + 1100));
     u64 budget = (L::sm_len(k) + ke) / RANS_MIN_GAIN;
     u32* sl = (u32*)(v.rev + align8(2 * nb));
-    mask_code_blk(b, sh, v.cw, n, true, 0, budget, v.rev, sl, v.mbuf, cap);
+    mask_code_blk(b, sh, v.cw, n, true, 0, (L::sm_len(k) + ke) / RANS_MIN_GAIN_VALUES, v.rev, sl,
+                  v.mbuf, cap);
     u64 l1 = sh.len;
     mask_code_blk(b, sh, v.xw, k, true, 0, budget, v.rev, sl, v.mbuf + min64(l1, cap),
                   l1 < cap ? cap - l1 : 0);

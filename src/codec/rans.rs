@@ -109,13 +109,28 @@ impl FreqTable {
     pub fn estimate_bytes(&self, hist: &[u64; 256]) -> usize {
         // Integer arithmetic (Q16 code lengths), so a GPU encoder (cuda/codec.cu) makes the
         // same choices bit for bit.
+        self.payload_q16(hist).div_ceil(8 << 16) as usize + self.table_bytes() + 8
+    }
+
+    /// `estimate_bytes` of `n` bytes of which `hist` counts a sample (not all zero): the
+    /// sample's payload scaled to `n` bytes (its Q16 bits a byte, rounded down, times `n`),
+    /// one table. The same arithmetic in cuda/codec.cu.
+    pub fn estimate_scaled(&self, hist: &[u64; 256], n: usize) -> usize {
+        let seen: u64 = hist.iter().sum();
+        (self.payload_q16(hist) / seen * n as u64).div_ceil(8 << 16) as usize
+            + self.table_bytes()
+            + 8
+    }
+
+    /// The payload of data with this histogram, in bits << 16.
+    fn payload_q16(&self, hist: &[u64; 256]) -> u64 {
         let mut bits: u64 = 0;
         for (s, &h) in hist.iter().enumerate() {
             if h > 0 {
                 bits += h * ((12 << 16) - log2_q16(self.freq[s] as u64));
             }
         }
-        bits.div_ceil(8 << 16) as usize + self.table_bytes() + 8
+        bits
     }
 
     fn nsym(&self) -> usize {

@@ -46,6 +46,11 @@ pub fn estimate_bytes(table: &FreqTable, hist: &[u64; 256]) -> usize {
     table.estimate_bytes(hist) - 8 + 6 * segments(n as usize)
 }
 
+/// `estimate_bytes` of `n` bytes of which `hist` counts a sample (`FreqTable::estimate_scaled`).
+pub fn estimate_scaled(table: &FreqTable, hist: &[u64; 256], n: usize) -> usize {
+    table.estimate_scaled(hist, n) - 8 + 6 * segments(n)
+}
+
 /// Room for one segment's stream, written backwards: two bytes a symbol, and the two bytes
 /// `rans::put` may write below what it keeps.
 const REGION: usize = 2 * SEG_BYTES + 2;
