@@ -454,6 +454,10 @@ fn run_rank(o: &Opts) -> Result<u64> {
                         run.wire_bytes += report.wire_bytes;
                         run.compressed += report.compressed() as u64;
                     }
+                    // Every call ends before any rank checks its result: on a host with fewer
+                    // cores than ranks, an early rank's check would take a core from a rank
+                    // still decoding, and time the harness, not the library.
+                    comm.barrier()?;
                     run.wrong += count_wrong(&run.recv, vals, es);
                 }
             }
@@ -685,6 +689,8 @@ fn run_model(o: &Opts, layers: usize) -> Result<u64> {
                             run.misses += report.misses;
                             peak_cache = peak_cache.max(comm.compress_stats().cache_bytes);
                         }
+                        // As in `run_rank`: no rank checks while another still decodes.
+                        comm.barrier()?;
                         run.wrong += count_wrong(&run.recv[j], &vals[j], es);
                     }
                 }
