@@ -116,6 +116,68 @@ fn gather_tensor(comm: &mut Communicator, key: u64, noise: bool) -> String {
     )
 }
 
+/// Calls of each of the two tensors of one size that `role_pair` gathers in turn.
+const PAIR_CALLS: u64 = 40;
+
+/// Two drifting tensors of one size (keys 11 and 12), gathered in turn call by call, as a
+/// model's layers are: the first whose prediction says compression may pay is tried, and the
+/// other waits, raw, until the calls of the first have measured the model's error of their
+/// size (or for `TRIAL_WAITS` calls). Reports, per tensor, its calls' kinds, its waits, and
+/// how many of its compressed calls came while the size had no error yet and the other tensor
+/// had already compressed.
+fn role_pair() {
+    let mut comm = Communicator::from_env(Config::from_env().unwrap()).expect("communicator");
+    let (rank, n) = (comm.rank(), comm.size());
+    let keys = [11u64, 12];
+    let mut kinds = [String::new(), String::new()];
+    let mut early = [0u32; 2];
+    let mut wrong = 0;
+    for call in 0..PAIR_CALLS {
+        for (t, &key) in keys.iter().enumerate() {
+            let opts = GatherOptions {
+                key: Some(key),
+                compress: Some(CompressMode::Auto),
+                ..GatherOptions::default()
+            };
+            // Distinct values per tensor (the rank's offset), the same size.
+            let at = |r: usize| r + 5 * t;
+            let want: Vec<u8> = (0..n).flat_map(|r| shard(at(r), call, false)).collect();
+            let mut recv = vec![0u8; want.len()];
+            let learned = !comm.compress_stats().model_error.is_empty();
+            let other_compressed = kinds[1 - t].contains('D');
+            let r = comm
+                .all_gather_with(
+                    Some(&shard(at(rank), call, false)),
+                    &mut recv,
+                    COUNT,
+                    DType::BF16,
+                    &opts,
+                )
+                .unwrap_or_else(|e| panic!("rank {rank} key {key} call {call}: {e}"));
+            wrong += u64::from(recv != want);
+            if r.kind == CallKind::Delta && !learned && other_compressed {
+                early[t] += 1;
+            }
+            kinds[t].push(match r.kind {
+                CallKind::Raw => 'R',
+                CallKind::Fill => 'F',
+                CallKind::Delta => 'D',
+            });
+        }
+    }
+    let slots = comm.slot_stats();
+    for (t, &key) in keys.iter().enumerate() {
+        let (_, _, s) = slots
+            .iter()
+            .find(|(k, _, _)| k.id == key)
+            .expect("the tensor's policy");
+        report(&format!(
+            "rank={rank} key={key} wrong={wrong} early={} waits={} kinds={}",
+            early[t], s.trial_waits, kinds[t]
+        ));
+    }
+}
+
 #[test]
 fn rank_main() {
     let Ok(role) = std::env::var("CIERA_TEST_ROLE") else {
@@ -123,6 +185,7 @@ fn rank_main() {
     };
     match role.as_str() {
         "start" => role_start(),
+        "pair" => role_pair(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -186,6 +249,50 @@ fn an_auto_policy_fills_caches_only_once_compression_may_pay() {
                 assert_eq!(kinds.len(), 3, "{lines:?}");
                 assert!(kinds.iter().all(|k| *k == kinds[0]), "{kinds:?}");
             }
+        }
+    }
+}
+
+/// Two tensors of one size in turn: never both in their first trial before the model's error
+/// of their size is known, unless the second waited `TRIAL_WAITS` calls for it; every result
+/// exact, every rank on the same path.
+#[test]
+fn a_second_tensor_of_a_size_waits_for_the_first_ones_trial() {
+    for transport in ["shm", "tcp"] {
+        let out = launch(3, "pair", &[("CIERA_TRANSPORT", transport)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{transport}: {}\n{err}", out.status);
+        let lines = result_lines(&err);
+        assert_eq!(lines.len(), 6, "{err}");
+        for line in &lines {
+            println!("{transport}: {line}");
+            assert_eq!(num(line, "wrong"), 0, "a wrong result: {line}");
+            assert!(
+                num(line, "waits") <= i64::from(ciera::compress::TRIAL_WAITS),
+                "waited past the bound: {line}"
+            );
+            if num(line, "early") > 0 {
+                assert_eq!(
+                    num(line, "waits"),
+                    i64::from(ciera::compress::TRIAL_WAITS),
+                    "tried while another tensor of its size was on trial, without waiting: {line}"
+                );
+            }
+        }
+        for key in ["key=11 ", "key=12 "] {
+            let paths: Vec<String> = lines
+                .iter()
+                .filter(|l| l.contains(key))
+                .map(|l| {
+                    format!(
+                        "waits={} {}",
+                        num(l, "waits"),
+                        l.split("kinds=").nth(1).unwrap()
+                    )
+                })
+                .collect();
+            assert_eq!(paths.len(), 3, "{lines:?}");
+            assert!(paths.iter().all(|k| *k == paths[0]), "{paths:?}");
         }
     }
 }

@@ -160,17 +160,18 @@ impl Compressor {
     /// would be a back-off old when it compresses again, and their memory serves other
     /// tensors meanwhile. The probe that ends the back-off calibrates against a sample kept
     /// at the call before it, and fills them again if compression is still predicted to pay.
-    pub(super) fn drop_caches(&mut self, pkey: SlotKey, key: SlotKey, me: usize) {
+    pub(super) fn drop_caches(&mut self, pkey: SlotKey, key: SlotKey) {
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let held = std::mem::take(&mut p.held);
         p.unfilled = true;
         p.recalibrate = true;
         p.refill = false;
         p.convert_to = None;
+        // This rank's own too by its held version, as every receiver drops it: where the
+        // buffer moved, the one under `key` is another (an own cache kept where receivers
+        // dropped theirs would send deltas they cannot decode when its address came back).
         for (src, version) in held {
-            if src != me {
-                self.store.take(src, version);
-            }
+            self.store.take(src, version);
         }
         self.store.take_own(&key);
     }
@@ -220,26 +221,26 @@ impl Compressor {
         Ok(filled)
     }
 
-    /// Convert this rank's lineages of the tensor of `pkey` (its own, by `key`, and every
-    /// other source's it held after the last call) to caches of `mode`, at the same versions.
-    /// Every rank holds the same lineages and converts them alike; one that cannot be
+    /// Convert this rank's lineages of the tensor of `pkey` (every source's it held after the
+    /// last call, its own included) to caches of `mode`, at the same versions. Every rank
+    /// holds the same (source, version) lineages and converts them alike; one that cannot be
     /// converted (cold) goes, alike everywhere, and its source's next frames fill it (a miss).
-    fn convert_lineages(&mut self, pkey: SlotKey, key: SlotKey, me: usize, mode: CacheMode) {
+    /// This rank's own goes by its version too, not by this call's key: where the buffer
+    /// moved (inferred keys), the lineage under the key is another, which the receivers did
+    /// not convert (seen: a Hybrid frame for an exponent slot when the old address came back,
+    /// repaired, in 2 of 10 runs of an mpi4py program).
+    fn convert_lineages(&mut self, pkey: SlotKey, mode: CacheMode) {
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
         let held = std::mem::take(&mut p.held);
-        let own_held = held.iter().any(|&(src, _)| src == me);
         let mut kept = Vec::with_capacity(held.len());
-        let own = if own_held { None } else { Some((me, 0)) };
-        for (src, version) in held.into_iter().chain(own) {
-            let lineage = if src == me {
-                self.store.take_own(&key)
-            } else {
-                self.store.take(src, version)
+        for (src, version) in held {
+            let Some(mut l) = self.store.take(src, version) else {
+                continue;
             };
-            let Some(mut l) = lineage else { continue };
+            // Same version: an own lineage stays under its key.
             if l.slot.convert(mode) {
                 kept.push((src, l.slot.version()));
-                self.store.put(src, l, (src == me).then_some(key));
+                self.store.put(src, l, None);
             }
         }
         self.policies
@@ -278,7 +279,7 @@ impl Compressor {
             .convert_to
             .take()
         {
-            self.convert_lineages(pkey, key, me, to);
+            self.convert_lineages(pkey, to);
         }
         // Which frames this call sends on a delta cache (every rank alike: agreed values).
         let p = self.policies.get_mut(&pkey).expect("policy of the call");
@@ -713,7 +714,7 @@ impl Compressor {
                         p.backoff
                     );
                     p.backoff = (p.backoff * 2).min(1 << 16);
-                    self.drop_caches(pkey, key, me);
+                    self.drop_caches(pkey, key);
                 }
             }
         }
@@ -811,5 +812,80 @@ impl Compressor {
             }
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::{CompressConfig, Policy};
+
+    const COUNT: usize = 64;
+
+    fn lineage(mode: CacheMode, version: u64, byte: u8) -> Lineage {
+        let mut slot = CacheSlot::with_version(DType::BF16, mode, COUNT, version);
+        slot.fill_from(&[byte; COUNT * 2]).unwrap();
+        Lineage { slot, last_use: 0 }
+    }
+
+    fn key(id: u64) -> SlotKey {
+        SlotKey {
+            id,
+            inferred: true,
+            count: COUNT,
+            dtype: DType::BF16,
+        }
+    }
+
+    /// Rank 0 after a call whose own buffer was at address A (own lineage at version 10,
+    /// held with source 1's at version 20), now called with its buffer back at an older
+    /// address B, whose own lineage (version 5) the receivers did not use last call.
+    fn moved_buffer() -> Compressor {
+        let mut c = Compressor::new(CompressConfig::default());
+        let mut p = Policy::new(Some(CacheMode::FullValue), true);
+        p.held = vec![(0, 10), (1, 20)];
+        c.policies.insert(key(1), p);
+        c.store
+            .put(0, lineage(CacheMode::FullValue, 10, 1), Some(key(0xA)));
+        c.store
+            .put(0, lineage(CacheMode::FullValue, 5, 2), Some(key(0xB)));
+        c.store.put(1, lineage(CacheMode::FullValue, 20, 3), None);
+        c
+    }
+
+    /// A conversion takes every held lineage by its version, this rank's own included (as
+    /// every receiver converts its lineage of this rank), not the one under this call's key.
+    #[test]
+    fn a_conversion_converts_the_held_own_lineage_where_the_buffer_moved() {
+        let mut c = moved_buffer();
+        c.convert_lineages(key(1), CacheMode::Exponent);
+        let own_a = c
+            .store
+            .take_own(&key(0xA))
+            .expect("the held own lineage, under its key");
+        assert_eq!(
+            (own_a.slot.mode(), own_a.slot.version()),
+            (CacheMode::Exponent, 10)
+        );
+        let own_b = c.store.take_own(&key(0xB)).expect("the other own lineage");
+        assert_eq!(
+            (own_b.slot.mode(), own_b.slot.version()),
+            (CacheMode::FullValue, 5)
+        );
+        let src1 = c.store.take(1, 20).expect("source 1's");
+        assert_eq!(src1.slot.mode(), CacheMode::Exponent);
+        assert_eq!(c.policies[&key(1)].held, vec![(0, 10), (1, 20)]);
+    }
+
+    /// Dropping a policy's caches drops this rank's held own lineage as the receivers drop
+    /// theirs of it, and the one under this call's key.
+    #[test]
+    fn dropped_caches_include_the_held_own_lineage_where_the_buffer_moved() {
+        let mut c = moved_buffer();
+        c.drop_caches(key(1), key(0xB));
+        assert!(c.store.take_own(&key(0xA)).is_none());
+        assert!(c.store.take_own(&key(0xB)).is_none());
+        assert!(c.store.take(1, 20).is_none());
+        assert!(c.policies[&key(1)].held.is_empty());
     }
 }

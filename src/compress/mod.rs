@@ -52,7 +52,12 @@
 //!   picks the level to start at, moves to an exponent cache or skips its trial, and sends a
 //!   tensor raw at once when even the best choice is predicted 25% slower than raw (then
 //!   recalibrated after the back-off), its least times weighed by the model's error measured
-//!   on this communicator's earlier calls of that size (`Compressor::model_error`).
+//!   on this communicator's earlier calls of that size (`Compressor::model_error`). Where
+//!   that error is not known yet and another tensor of the size, filled, is measuring it, a
+//!   tensor predicted to compress waits raw (`predict::TRIAL_WAITS` calls at most) and is
+//!   predicted again with it: a model's layers are not all filled and tried at once. The
+//!   ranks pass a barrier before they code their samples, so that no rank's coding is timed
+//!   in another's probe on shared cores.
 //! - A new regime is predicted again (`Policy::drift`): when a level's wire moves more than
 //!   `RECALIBRATE_DRIFT` from its first call after the last prediction (the learning rate fell,
 //!   the ratios rose), the next compressed call codes the sample before it encodes and the
@@ -88,6 +93,7 @@ mod config;
 mod framed;
 mod group_codec;
 mod predict;
+pub use predict::TRIAL_WAITS;
 mod stats;
 mod store;
 mod verify;
@@ -126,6 +132,9 @@ struct Policy {
     /// probe (the next call): this rank's calibration and the first probe's agreed time
     /// (`predict::CONFIRM_SHARE`).
     deferred: Option<(predict::Sample, Duration)>,
+    /// Calls this policy's first prediction waited for another tensor of its size
+    /// (`predict::TRIAL_WAITS`).
+    trial_waits: u32,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
     /// Policies under `auto`: the frame level in use (an index of `LEVEL_CHOICES`; several on
@@ -198,6 +207,7 @@ impl Policy {
             raw_probes: 0,
             pending_raw: None,
             deferred: None,
+            trial_waits: 0,
             slow_streak: 0,
             level: 2,
             level_time: [None; 3],
@@ -447,6 +457,10 @@ pub struct Compressor {
     /// compression speeds up. Agreed: times and predictions are, and every rank sees the
     /// calls in the same order.
     model_error: BTreeMap<u32, f64>,
+    /// Per size class without a model error yet, the policy whose compressed calls will
+    /// measure it first; the first predictions of others of that size wait for it
+    /// (`predict::TRIAL_WAITS`). Agreed, as the error is.
+    learning: BTreeMap<u32, SlotKey>,
     stats: Stats,
 }
 
@@ -511,6 +525,7 @@ impl Compressor {
             policies: HashMap::new(),
             clock: 0,
             model_error: BTreeMap::new(),
+            learning: BTreeMap::new(),
             stats: Stats::default(),
         }
     }

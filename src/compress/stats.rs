@@ -88,6 +88,9 @@ pub struct SlotStats {
     pub hopeless_levels: [bool; 3],
     /// Trials of an exponent cache not made for the same reason.
     pub trials_skipped: u64,
+    /// Calls whose first prediction waited for another tensor of its size to measure the
+    /// model's error (raw calls, `predict::TRIAL_WAITS`).
+    pub trial_waits: u64,
     /// The least call time predicted before trying (see the `predict` module of `compress`)
     /// at each frame level, then on an exponent cache.
     pub predicted: [Option<std::time::Duration>; 4],
