@@ -204,25 +204,19 @@ pub fn plan_gated(words: &[u64], m: usize, rans: Option<(usize, usize)>) -> Mask
     // that would not save `try_gain` bytes.
     let iid_bytes = iid_bytes(ones as u64, m as u64) as usize;
     let mut table = None;
-    if let Some((_, gain)) = rans.filter(|&(t, _)| iid_bytes + t < bytes) {
-        // On a large mask, a sample first: most dense masks (a Hybrid frame's, mid-schedule)
-        // are near one bit per bit, and the full histogram was a tenth of that encoder's time.
-        let hopeless = words.len() >= SAMPLE_MIN_WORDS && {
+    // On a large mask, a sample first: most dense masks (a Hybrid frame's, mid-schedule) are
+    // near one bit per bit, and the full histogram was a tenth of that encoder's time.
+    // Sampled estimates came within 1.5% of the mask's full ones on the traces; an eighth of
+    // the gain is 4-12% of a Hybrid frame's mask.
+    let hopeless = |gain: usize| {
+        words.len() >= SAMPLE_MIN_WORDS && {
             let hist = mask_histogram(words, m, SAMPLE_STRIDE);
             let t = rans::FreqTable::from_histogram(&hist);
             let est = 1 + rans_seg::estimate_scaled(&t, &hist, m.div_ceil(8));
-            // Sampled estimates came within 1.5% of the mask's full ones on the traces; an
-            // eighth of the gain is 4-12% of a Hybrid frame's mask.
             est + gain - gain / 8 >= bytes
-        };
-        if hopeless {
-            return MaskPlan {
-                coding,
-                bytes,
-                ones,
-                table: None,
-            };
         }
+    };
+    if let Some((_, gain)) = rans.filter(|&(t, g)| iid_bytes + t < bytes && !hopeless(g)) {
         let hist = mask_histogram(words, m, 1);
         let t = rans::FreqTable::from_histogram(&hist);
         let est = 1 + rans_seg::estimate_bytes(&t, &hist);

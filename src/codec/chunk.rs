@@ -395,14 +395,11 @@ fn encode_delta_with<L: Layout>(
     };
     let sm_len = out.len() - s0_start;
     // Histograms wherever rANS may save anything (a mask of runs codes far below the entropy
-    // of independent bits), rANS where it saves RANS_MIN_GAIN's share.
-    let budget = (sm_len + exps.len()) / RANS_MIN_GAIN;
-    let pa = bitmask::plan_gated(
-        changed,
-        n,
-        Some((0, (sm_len + exps.len()) / RANS_MIN_GAIN_VALUES)),
-    );
-    let pb = bitmask::plan_gated(exp_sub, k, Some((0, budget)));
+    // of independent bits), rANS where it saves RANS_MIN_GAIN's share of the frame's other
+    // sections (RANS_MIN_GAIN_VALUES' for the value-change mask).
+    let rest = sm_len + exps.len();
+    let pa = bitmask::plan_gated(changed, n, Some((0, rest / RANS_MIN_GAIN_VALUES)));
+    let pb = bitmask::plan_gated(exp_sub, k, Some((0, rest / RANS_MIN_GAIN)));
     let s1 = out.len();
     let s2 = s1 + bitmask::encode_planned_two(changed, n, &pa, exp_sub, k, &pb, out);
     let s3 = out.len();

@@ -155,8 +155,9 @@ impl Compressor {
         Ok(())
     }
 
-    /// A policy that goes raw for a back-off drops its caches of the tensor (this rank's own,
-    /// by `key`, and every source's it held after the last call; alike on every rank): they
+    /// A policy that goes raw for a back-off drops its caches of the tensor (every source's it
+    /// held after the last call, its own included, alike on every rank; and its own under
+    /// `key`, should the buffer have moved): they
     /// would be a back-off old when it compresses again, and their memory serves other
     /// tensors meanwhile. The probe that ends the back-off calibrates against a sample kept
     /// at the call before it, and fills them again if compression is still predicted to pay.

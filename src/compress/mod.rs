@@ -132,9 +132,6 @@ struct Policy {
     /// probe (the next call): this rank's calibration and the first probe's agreed time
     /// (`predict::CONFIRM_SHARE`).
     deferred: Option<(predict::Sample, Duration)>,
-    /// Calls this policy's first prediction waited for another tensor of its size
-    /// (`predict::TRIAL_WAITS`).
-    trial_waits: u32,
     /// Consecutive delta calls slower than the raw baseline (one slow call is noise).
     slow_streak: u32,
     /// Policies under `auto`: the frame level in use (an index of `LEVEL_CHOICES`; several on
@@ -207,7 +204,6 @@ impl Policy {
             raw_probes: 0,
             pending_raw: None,
             deferred: None,
-            trial_waits: 0,
             slow_streak: 0,
             level: 2,
             level_time: [None; 3],

@@ -463,10 +463,9 @@ impl super::Compressor {
         let decision = decide(&least, &expected, levels, exp_cache, pred.raw, error);
         let compresses = matches!(decision, Decision::Level(_) | Decision::ExponentCache);
         let first_try = compresses && p.unfilled && learned.is_none();
-        if first_try && learner && p.trial_waits < TRIAL_WAITS {
+        if first_try && learner && p.stats.trial_waits < u64::from(TRIAL_WAITS) {
             // Agreed (the learner and the error are): raw, probed, until the other tensor's
             // calls have measured the error of this size, then predicted again with it.
-            p.trial_waits += 1;
             p.stats.trial_waits += 1;
             tracing::info!(
                 slot = key.id,
