@@ -7,8 +7,9 @@
 #                             any of `ciera perf --trace`'s modes: exp-on, full-on, delta-on
 #                             force compression)
 #   MPI_Allgather             (Open MPI, --mca btl tcp,self)
-# For every window of consecutive steps of the trace it prints the times and the ratios
-# raw/ours and MPI/ours. Needs root (ip netns, tc). Every bit ours receives is checked.
+# For every window of consecutive steps of the trace it prints the times, the ratios raw/ours
+# and MPI/ours, and ours/wire: the speedup over raw as a share of the wire ratio (how much of
+# what the bytes saved the call kept). Needs root (ip netns, tc). Every bit ours receives is checked.
 # Timing: ours starts every call after a barrier and reports the mean over calls of the slowest
 # rank's time (a raw call ends on each rank at a different time; averaging per rank first made
 # raw look faster than the link allows); MPI reports back-to-back calls, slowest rank (OSU style).
@@ -78,6 +79,9 @@ for m in modes:
         (f"{m} ms", lambda w, g, m=m: f"{g(w, m) / 1e3:.1f}"),
         (f"wire {m}", lambda w, g, m=m: f"{g(w, m, 'wire_ratio'):.2f}"),
         (f"raw/{m}", lambda w, g, m=m: f"{g(w, 'raw') / g(w, m):.2f}x"),
+        # The speedup's share of the wire ratio: 1.00 where the call is as fast as its bytes
+        # allow, less where coding (or anything else) is not hidden behind the wire.
+        (f"{m}/wire", lambda w, g, m=m: f"{g(w, 'raw') / g(w, m) / g(w, m, 'wire_ratio'):.2f}"),
         (f"mpi/{m}", lambda w, g, m=m: f"{mpi_us / g(w, m):.2f}x"),
     ]
 g = lambda w, m, key="time_us": best.get((w, m), {}).get(key, float("nan"))
