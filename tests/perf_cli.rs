@@ -110,6 +110,40 @@ fn perf_trace_replays_the_bundled_slice_exactly_and_compresses() {
     }
 }
 
+/// Delta frames decoded on three threads per chunk (`CIERA_DECODE_THREADS=3`; a 1 MiB chunk of
+/// bf16 holds 16 groups, so each decoder thread takes a run of them): every element of every
+/// call arrives exact, over TCP between real ranks.
+#[test]
+fn perf_trace_delta_frames_decode_exactly_on_several_threads() {
+    let rows = perf_json(
+        &[
+            "--trace",
+            "tests/data/olmoe-slice",
+            "--tensor",
+            "layers.1.attn.qkv.bf16",
+            "-n",
+            "3",
+            "-b",
+            "12M",
+            "-e",
+            "12M",
+            "-i",
+            "3",
+            "-w",
+            "2",
+            "--modes",
+            "delta-on",
+        ],
+        &[("CIERA_TRANSPORT", "tcp"), ("CIERA_DECODE_THREADS", "3")],
+    );
+    assert!(rows.len() >= 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["wrong"].as_u64(), Some(0), "{r}");
+        assert_eq!(r["compressed_calls"].as_u64(), Some(3), "{r}");
+        assert!(r["wire_ratio"].as_f64().unwrap() > 1.5, "{r}");
+    }
+}
+
 /// By default each window is a new tensor: its first call codes FILL frames (the whole shard)
 /// for new caches. `--through` keeps one tensor per size through every window, so only the
 /// first window starts cold and the later ones send less (their first call is a delta across

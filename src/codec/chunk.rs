@@ -24,6 +24,8 @@ pub struct SlotChunk<'a> {
     pub(super) state: &'a mut [u8],
     /// Delta slots: the context byte of every element (empty otherwise).
     pub(super) ctx: &'a mut [u8],
+    /// Threads a Delta frame's decode may use (`CacheSlot::set_decode_threads`).
+    pub(super) threads: usize,
 }
 
 impl SlotChunk<'_> {
@@ -594,7 +596,8 @@ fn decode_delta_with<L: Layout>(
                 ));
             }
             f.verify_s0()?;
-            let (k, ke) = delta::decode::<L>(s0, s1, c.state, c.ctx, out, &mut scratch.delta)?;
+            let (k, ke) =
+                delta::decode::<L>(s0, s1, c.state, c.ctx, out, &mut scratch.delta, c.threads)?;
             Ok((ke, Some(k)))
         }
         Mode::Raw => unreachable!(),

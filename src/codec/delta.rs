@@ -16,6 +16,7 @@
 
 use super::error::{CodecError, Result};
 use super::float::Layout;
+use std::ops::Range;
 
 /// Probability precision of the token tables.
 pub const PROB_BITS: u32 = 12;
@@ -605,7 +606,10 @@ pub(super) fn write<L: Layout>(
 /// Decode a Delta frame (`s0` lane streams, `s1` model) against a chunk's values `state` and
 /// contexts `ctx`, into `out`; updates both. On error `out`, `state` and `ctx` hold
 /// unspecified bytes (the caller poisons the slot). Returns the number of changed values and
-/// of values whose cached field (exponent) changed.
+/// of values whose cached field (exponent) changed. Up to `threads` threads (this one and the
+/// codec pool's, `pool::decoders`) decode its groups, each a run of whole groups: the same
+/// bytes, counts and errors as one thread.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn decode<L: Layout>(
     s0: &[u8],
     s1: &[u8],
@@ -613,6 +617,7 @@ pub(super) fn decode<L: Layout>(
     ctx: &mut [u8],
     out: &mut [u8],
     s: &mut DeltaScratch,
+    threads: usize,
 ) -> Result<(usize, usize)> {
     let w = width::<L>();
     let ntok = tokens(w);
@@ -706,48 +711,189 @@ pub(super) fn decode<L: Layout>(
     s.pad.clear();
     s.pad.extend_from_slice(s0);
     s.pad.extend_from_slice(&[0; super::delta_avx512::PAD]);
-    let mut v = Values::<L> {
+    let sec = Section {
         s0,
         padded: &s.pad,
         dec: &s.dec,
+        lens,
+        lanes,
+        group,
+        n,
+        w,
+        vector,
+    };
+    let parts = split_groups(&sec, groups, threads);
+    let (p, changed, exp_changed) = match parts.as_deref() {
+        Some(parts) => decode_parts::<L>(&sec, parts, state, ctx, out)?,
+        None => decode_groups::<L>(&sec, 0..groups, 0, state, ctx, out)?,
+    };
+    if p != s0.len() {
+        return Err(CodecError::corrupt(
+            "delta lanes",
+            format!("groups hold {p} bytes of a {}-byte section", s0.len()),
+        ));
+    }
+    Ok((changed, exp_changed))
+}
+
+/// A Delta frame's lane section and what every group's decoder reads: the section (and its
+/// padded copy), the decoder lookup, the group lengths and the geometry.
+struct Section<'a> {
+    s0: &'a [u8],
+    /// `s0` and zeros (`delta_avx512::PAD` bytes) after it.
+    padded: &'a [u8],
+    dec: &'a [u32],
+    lens: &'a [u8],
+    lanes: usize,
+    group: usize,
+    /// Elements in the chunk.
+    n: usize,
+    w: u32,
+    /// A vector row decoder applies.
+    vector: bool,
+}
+
+/// A part should hold at least this many groups (64Ki elements of 32 lanes): below it, handing
+/// the part to another thread costs more than the thread saves.
+const MIN_PART_GROUPS: usize = 2;
+
+/// Where `threads` (more than one) decoders may split a chunk of `groups` groups: contiguous
+/// runs of groups, an even number each (the AVX-512 decoder pairs groups from an even one, as
+/// on one thread), each with the byte of the section where its first group starts. None where
+/// one thread decodes it all: a small chunk, one thread asked for, or group lengths that do
+/// not add up within the section (the single decoder then reports the first wrong group, as
+/// always).
+fn split_groups(
+    sec: &Section<'_>,
+    groups: usize,
+    threads: usize,
+) -> Option<Vec<(Range<usize>, usize)>> {
+    let parts = threads.min(groups / MIN_PART_GROUPS);
+    if parts < 2 {
+        return None;
+    }
+    let mut starts = Vec::with_capacity(groups + 1);
+    let mut p = 0usize;
+    for g in 0..groups {
+        starts.push(p);
+        let o = 4 * g;
+        let len = u32::from_le_bytes([
+            sec.lens[o],
+            sec.lens[o + 1],
+            sec.lens[o + 2],
+            sec.lens[o + 3],
+        ]) as usize;
+        if len > sec.s0.len() - p {
+            return None;
+        }
+        p += len;
+    }
+    starts.push(p);
+    let per = groups.div_ceil(parts).next_multiple_of(2);
+    Some(
+        (0..groups)
+            .step_by(per)
+            .map(|g| (g..(g + per).min(groups), starts[g]))
+            .collect(),
+    )
+}
+
+/// Decode the chunk's `parts` (see `split_groups`) on as many threads (this one and the codec
+/// pool's), each into its own span of `state`, `ctx` and `out`. Returns what `decode_groups`
+/// returns for the whole chunk: the byte after the last group and the counts; or the error of
+/// the first group that failed, as one thread decoding them in order would report it (every
+/// part before it decoded without error).
+fn decode_parts<L: Layout>(
+    sec: &Section<'_>,
+    parts: &[(Range<usize>, usize)],
+    mut state: &mut [u8],
+    mut ctx: &mut [u8],
+    mut out: &mut [u8],
+) -> Result<(usize, usize, usize)> {
+    let bytes = L::BYTES;
+    let mut spans = Vec::with_capacity(parts.len());
+    for (gs, p) in parts {
+        let elems = (gs.end * sec.group).min(sec.n) - gs.start * sec.group;
+        let (s, rest) = std::mem::take(&mut state).split_at_mut(elems * bytes);
+        state = rest;
+        let (c, rest) = std::mem::take(&mut ctx).split_at_mut(elems);
+        ctx = rest;
+        let (o, rest) = std::mem::take(&mut out).split_at_mut(elems * bytes);
+        out = rest;
+        spans.push((gs.clone(), *p, s, c, o));
+    }
+    let mut results: Vec<Option<Result<(usize, usize, usize)>>> = vec![None; parts.len()];
+    let mut spans = spans.into_iter();
+    let (gs0, p0, s0, c0, o0) = spans.next().expect("at least two parts");
+    let (first, rest) = results.split_first_mut().expect("at least two parts");
+    super::pool::count_split();
+    super::pool::decoders().in_place_scope(|scope| {
+        for ((gs, p, s, c, o), r) in spans.zip(rest.iter_mut()) {
+            scope.spawn(move |_| *r = Some(decode_groups::<L>(sec, gs, p, s, c, o)));
+        }
+        *first = Some(decode_groups::<L>(sec, gs0, p0, s0, c0, o0));
+    });
+    let (mut p, mut changed, mut exp_changed) = (0, 0, 0);
+    for r in results {
+        let (pe, c, e) = r.expect("every part ran")?;
+        (p, changed, exp_changed) = (pe, changed + c, exp_changed + e);
+    }
+    Ok((p, changed, exp_changed))
+}
+
+/// Decode groups `gs` of the chunk, their words from byte `p` of the section on, into `state`,
+/// `ctx` and `out`, which hold exactly those groups' elements; check each group. Returns the
+/// byte after the last group's words and the counts of changed values and of values whose
+/// cached field (exponent) changed.
+fn decode_groups<L: Layout>(
+    sec: &Section<'_>,
+    gs: Range<usize>,
+    mut p: usize,
+    state: &mut [u8],
+    ctx: &mut [u8],
+    out: &mut [u8],
+) -> Result<(usize, usize, usize)> {
+    let (lanes, group, n) = (sec.lanes, sec.group, sec.n);
+    let mut v = Values::<L> {
+        s0: sec.s0,
+        padded: sec.padded,
+        dec: sec.dec,
         state,
         ctx,
         out,
-        w,
+        w: sec.w,
         changed: 0,
         exp_changed: 0,
         no_table: false,
         _l: std::marker::PhantomData,
     };
+    // Element 0 of these spans.
+    let first = gs.start * group;
     // The AVX-512 decoder takes two whole groups at a time where it can (their steps overlap;
     // four are slower: the gathers' throughput); otherwise a group at a time, its full rows by
     // a vector decoder where one applies, the rest plainly. Every group is checked the same way
     // either way.
-    let batches = vector && super::delta_simd::decode_batches();
+    let batches = sec.vector && super::delta_simd::decode_batches();
     let mut x = vec![0u32; lanes];
-    let mut p = 0usize;
-    let mut g = 0;
-    while g < groups {
-        let base = g * group;
-        let cnt = group.min(n - base);
+    let mut g = gs.start;
+    while g < gs.end {
+        let base = g * group - first;
+        let cnt = group.min(n - g * group);
         let (rows, rem) = (cnt / lanes, cnt % lanes);
-        if batches && rem == 0 && rows > 0 {
-            // Groups g.. of `cnt` elements each (all but the last group are whole).
-            let whole = (n - base) / cnt;
-            if whole >= 2 {
-                p = decode_batch::<L, 2>(&mut v, &s.pad, lens, g, p, cnt, rows)?;
-                g += 2;
-                continue;
-            }
+        // Groups g and g + 1 both whole (all but the chunk's last group are) and both here.
+        if batches && rem == 0 && rows > 0 && g + 2 <= gs.end && (n - g * group) / cnt >= 2 {
+            p = decode_batch::<L, 2>(&mut v, sec.padded, sec.lens, g, p, base, cnt, rows)?;
+            g += 2;
+            continue;
         }
-        let mut rd = open_group(s0, lens, g, p, &mut x)?;
+        let mut rd = open_group(sec.s0, sec.lens, g, p, &mut x)?;
         let mut plain_from = 0;
-        if vector {
+        if sec.vector {
             let mut rc = super::delta_simd::RowCounts::default();
             if super::delta_simd::decode_rows::<L>(
-                &s.pad,
-                s0.len(),
-                &s.dec,
+                sec.padded,
+                sec.s0.len(),
+                sec.dec,
                 &mut x,
                 &mut rd,
                 v.state,
@@ -771,18 +917,13 @@ pub(super) fn decode<L: Layout>(
         p = rd.end;
         g += 1;
     }
-    if p != s0.len() {
-        return Err(CodecError::corrupt(
-            "delta lanes",
-            format!("groups hold {p} bytes of a {}-byte section", s0.len()),
-        ));
-    }
-    Ok((v.changed, v.exp_changed))
+    Ok((p, v.changed, v.exp_changed))
 }
 
-/// Decode `B` whole groups from group `g` (lane section byte `p` on) of `cnt` elements, `rows`
-/// rows of 32 lanes each, in lockstep with the AVX-512 decoder (plainly where it does not
-/// apply), and check each; returns the byte after them.
+/// Decode `B` whole groups from group `g` (lane section byte `p` on, element `base` of the
+/// decoder's spans) of `cnt` elements, `rows` rows of 32 lanes each, in lockstep with the
+/// AVX-512 decoder (plainly where it does not apply), and check each; returns the byte after
+/// them.
 #[allow(clippy::too_many_arguments)]
 fn decode_batch<L: Layout, const B: usize>(
     v: &mut Values<'_, L>,
@@ -790,6 +931,7 @@ fn decode_batch<L: Layout, const B: usize>(
     lens: &[u8],
     g: usize,
     mut p: usize,
+    base: usize,
     cnt: usize,
     rows: usize,
 ) -> Result<usize> {
@@ -799,7 +941,7 @@ fn decode_batch<L: Layout, const B: usize>(
         *rd = open_group(v.s0, lens, g + i, p, x)?;
         p = rd.end;
     }
-    let bases: [usize; B] = std::array::from_fn(|i| (g + i) * cnt);
+    let bases: [usize; B] = std::array::from_fn(|i| base + i * cnt);
     let mut rc = super::delta_simd::RowCounts::default();
     if super::delta_simd::decode_rows_n::<L, B>(
         pad,

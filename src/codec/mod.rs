@@ -36,6 +36,7 @@ pub mod float;
 pub mod frame;
 mod hybrid_simd;
 pub mod kernels;
+mod pool;
 pub mod rans;
 pub mod rans_seg;
 mod scratch;
@@ -45,6 +46,7 @@ pub mod slot;
 pub use chunk::{decode_raw, SlotChunk};
 pub use error::{CodecError, Result};
 pub use frame::{Frame, Mode, HEADER_LEN};
+pub use pool::{split_decodes, MAX_DECODE_THREADS};
 pub use slot::{CacheMode, CacheSlot, FrameChoice, FrameInfo, LevelBytes};
 
 #[cfg(test)]

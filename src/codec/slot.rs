@@ -116,6 +116,8 @@ pub struct CacheSlot {
     state: Vec<u8>,
     /// Delta slots: per element its previous move, clipped (see `delta::context_of`).
     ctx: Vec<u8>,
+    /// Threads a chunk's Delta frame may be decoded on (1: the caller's alone).
+    threads: usize,
 }
 
 /// A fresh random slot version. A slot takes one whenever it becomes cold, and its FILL frames
@@ -148,12 +150,25 @@ impl CacheSlot {
             warm: false,
             state: Vec::new(),
             ctx: Vec::new(),
+            threads: 1,
         }
     }
 
     /// Which delta frames a full-value slot sends (default `Auto`; exponent slots always `Exp`).
     pub fn set_frame_choice(&mut self, choice: FrameChoice) {
         self.choice = choice;
+    }
+
+    /// Decode a chunk's Delta frame on up to `threads` threads (clamped to
+    /// 1..=[`MAX_DECODE_THREADS`](super::MAX_DECODE_THREADS)): the caller's and the codec's
+    /// decoder pool's, each a run of whole groups of 32768 elements (a chunk of fewer than
+    /// four groups stays on the caller's). The bytes, counts and errors are those of one thread.
+    pub fn set_decode_threads(&mut self, threads: usize) {
+        self.threads = threads.clamp(1, super::MAX_DECODE_THREADS);
+    }
+
+    pub fn decode_threads(&self) -> usize {
+        self.threads
     }
 
     pub fn dtype(&self) -> DType {
@@ -323,13 +338,14 @@ impl CacheSlot {
         self.ensure_state();
         let per = self.value_bytes();
         let has_ctx = !self.ctx.is_empty();
-        let (dtype, mode, choice, version, warm, len) = (
+        let (dtype, mode, choice, version, warm, len, threads) = (
             self.dtype,
             self.mode,
             self.choice,
             self.version,
             self.warm,
             self.len,
+            self.threads,
         );
         let mut out = Vec::with_capacity(len.div_ceil(chunk_elems));
         let mut rest: &mut [u8] = &mut self.state;
@@ -352,6 +368,7 @@ impl CacheSlot {
                 len: n,
                 state: head,
                 ctx,
+                threads,
             });
             offset += n;
         }
@@ -382,6 +399,7 @@ impl CacheSlot {
             len: elems.len(),
             state: &mut self.state[elems.start * per..elems.end * per],
             ctx,
+            threads: self.threads,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Compression settings: `CIERA_COMPRESS`, `CIERA_CACHE_MB`, `CIERA_CACHE_MODE`,
-//! `CIERA_VERIFY`, `CIERA_COMPRESS_MIN_BYTES`, and the per-call overrides of
-//! [`GatherOptions`].
+//! `CIERA_VERIFY`, `CIERA_COMPRESS_MIN_BYTES`, `CIERA_DECODE_THREADS`, and the per-call
+//! overrides of [`GatherOptions`].
 
 use crate::codec::CacheMode;
 use crate::error::{Error, Result};
@@ -55,6 +55,10 @@ pub struct CompressConfig {
     /// (`auto`): the policy of `Compressor::mode_for` (delta caches when the ring crosses a
     /// network link, else full-value caches while they fit, else exponent caches).
     pub cache_mode: Option<CacheMode>,
+    /// Threads that decode one received chunk's Delta frame (`CIERA_DECODE_THREADS`, 1 to
+    /// `codec::MAX_DECODE_THREADS`); None (`auto`): this rank's share of the host's CPUs
+    /// (`engine::cpu_share`), 1 where the ranks have a CPU or less each.
+    pub decode_threads: Option<usize>,
 }
 
 pub const DEFAULT_CACHE_MB: usize = 4096;
@@ -68,6 +72,7 @@ impl Default for CompressConfig {
             verify: false,
             min_shard_bytes: DEFAULT_MIN_SHARD_BYTES,
             cache_mode: None,
+            decode_threads: None,
         }
     }
 }
@@ -85,6 +90,19 @@ fn parse_cache_mode(v: &str) -> Option<Option<CacheMode>> {
         "full" | "value" | "full-value" => Some(Some(CacheMode::FullValue)),
         "delta" => Some(Some(CacheMode::Delta)),
         _ => None,
+    }
+}
+
+/// `CIERA_DECODE_THREADS`: Some(None) for `auto`, Some(n) for 1..=MAX_DECODE_THREADS, None
+/// otherwise.
+fn parse_decode_threads(v: &str) -> Option<Option<usize>> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "auto" => Some(None),
+        n => n
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=crate::codec::MAX_DECODE_THREADS).contains(n))
+            .map(Some),
     }
 }
 
@@ -124,6 +142,14 @@ impl CompressConfig {
             c.cache_mode = parse_cache_mode(&v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "CIERA_CACHE_MODE={v:?}: expected auto, exp, full or delta"
+                ))
+            })?;
+        }
+        if let Some(v) = env_var("CIERA_DECODE_THREADS") {
+            c.decode_threads = parse_decode_threads(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "CIERA_DECODE_THREADS={v:?}: expected auto or 1 to {}",
+                    crate::codec::MAX_DECODE_THREADS
                 ))
             })?;
         }
@@ -189,5 +215,15 @@ mod tests {
         assert_eq!(parse_cache_mode("Full"), Some(Some(CacheMode::FullValue)));
         assert_eq!(parse_cache_mode(" delta "), Some(Some(CacheMode::Delta)));
         assert_eq!(parse_cache_mode("zstd"), None);
+    }
+
+    #[test]
+    fn decode_threads_parse() {
+        assert_eq!(parse_decode_threads("auto"), Some(None));
+        assert_eq!(parse_decode_threads(" 1 "), Some(Some(1)));
+        assert_eq!(parse_decode_threads("8"), Some(Some(8)));
+        assert_eq!(parse_decode_threads("0"), None);
+        assert_eq!(parse_decode_threads("9"), None);
+        assert_eq!(parse_decode_threads("many"), None);
     }
 }

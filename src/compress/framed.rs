@@ -331,7 +331,9 @@ impl Compressor {
             levels: Vec::new(),
             encode_ns: 0,
         };
+        let decode_threads = self.decode_threads(engine);
         let mut codec = GroupCodec::new(&mut self.store, me, n, count, dtype, new_mode, clock);
+        codec.decode_threads = decode_threads;
         let r = engine.all_gather_framed(send, recv, count, dtype, &mut encoder, &mut codec);
         let elapsed = t0.elapsed();
         let GroupCodec {

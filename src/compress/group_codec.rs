@@ -74,6 +74,8 @@ pub struct GroupCodec<'a> {
     pub incoming: Vec<Option<Incoming>>,
     pub failures: Vec<Option<Error>>,
     pub decode_ns: u64,
+    /// Threads a chunk's Delta frame is decoded on (`CompressConfig::decode_threads`).
+    pub decode_threads: usize,
 }
 
 impl<'a> GroupCodec<'a> {
@@ -97,6 +99,7 @@ impl<'a> GroupCodec<'a> {
             incoming: (0..n).map(|_| None).collect(),
             failures: (0..n).map(|_| None).collect(),
             decode_ns: 0,
+            decode_threads: 1,
         }
     }
 
@@ -159,6 +162,7 @@ impl<'a> GroupCodec<'a> {
                 frame_version: f.version,
             }));
         }
+        inc.lineage.slot.set_decode_threads(self.decode_threads);
         let info = inc
             .lineage
             .slot

@@ -76,6 +76,17 @@ pub fn oversubscribed(local_ranks: usize) -> bool {
     local_ranks > cpus
 }
 
+/// The CPUs a rank may use for work of its own (`CIERA_DECODE_THREADS=auto`): the CPUs it may
+/// run on (`available_parallelism`: its CPU set, the container's quota), but no more than its
+/// share of the host's CPUs among its `local_ranks`, so that ranks busy at once do not take
+/// more CPUs than there are; at least 1 (a rank bound to one CPU, or one of more ranks than
+/// CPUs).
+pub fn cpu_share(local_ranks: usize) -> usize {
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = cpus_online().unwrap_or(available) / local_ranks.max(1);
+    available.min(share).max(1)
+}
+
 /// Whether this process may run on one CPU only.
 fn bound_to_one_cpu() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -124,6 +135,25 @@ mod tests {
         }
         // More ranks sharing the cache: never a higher threshold.
         assert!(default_stream_min_bytes(4) <= default_stream_min_bytes(2));
+    }
+
+    #[test]
+    fn a_cpu_share_is_one_to_the_cpus_available_and_falls_with_more_ranks() {
+        let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let online = cpus_online().unwrap_or(available);
+        for local in [0, 1, 2, 3, 1000] {
+            let s = cpu_share(local);
+            assert!(
+                (1..=available).contains(&s),
+                "{local} ranks: {s} of {available}"
+            );
+            assert!(
+                s == 1 || s * local.max(1) <= online,
+                "{local} ranks: {s} of {online}"
+            );
+        }
+        assert!(cpu_share(4) <= cpu_share(2));
+        assert_eq!(cpu_share(usize::MAX), 1);
     }
 
     #[test]

@@ -39,7 +39,9 @@ use crate::mem::Location;
 use crate::DType;
 pub use exec::{transport_error, IdlePolicy};
 use exec::{Exec, LinkRx};
-pub use host::{default_stream_min_bytes, idle_policy, oversubscribed, DEFAULT_LLC_BYTES};
+pub use host::{
+    cpu_share, default_stream_min_bytes, idle_policy, oversubscribed, DEFAULT_LLC_BYTES,
+};
 pub use layout::Layout;
 pub use payloads::{ChunkRef, FrameCodec, FrameEncoder, Payloads};
 use payloads::{FramedPayloads, RawPayloads};
