@@ -5,8 +5,8 @@
 //! present, else the slice bundled in tests/data.
 //! CIERA_BENCH_CLOCK=cpu times with the thread's CPU time instead of wall time (for a shared,
 //! noisy machine; memcpy is timed the same way).
-//! CIERA_BENCH_DECODE_THREADS=N decodes Delta frames on N threads (`set_decode_threads`; the
-//! other frames and every encode stay on one); time it by the wall clock.
+//! CIERA_BENCH_CODEC_THREADS=N encodes and decodes Delta frames on N threads
+//! (`set_codec_threads`; the other frames stay on one); time it by the wall clock.
 
 #[path = "../tests/common/trace_data.rs"]
 mod trace_data;
@@ -50,9 +50,9 @@ fn bytes() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(64 << 20)
 }
-/// Threads a Delta frame's decode may use: CIERA_BENCH_DECODE_THREADS, else 1.
-fn decode_threads() -> usize {
-    std::env::var("CIERA_BENCH_DECODE_THREADS")
+/// Threads a Delta frame's encode and decode may use: CIERA_BENCH_CODEC_THREADS, else 1.
+fn codec_threads() -> usize {
+    std::env::var("CIERA_BENCH_CODEC_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
@@ -103,10 +103,10 @@ fn main() {
     let dir = trace_dir();
     let bytes = bytes();
     println!(
-        "codec bench: {} KiB per run, best of {}, one thread (Delta decode: {}), {} time, trace {}",
+        "codec bench: {} KiB per run, best of {}, one thread (Delta frames: {}), {} time, trace {}",
         bytes >> 10,
         reps(),
-        decode_threads(),
+        codec_threads(),
         if std::env::var("CIERA_BENCH_CLOCK").is_ok_and(|v| v == "cpu") {
             "CPU"
         } else {
@@ -164,7 +164,8 @@ fn main() {
                 let memcpy_gbps = memcpy_gbps();
                 let mut tx = CacheSlot::new(ta.dtype, cm, n);
                 let mut rx = CacheSlot::new(ta.dtype, cm, n);
-                rx.set_decode_threads(decode_threads());
+                tx.set_codec_threads(codec_threads());
+                rx.set_codec_threads(codec_threads());
                 tx.set_frame_choice(choice);
                 let mut frame = Vec::with_capacity(bytes + 4096);
                 let mut out = vec![0u8; bytes];

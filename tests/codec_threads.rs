@@ -1,11 +1,12 @@
-//! Delta frames decoded on several threads (`CacheSlot::set_decode_threads`) give exactly what
-//! one thread gives: the values, the change counts, the contexts left behind (a second Delta
-//! frame, coded against them, decodes exactly), and for damaged frames (resealed, so that they
-//! reach the lane decoders) the same refusal, with the same message, or the same output.
+//! Delta frames encoded and decoded on several threads (`CacheSlot::set_codec_threads`) give
+//! exactly what one thread gives: the same frames byte for byte, the values, the change
+//! counts, the contexts left behind (a second Delta frame, coded against them, decodes
+//! exactly), and for damaged frames (resealed, so that they reach the lane decoders) the same
+//! refusal, with the same message, or the same output.
 //!
 //! Chunks of the bundled trace slice, tiled to 4-10 groups of 32768 elements (the unit a
-//! decoder thread takes; a chunk of fewer than four stays on one thread), bf16 and fp32, at
-//! the four windows of the schedule.
+//! thread takes; a chunk of fewer than four stays on one thread), bf16 and fp32, at the four
+//! windows of the schedule.
 
 #[path = "common/frame_support.rs"]
 mod frame_support;
@@ -36,11 +37,14 @@ fn steps(elems: usize) -> Vec<(String, DType, [Vec<u8>; 3])> {
     out
 }
 
-/// The frames a delta slot sends for the three steps: a FILL, then two Delta frames.
-fn frames(dtype: DType, s: &[Vec<u8>; 3], what: &str) -> [Vec<u8>; 3] {
+/// The frames a delta slot coding on `threads` threads sends for the three steps: a FILL, then
+/// two Delta frames.
+fn frames(dtype: DType, s: &[Vec<u8>; 3], what: &str, threads: usize) -> [Vec<u8>; 3] {
     let len = s[0].len() / dtype.size();
-    let mut tx = CacheSlot::new(dtype, CacheMode::Delta, len);
+    // One version for every sender: frames of different thread counts compare byte for byte.
+    let mut tx = CacheSlot::with_version(dtype, CacheMode::Delta, len, 0x5EED);
     tx.set_frame_choice(FrameChoice::Delta);
+    tx.set_codec_threads(threads);
     std::array::from_fn(|i| {
         let mut f = Vec::new();
         let info = tx.encode(&s[i], &mut f).unwrap();
@@ -65,7 +69,7 @@ fn receiver(
 ) -> CacheSlot {
     let len = s[0].len() / dtype.size();
     let mut rx = CacheSlot::new(dtype, CacheMode::Delta, len);
-    rx.set_decode_threads(threads);
+    rx.set_codec_threads(threads);
     let mut out = vec![0u8; s[0].len()];
     for i in 0..k {
         rx.decode(&f[i], &mut out).unwrap();
@@ -91,7 +95,7 @@ fn decode(
 }
 
 #[test]
-fn delta_frames_decode_alike_on_one_and_several_threads() {
+fn delta_frames_code_alike_on_one_and_several_threads() {
     let group = delta::GROUP_ELEMS;
     for (elems, thread_counts) in [
         (9 * group + 1000, &[2usize, 3, 8][..]),
@@ -99,7 +103,7 @@ fn delta_frames_decode_alike_on_one_and_several_threads() {
     ] {
         for (name, dtype, s) in steps(elems) {
             let what = format!("{name} ({elems} elements)");
-            let f = frames(dtype, &s, &what);
+            let f = frames(dtype, &s, &what, 1);
             // One thread: the reference (values exact, counts as the encoder's).
             let mut one = Vec::new();
             let mut rx = receiver(dtype, &s, &f, 0, 1);
@@ -109,9 +113,16 @@ fn delta_frames_decode_alike_on_one_and_several_threads() {
                 assert!(out == s[i], "{what}: frame {i} on one thread");
             }
             for &t in thread_counts {
-                let split = ciera::codec::split_decodes();
+                let split = ciera::codec::split_codings();
+                let ft = frames(dtype, &s, &what, t);
+                for i in 0..3 {
+                    assert!(
+                        ft[i] == f[i],
+                        "{what}: frame {i} encoded on {t} threads differs"
+                    );
+                }
                 let mut rx = receiver(dtype, &s, &f, 0, t);
-                assert_eq!(rx.decode_threads(), t);
+                assert_eq!(rx.codec_threads(), t);
                 for (i, frame) in f.iter().enumerate() {
                     let mut out = vec![0u8; s[i].len()];
                     let info = rx.decode(frame, &mut out).unwrap();
@@ -126,10 +137,11 @@ fn delta_frames_decode_alike_on_one_and_several_threads() {
                         "{what}: frame {i} on {t} threads: other counts"
                     );
                 }
-                // Both Delta frames were split (other tests may add to the count, never less).
+                // Both Delta frames were split, encoding and decoding: four codings (other
+                // tests may add to the count, never take from it).
                 assert!(
-                    ciera::codec::split_decodes() >= split + 2,
-                    "{what}: the Delta frames were not decoded on {t} threads"
+                    ciera::codec::split_codings() >= split + 4,
+                    "{what}: the Delta frames were not coded on {t} threads"
                 );
             }
         }
@@ -143,7 +155,7 @@ fn damaged_delta_frames_are_refused_alike_on_one_and_several_threads() {
     let mut rng = Rng(0x7EAD_5EED);
     let (mut refused, mut accepted) = (0, 0);
     for (name, dtype, s) in steps(elems).into_iter().step_by(3) {
-        let f = frames(dtype, &s, &name);
+        let f = frames(dtype, &s, &name, 1);
         let [s0, s1, ..] = section_lens(&f[2]);
         let lens_at = HEADER_LEN + s0 + s1 - 4 * elems.div_ceil(group);
         let mut cases: Vec<(String, Vec<u8>)> = Vec::new();

@@ -110,11 +110,11 @@ fn perf_trace_replays_the_bundled_slice_exactly_and_compresses() {
     }
 }
 
-/// Delta frames decoded on three threads per chunk (`CIERA_DECODE_THREADS=3`; a 1 MiB chunk of
-/// bf16 holds 16 groups, so each decoder thread takes a run of them): every element of every
+/// Delta frames encoded and decoded on three threads per chunk (`CIERA_CODEC_THREADS=3`; a 1 MiB
+/// chunk of bf16 holds 16 groups, so each thread takes a run of them): every element of every
 /// call arrives exact, over TCP between real ranks.
 #[test]
-fn perf_trace_delta_frames_decode_exactly_on_several_threads() {
+fn perf_trace_delta_frames_code_exactly_on_several_threads() {
     let rows = perf_json(
         &[
             "--trace",
@@ -134,7 +134,7 @@ fn perf_trace_delta_frames_decode_exactly_on_several_threads() {
             "--modes",
             "delta-on",
         ],
-        &[("CIERA_TRANSPORT", "tcp"), ("CIERA_DECODE_THREADS", "3")],
+        &[("CIERA_TRANSPORT", "tcp"), ("CIERA_CODEC_THREADS", "3")],
     );
     assert!(rows.len() >= 3, "{rows:?}");
     for r in &rows {

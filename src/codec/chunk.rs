@@ -24,7 +24,7 @@ pub struct SlotChunk<'a> {
     pub(super) state: &'a mut [u8],
     /// Delta slots: the context byte of every element (empty otherwise).
     pub(super) ctx: &'a mut [u8],
-    /// Threads a Delta frame's decode may use (`CacheSlot::set_decode_threads`).
+    /// Threads a Delta frame's encode or decode may use (`CacheSlot::set_codec_threads`).
     pub(super) threads: usize,
 }
 
@@ -322,7 +322,7 @@ fn encode_delta_with<L: Layout>(
             }
             if choice == FrameChoice::Delta {
                 let (s0, s1, changed, exp_changed) =
-                    delta::write::<L>(&sc, input, c.state, c.ctx, ds, out);
+                    delta::write::<L>(&sc, input, c.state, c.ctx, ds, out, c.threads);
                 return Delta {
                     mode: Mode::Delta,
                     s0_hash: None,

@@ -455,6 +455,7 @@ impl Words<'_> {
 /// cached `state` and contexts `ctx`); returns the lengths of s0 and s1 and the exact change
 /// counts (values, and cached fields). Updates the contexts and the values (`state` ends equal
 /// to `input`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn write<L: Layout>(
     sc: &Scan,
     input: &[u8],
@@ -462,6 +463,7 @@ pub(super) fn write<L: Layout>(
     ctx: &mut [u8],
     s: &mut DeltaScratch,
     out: &mut Vec<u8>,
+    threads: usize,
 ) -> (usize, usize, usize, usize) {
     let w = width::<L>();
     let ntok = tokens(w);
@@ -499,12 +501,144 @@ pub(super) fn write<L: Layout>(
             e.packed.push(y.cum | (y.cmpl_freq & 0xfff) << 12);
         }
     }
-    // Groups of `group` elements, each coded backwards (rANS) into one stream shared by its
-    // lanes: the exact reverse of the decoder's order (rows; in a row the token steps of every
-    // lane, then their extra bits; lanes in order).
+    let k = Coder {
+        syms: &syms,
+        table: &s.enc,
+        ntok,
+        lanes,
+        group,
+        n,
+        w,
+        vector,
+    };
+    let groups = n.div_ceil(group);
     let s0_start = out.len();
-    let syms = &syms[..];
-    let enc_table = &s.enc;
+    let mut rc = super::delta_simd::RowCounts::default();
+    let parts = threads.min(groups / MIN_PART_GROUPS);
+    if parts < 2 {
+        encode_groups::<L>(
+            &k,
+            input,
+            state,
+            ctx,
+            0..groups,
+            &mut s.words,
+            out,
+            &mut model,
+            &mut rc,
+        );
+    } else {
+        encode_parts::<L>(
+            &k,
+            parts,
+            input,
+            state,
+            ctx,
+            &mut s.words,
+            out,
+            &mut model,
+            &mut rc,
+        );
+    }
+    let s0 = out.len() - s0_start;
+    out.extend_from_slice(&model);
+    (s0, model.len(), rc.changed, rc.exp_changed)
+}
+
+/// What every group's encoder reads: the symbols (and the vector coders' packed table), the
+/// geometry.
+struct Coder<'a> {
+    syms: &'a [EncSym],
+    table: &'a super::delta_simd::EncTable,
+    ntok: usize,
+    lanes: usize,
+    group: usize,
+    /// Elements in the chunk.
+    n: usize,
+    w: u32,
+    /// A vector row coder applies.
+    vector: bool,
+}
+
+/// Encode the chunk's groups on `parts` threads (this one and the codec pool's), each a run of
+/// whole groups (an even number): the first into `out` and `model`, the others into buffers of
+/// their own, appended in group order after: the bytes one thread writes. `words` is the first
+/// part's scratch.
+#[allow(clippy::too_many_arguments)]
+fn encode_parts<L: Layout>(
+    k: &Coder<'_>,
+    parts: usize,
+    mut input: &[u8],
+    mut state: &mut [u8],
+    mut ctx: &mut [u8],
+    words: &mut Vec<u16>,
+    out: &mut Vec<u8>,
+    model: &mut Vec<u8>,
+    rc: &mut super::delta_simd::RowCounts,
+) {
+    let groups = k.n.div_ceil(k.group);
+    let per = groups.div_ceil(parts).next_multiple_of(2);
+    let bytes = L::BYTES;
+    type Part = (Vec<u16>, Vec<u8>, Vec<u8>, super::delta_simd::RowCounts);
+    let mut jobs = Vec::new();
+    for g in (0..groups).step_by(per) {
+        let gs = g..(g + per).min(groups);
+        let elems = (gs.end * k.group).min(k.n) - gs.start * k.group;
+        let (i, rest) = input.split_at(elems * bytes);
+        input = rest;
+        let (st, rest) = std::mem::take(&mut state).split_at_mut(elems * bytes);
+        state = rest;
+        let (c, rest) = std::mem::take(&mut ctx).split_at_mut(elems);
+        ctx = rest;
+        jobs.push((gs, i, st, c));
+    }
+    // The first part writes into the frame itself; the others into buffers of their own,
+    // each room for its raw bytes and lane states (a Delta frame longer than that goes as a
+    // FILL anyway), appended after.
+    let mut done: Vec<Part> = jobs[1..]
+        .iter()
+        .map(|(gs, i, ..)| {
+            let lanes = Vec::with_capacity(i.len() + 4 * k.lanes * gs.len() + 64);
+            (Vec::new(), lanes, Vec::new(), Default::default())
+        })
+        .collect();
+    let mut jobs = jobs.into_iter();
+    let (gs0, i0, st0, c0) = jobs.next().expect("at least two parts");
+    super::pool::count_split();
+    super::pool::coders().in_place_scope(|scope| {
+        for ((gs, i, st, c), (words, lanes, lens, rc)) in jobs.zip(done.iter_mut()) {
+            scope.spawn(move |_| encode_groups::<L>(k, i, st, c, gs, words, lanes, lens, rc));
+        }
+        encode_groups::<L>(k, i0, st0, c0, gs0, words, out, model, rc);
+    });
+    for (_, lanes, lens, r) in done {
+        out.extend_from_slice(&lanes);
+        model.extend_from_slice(&lens);
+        rc.changed += r.changed;
+        rc.exp_changed += r.exp_changed;
+    }
+}
+
+/// Encode groups `gs` of the chunk from `input` against `state` and `ctx` (which hold exactly
+/// those groups' elements, and take the new values and contexts), each coded backwards (rANS)
+/// into one stream shared by its lanes: the exact reverse of the decoder's order (rows; in a
+/// row the token steps of every lane, then their extra bits; lanes in order). Appends each
+/// group's final lane states and words to `lanes` and its byte length to `lens`; `words` is
+/// scratch.
+#[allow(clippy::too_many_arguments)]
+fn encode_groups<L: Layout>(
+    k: &Coder<'_>,
+    input: &[u8],
+    state: &mut [u8],
+    ctx: &mut [u8],
+    gs: Range<usize>,
+    words_buf: &mut Vec<u16>,
+    lanes_out: &mut Vec<u8>,
+    lens: &mut Vec<u8>,
+    rc: &mut super::delta_simd::RowCounts,
+) {
+    let (lanes, group, w) = (k.lanes, k.group, k.w);
+    let syms = k.syms;
     let two_steps = w > EXTRA_STEP + DIRECT_BITS;
     // The row of `m` elements from `first`: their moves from the cached values and contexts
     // (which it then updates), coded into the lane states.
@@ -544,70 +678,51 @@ pub(super) fn write<L: Layout>(
             words.put(&mut x[l], &syms[ks[l] as usize]);
         }
     };
+    // Element 0 of these spans.
+    let first = gs.start * group;
     let mut x = vec![RANS_L; lanes];
-    let mut rc = super::delta_simd::RowCounts::default();
-    let mut base = 0;
-    while base < n {
-        let cnt = group.min(n - base);
-        s.words.resize(3 * cnt + 32, 0);
+    for g in gs {
+        let base = g * group - first;
+        let cnt = group.min(k.n - g * group);
+        words_buf.resize(3 * cnt + 32, 0);
         let mut words = Words {
-            buf: &mut s.words[..],
+            buf: &mut words_buf[..],
             pos: 0,
         };
         x.fill(RANS_L);
         let (rows, rem) = (cnt / lanes, cnt % lanes);
-        row(
-            base + rows * lanes,
-            rem,
-            &mut x,
-            &mut words,
-            state,
-            ctx,
-            &mut rc,
-        );
-        let plain_rows = if vector
+        row(base + rows * lanes, rem, &mut x, &mut words, state, ctx, rc);
+        let plain_rows = if k.vector
             && super::delta_simd::encode_rows::<L>(
-                enc_table, ntok, input, state, ctx, &mut x, &mut words, base, rows, &mut rc,
+                k.table, k.ntok, input, state, ctx, &mut x, &mut words, base, rows, rc,
             ) {
             0
         } else {
             rows
         };
-        for k in (0..plain_rows).rev() {
-            row(
-                base + k * lanes,
-                lanes,
-                &mut x,
-                &mut words,
-                state,
-                ctx,
-                &mut rc,
-            );
+        for r in (0..plain_rows).rev() {
+            row(base + r * lanes, lanes, &mut x, &mut words, state, ctx, rc);
         }
         for xl in &x {
-            out.extend_from_slice(&xl.to_le_bytes());
+            lanes_out.extend_from_slice(&xl.to_le_bytes());
         }
-        let at = out.len();
-        out.resize(at + 2 * words.pos, 0);
-        for (o, &wd) in out[at..]
+        let at = lanes_out.len();
+        lanes_out.resize(at + 2 * words.pos, 0);
+        for (o, &wd) in lanes_out[at..]
             .chunks_exact_mut(2)
             .zip(words.buf[..words.pos].iter().rev())
         {
             o.copy_from_slice(&wd.to_le_bytes());
         }
-        model.extend_from_slice(&((4 * lanes + 2 * words.pos) as u32).to_le_bytes());
-        base += cnt;
+        lens.extend_from_slice(&((4 * lanes + 2 * words.pos) as u32).to_le_bytes());
     }
-    let s0 = out.len() - s0_start;
-    out.extend_from_slice(&model);
-    (s0, model.len(), rc.changed, rc.exp_changed)
 }
 
 /// Decode a Delta frame (`s0` lane streams, `s1` model) against a chunk's values `state` and
 /// contexts `ctx`, into `out`; updates both. On error `out`, `state` and `ctx` hold
 /// unspecified bytes (the caller poisons the slot). Returns the number of changed values and
 /// of values whose cached field (exponent) changed. Up to `threads` threads (this one and the
-/// codec pool's, `pool::decoders`) decode its groups, each a run of whole groups: the same
+/// codec pool's, `pool::coders`) decode its groups, each a run of whole groups: the same
 /// bytes, counts and errors as one thread.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn decode<L: Layout>(
@@ -827,7 +942,7 @@ fn decode_parts<L: Layout>(
     let (gs0, p0, s0, c0, o0) = spans.next().expect("at least two parts");
     let (first, rest) = results.split_first_mut().expect("at least two parts");
     super::pool::count_split();
-    super::pool::decoders().in_place_scope(|scope| {
+    super::pool::coders().in_place_scope(|scope| {
         for ((gs, p, s, c, o), r) in spans.zip(rest.iter_mut()) {
             scope.spawn(move |_| *r = Some(decode_groups::<L>(sec, gs, p, s, c, o)));
         }

@@ -46,7 +46,7 @@ pub mod slot;
 pub use chunk::{decode_raw, SlotChunk};
 pub use error::{CodecError, Result};
 pub use frame::{Frame, Mode, HEADER_LEN};
-pub use pool::{split_decodes, MAX_DECODE_THREADS};
+pub use pool::{split_codings, MAX_CODEC_THREADS};
 pub use slot::{CacheMode, CacheSlot, FrameChoice, FrameInfo, LevelBytes};
 
 #[cfg(test)]

@@ -116,7 +116,7 @@ pub struct CacheSlot {
     state: Vec<u8>,
     /// Delta slots: per element its previous move, clipped (see `delta::context_of`).
     ctx: Vec<u8>,
-    /// Threads a chunk's Delta frame may be decoded on (1: the caller's alone).
+    /// Threads a chunk's Delta frame may be encoded or decoded on (1: the caller's alone).
     threads: usize,
 }
 
@@ -159,15 +159,15 @@ impl CacheSlot {
         self.choice = choice;
     }
 
-    /// Decode a chunk's Delta frame on up to `threads` threads (clamped to
-    /// 1..=[`MAX_DECODE_THREADS`](super::MAX_DECODE_THREADS)): the caller's and the codec's
-    /// decoder pool's, each a run of whole groups of 32768 elements (a chunk of fewer than
-    /// four groups stays on the caller's). The bytes, counts and errors are those of one thread.
-    pub fn set_decode_threads(&mut self, threads: usize) {
-        self.threads = threads.clamp(1, super::MAX_DECODE_THREADS);
+    /// Encode and decode a chunk's Delta frame on up to `threads` threads (clamped to
+    /// 1..=[`MAX_CODEC_THREADS`](super::MAX_CODEC_THREADS)): the caller's and the codec's
+    /// pool's, each a run of whole groups of 32768 elements (a chunk of fewer than four groups
+    /// stays on the caller's). The frames, values, counts and errors are those of one thread.
+    pub fn set_codec_threads(&mut self, threads: usize) {
+        self.threads = threads.clamp(1, super::MAX_CODEC_THREADS);
     }
 
-    pub fn decode_threads(&self) -> usize {
+    pub fn codec_threads(&self) -> usize {
         self.threads
     }
 

@@ -1,5 +1,5 @@
 //! Compression settings: `CIERA_COMPRESS`, `CIERA_CACHE_MB`, `CIERA_CACHE_MODE`,
-//! `CIERA_VERIFY`, `CIERA_COMPRESS_MIN_BYTES`, `CIERA_DECODE_THREADS`, and the per-call
+//! `CIERA_VERIFY`, `CIERA_COMPRESS_MIN_BYTES`, `CIERA_CODEC_THREADS`, and the per-call
 //! overrides of [`GatherOptions`].
 
 use crate::codec::CacheMode;
@@ -55,10 +55,10 @@ pub struct CompressConfig {
     /// (`auto`): the policy of `Compressor::mode_for` (delta caches when the ring crosses a
     /// network link, else full-value caches while they fit, else exponent caches).
     pub cache_mode: Option<CacheMode>,
-    /// Threads that decode one received chunk's Delta frame (`CIERA_DECODE_THREADS`, 1 to
-    /// `codec::MAX_DECODE_THREADS`); None (`auto`): this rank's share of the host's CPUs
+    /// Threads that encode or decode one chunk's Delta frame (`CIERA_CODEC_THREADS`, 1 to
+    /// `codec::MAX_CODEC_THREADS`); None (`auto`): this rank's share of the host's CPUs
     /// (`engine::cpu_share`), 1 where the ranks have a CPU or less each.
-    pub decode_threads: Option<usize>,
+    pub codec_threads: Option<usize>,
 }
 
 pub const DEFAULT_CACHE_MB: usize = 4096;
@@ -72,7 +72,7 @@ impl Default for CompressConfig {
             verify: false,
             min_shard_bytes: DEFAULT_MIN_SHARD_BYTES,
             cache_mode: None,
-            decode_threads: None,
+            codec_threads: None,
         }
     }
 }
@@ -93,15 +93,15 @@ fn parse_cache_mode(v: &str) -> Option<Option<CacheMode>> {
     }
 }
 
-/// `CIERA_DECODE_THREADS`: Some(None) for `auto`, Some(n) for 1..=MAX_DECODE_THREADS, None
+/// `CIERA_CODEC_THREADS`: Some(None) for `auto`, Some(n) for 1..=MAX_CODEC_THREADS, None
 /// otherwise.
-fn parse_decode_threads(v: &str) -> Option<Option<usize>> {
+fn parse_codec_threads(v: &str) -> Option<Option<usize>> {
     match v.trim().to_ascii_lowercase().as_str() {
         "auto" => Some(None),
         n => n
             .parse::<usize>()
             .ok()
-            .filter(|n| (1..=crate::codec::MAX_DECODE_THREADS).contains(n))
+            .filter(|n| (1..=crate::codec::MAX_CODEC_THREADS).contains(n))
             .map(Some),
     }
 }
@@ -145,11 +145,11 @@ impl CompressConfig {
                 ))
             })?;
         }
-        if let Some(v) = env_var("CIERA_DECODE_THREADS") {
-            c.decode_threads = parse_decode_threads(&v).ok_or_else(|| {
+        if let Some(v) = env_var("CIERA_CODEC_THREADS") {
+            c.codec_threads = parse_codec_threads(&v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "CIERA_DECODE_THREADS={v:?}: expected auto or 1 to {}",
-                    crate::codec::MAX_DECODE_THREADS
+                    "CIERA_CODEC_THREADS={v:?}: expected auto or 1 to {}",
+                    crate::codec::MAX_CODEC_THREADS
                 ))
             })?;
         }
@@ -218,12 +218,12 @@ mod tests {
     }
 
     #[test]
-    fn decode_threads_parse() {
-        assert_eq!(parse_decode_threads("auto"), Some(None));
-        assert_eq!(parse_decode_threads(" 1 "), Some(Some(1)));
-        assert_eq!(parse_decode_threads("8"), Some(Some(8)));
-        assert_eq!(parse_decode_threads("0"), None);
-        assert_eq!(parse_decode_threads("9"), None);
-        assert_eq!(parse_decode_threads("many"), None);
+    fn codec_threads_parse() {
+        assert_eq!(parse_codec_threads("auto"), Some(None));
+        assert_eq!(parse_codec_threads(" 1 "), Some(Some(1)));
+        assert_eq!(parse_codec_threads("8"), Some(Some(8)));
+        assert_eq!(parse_codec_threads("0"), None);
+        assert_eq!(parse_codec_threads("9"), None);
+        assert_eq!(parse_codec_threads("many"), None);
     }
 }

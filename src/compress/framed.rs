@@ -331,9 +331,10 @@ impl Compressor {
             levels: Vec::new(),
             encode_ns: 0,
         };
-        let decode_threads = self.decode_threads(engine);
+        let codec_threads = self.codec_threads(engine);
+        encoder.lineage.slot.set_codec_threads(codec_threads);
         let mut codec = GroupCodec::new(&mut self.store, me, n, count, dtype, new_mode, clock);
-        codec.decode_threads = decode_threads;
+        codec.codec_threads = codec_threads;
         let r = engine.all_gather_framed(send, recv, count, dtype, &mut encoder, &mut codec);
         let elapsed = t0.elapsed();
         let GroupCodec {

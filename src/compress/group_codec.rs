@@ -74,8 +74,8 @@ pub struct GroupCodec<'a> {
     pub incoming: Vec<Option<Incoming>>,
     pub failures: Vec<Option<Error>>,
     pub decode_ns: u64,
-    /// Threads a chunk's Delta frame is decoded on (`CompressConfig::decode_threads`).
-    pub decode_threads: usize,
+    /// Threads a chunk's Delta frame is decoded on (`CompressConfig::codec_threads`).
+    pub codec_threads: usize,
 }
 
 impl<'a> GroupCodec<'a> {
@@ -99,7 +99,7 @@ impl<'a> GroupCodec<'a> {
             incoming: (0..n).map(|_| None).collect(),
             failures: (0..n).map(|_| None).collect(),
             decode_ns: 0,
-            decode_threads: 1,
+            codec_threads: 1,
         }
     }
 
@@ -162,7 +162,7 @@ impl<'a> GroupCodec<'a> {
                 frame_version: f.version,
             }));
         }
-        inc.lineage.slot.set_decode_threads(self.decode_threads);
+        inc.lineage.slot.set_codec_threads(self.codec_threads);
         let info = inc
             .lineage
             .slot

@@ -458,8 +458,8 @@ pub struct Compressor {
     /// (`predict::TRIAL_WAITS`). Agreed, as the error is.
     learning: BTreeMap<u32, SlotKey>,
     stats: Stats,
-    /// `CIERA_DECODE_THREADS` (`auto` resolved) at the first compressed call.
-    decode_threads: Option<usize>,
+    /// `CIERA_CODEC_THREADS` (`auto` resolved) at the first compressed call.
+    codec_threads: Option<usize>,
 }
 
 /// Status record: call ns, encode ns, decode ns, shard hash, raw probe ns, and this rank's
@@ -525,24 +525,24 @@ impl Compressor {
             model_error: BTreeMap::new(),
             learning: BTreeMap::new(),
             stats: Stats::default(),
-            decode_threads: None,
+            codec_threads: None,
         }
     }
 
-    /// Threads a received chunk's Delta frame is decoded on: `CIERA_DECODE_THREADS`, else this
+    /// Threads a chunk's Delta frame is encoded or decoded on: `CIERA_CODEC_THREADS`, else this
     /// rank's share of its host's CPUs (`engine::cpu_share`, at most
-    /// `codec::MAX_DECODE_THREADS`); resolved at the first call, logged at INFO.
-    fn decode_threads(&mut self, engine: &crate::engine::Engine) -> usize {
-        let asked = self.config.decode_threads;
-        *self.decode_threads.get_or_insert_with(|| {
+    /// `codec::MAX_CODEC_THREADS`); resolved at the first call, logged at INFO.
+    fn codec_threads(&mut self, engine: &crate::engine::Engine) -> usize {
+        let asked = self.config.codec_threads;
+        *self.codec_threads.get_or_insert_with(|| {
             let local = engine.topology().ranks_on_host_of(engine.rank());
             let t = asked.unwrap_or_else(|| {
-                crate::engine::cpu_share(local).min(crate::codec::MAX_DECODE_THREADS)
+                crate::engine::cpu_share(local).min(crate::codec::MAX_CODEC_THREADS)
             });
             tracing::info!(
                 threads = t,
                 local_ranks = local,
-                "Delta frames decoded on up to {t} thread(s) per chunk (CIERA_DECODE_THREADS={})",
+                "Delta frames coded on up to {t} thread(s) per chunk (CIERA_CODEC_THREADS={})",
                 asked.map_or("auto".to_string(), |a| a.to_string())
             );
             t

@@ -76,7 +76,7 @@ pub fn oversubscribed(local_ranks: usize) -> bool {
     local_ranks > cpus
 }
 
-/// The CPUs a rank may use for work of its own (`CIERA_DECODE_THREADS=auto`): the CPUs it may
+/// The CPUs a rank may use for work of its own (`CIERA_CODEC_THREADS=auto`): the CPUs it may
 /// run on (`available_parallelism`: its CPU set, the container's quota), but no more than its
 /// share of the host's CPUs among its `local_ranks`, so that ranks busy at once do not take
 /// more CPUs than there are; at least 1 (a rank bound to one CPU, or one of more ranks than
