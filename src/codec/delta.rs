@@ -511,26 +511,23 @@ pub(super) fn write<L: Layout>(
         w,
         vector,
     };
-    let groups = n.div_ceil(group);
     let s0_start = out.len();
     let mut rc = super::delta_simd::RowCounts::default();
-    let parts = threads.min(groups / MIN_PART_GROUPS);
-    if parts < 2 {
-        encode_groups::<L>(
+    match runs(n, group, threads) {
+        None => encode_groups::<L>(
             &k,
             input,
             state,
             ctx,
-            0..groups,
+            0..n.div_ceil(group),
             &mut s.words,
             out,
             &mut model,
             &mut rc,
-        );
-    } else {
-        encode_parts::<L>(
+        ),
+        Some(parts) => encode_parts::<L>(
             &k,
-            parts,
+            &parts,
             input,
             state,
             ctx,
@@ -538,7 +535,7 @@ pub(super) fn write<L: Layout>(
             out,
             &mut model,
             &mut rc,
-        );
+        ),
     }
     let s0 = out.len() - s0_start;
     out.extend_from_slice(&model);
@@ -560,38 +557,34 @@ struct Coder<'a> {
     vector: bool,
 }
 
-/// Encode the chunk's groups on `parts` threads (this one and the codec pool's), each a run of
-/// whole groups (an even number): the first into `out` and `model`, the others into buffers of
-/// their own, appended in group order after: the bytes one thread writes. `words` is the first
-/// part's scratch.
+/// Encode the chunk's `parts` (see [`runs`]) on as many threads (this one and the codec
+/// pool's): the first into `out` and `model`, the others into buffers of their own, appended
+/// in group order after: the bytes one thread writes. `words` is the first part's scratch.
 #[allow(clippy::too_many_arguments)]
 fn encode_parts<L: Layout>(
     k: &Coder<'_>,
-    parts: usize,
+    parts: &[(Range<usize>, usize)],
     mut input: &[u8],
-    mut state: &mut [u8],
-    mut ctx: &mut [u8],
+    state: &mut [u8],
+    ctx: &mut [u8],
     words: &mut Vec<u16>,
     out: &mut Vec<u8>,
     model: &mut Vec<u8>,
     rc: &mut super::delta_simd::RowCounts,
 ) {
-    let groups = k.n.div_ceil(k.group);
-    let per = groups.div_ceil(parts).next_multiple_of(2);
-    let bytes = L::BYTES;
     type Part = (Vec<u16>, Vec<u8>, Vec<u8>, super::delta_simd::RowCounts);
-    let mut jobs = Vec::new();
-    for g in (0..groups).step_by(per) {
-        let gs = g..(g + per).min(groups);
-        let elems = (gs.end * k.group).min(k.n) - gs.start * k.group;
-        let (i, rest) = input.split_at(elems * bytes);
-        input = rest;
-        let (st, rest) = std::mem::take(&mut state).split_at_mut(elems * bytes);
-        state = rest;
-        let (c, rest) = std::mem::take(&mut ctx).split_at_mut(elems);
-        ctx = rest;
-        jobs.push((gs, i, st, c));
-    }
+    let sizes = || parts.iter().map(|(_, elems)| *elems);
+    let states = cut(state, sizes().map(|e| e * L::BYTES));
+    let ctxs = cut(ctx, sizes());
+    let jobs: Vec<_> = parts
+        .iter()
+        .zip(states.into_iter().zip(ctxs))
+        .map(|((gs, elems), (st, c))| {
+            let (i, rest) = input.split_at(elems * L::BYTES);
+            input = rest;
+            (gs.clone(), i, st, c)
+        })
+        .collect();
     // The first part writes into the frame itself; the others into buffers of their own,
     // each room for its raw bytes and lane states (a Delta frame longer than that goes as a
     // FILL anyway), appended after.
@@ -872,43 +865,68 @@ struct Section<'a> {
 /// the part to another thread costs more than the thread saves.
 const MIN_PART_GROUPS: usize = 2;
 
-/// Where `threads` (more than one) decoders may split a chunk of `groups` groups: contiguous
-/// runs of groups, an even number each (the AVX-512 decoder pairs groups from an even one, as
-/// on one thread), each with the byte of the section where its first group starts. None where
-/// one thread decodes it all: a small chunk, one thread asked for, or group lengths that do
-/// not add up within the section (the single decoder then reports the first wrong group, as
-/// always).
-fn split_groups(
-    sec: &Section<'_>,
-    groups: usize,
-    threads: usize,
-) -> Option<Vec<(Range<usize>, usize)>> {
+/// How `threads` threads split a chunk of `n` elements in groups of `group`: contiguous runs of
+/// whole groups, an even number each (the AVX-512 decoder pairs groups from an even one, as on
+/// one thread), each with its element count. None where one thread codes it all: one thread
+/// asked for, or a chunk of fewer than `2 * MIN_PART_GROUPS` groups.
+fn runs(n: usize, group: usize, threads: usize) -> Option<Vec<(Range<usize>, usize)>> {
+    let groups = n.div_ceil(group);
     let parts = threads.min(groups / MIN_PART_GROUPS);
     if parts < 2 {
         return None;
     }
+    let per = groups.div_ceil(parts).next_multiple_of(2);
+    Some(
+        (0..groups)
+            .step_by(per)
+            .map(|g| {
+                let gs = g..(g + per).min(groups);
+                let elems = (gs.end * group).min(n) - gs.start * group;
+                (gs, elems)
+            })
+            .collect(),
+    )
+}
+
+/// `s` cut into consecutive spans of `sizes` bytes.
+fn cut(mut s: &mut [u8], sizes: impl Iterator<Item = usize>) -> Vec<&mut [u8]> {
+    sizes
+        .map(|k| {
+            let (head, tail) = std::mem::take(&mut s).split_at_mut(k);
+            s = tail;
+            head
+        })
+        .collect()
+}
+
+/// Where `threads` (more than one) decoders may split a chunk of `groups` groups: its
+/// [`runs`] (groups, elements), each with the byte of the section where its first group
+/// starts. None where one
+/// thread decodes it all: as for `runs`, or group lengths that do not add up within the
+/// section (the single decoder then reports the first wrong group, as always).
+fn split_groups(
+    sec: &Section<'_>,
+    groups: usize,
+    threads: usize,
+) -> Option<Vec<(Range<usize>, usize, usize)>> {
+    let parts = runs(sec.n, sec.group, threads)?;
     let mut starts = Vec::with_capacity(groups + 1);
     let mut p = 0usize;
     for g in 0..groups {
         starts.push(p);
-        let o = 4 * g;
-        let len = u32::from_le_bytes([
-            sec.lens[o],
-            sec.lens[o + 1],
-            sec.lens[o + 2],
-            sec.lens[o + 3],
-        ]) as usize;
+        let len = group_len(sec.lens, g);
         if len > sec.s0.len() - p {
             return None;
         }
         p += len;
     }
-    starts.push(p);
-    let per = groups.div_ceil(parts).next_multiple_of(2);
     Some(
-        (0..groups)
-            .step_by(per)
-            .map(|g| (g..(g + per).min(groups), starts[g]))
+        parts
+            .into_iter()
+            .map(|(gs, elems)| {
+                let p = starts[gs.start];
+                (gs, elems, p)
+            })
             .collect(),
     )
 }
@@ -920,23 +938,20 @@ fn split_groups(
 /// part before it decoded without error).
 fn decode_parts<L: Layout>(
     sec: &Section<'_>,
-    parts: &[(Range<usize>, usize)],
-    mut state: &mut [u8],
-    mut ctx: &mut [u8],
-    mut out: &mut [u8],
+    parts: &[(Range<usize>, usize, usize)],
+    state: &mut [u8],
+    ctx: &mut [u8],
+    out: &mut [u8],
 ) -> Result<(usize, usize, usize)> {
-    let bytes = L::BYTES;
-    let mut spans = Vec::with_capacity(parts.len());
-    for (gs, p) in parts {
-        let elems = (gs.end * sec.group).min(sec.n) - gs.start * sec.group;
-        let (s, rest) = std::mem::take(&mut state).split_at_mut(elems * bytes);
-        state = rest;
-        let (c, rest) = std::mem::take(&mut ctx).split_at_mut(elems);
-        ctx = rest;
-        let (o, rest) = std::mem::take(&mut out).split_at_mut(elems * bytes);
-        out = rest;
-        spans.push((gs.clone(), *p, s, c, o));
-    }
+    let elems = || parts.iter().map(|(_, elems, _)| *elems);
+    let states = cut(state, elems().map(|e| e * L::BYTES));
+    let ctxs = cut(ctx, elems());
+    let outs = cut(out, elems().map(|e| e * L::BYTES));
+    let spans: Vec<_> = parts
+        .iter()
+        .zip(states.into_iter().zip(ctxs).zip(outs))
+        .map(|((gs, _, p), ((s, c), o))| (gs.clone(), *p, s, c, o))
+        .collect();
     let mut results: Vec<Option<Result<(usize, usize, usize)>>> = vec![None; parts.len()];
     let mut spans = spans.into_iter();
     let (gs0, p0, s0, c0, o0) = spans.next().expect("at least two parts");
@@ -1092,8 +1107,7 @@ fn decode_batch<L: Layout, const B: usize>(
 /// words.
 fn open_group(s0: &[u8], lens: &[u8], g: usize, p: usize, x: &mut [u32]) -> Result<Reader> {
     let lanes = x.len();
-    let o = 4 * g;
-    let len = u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize;
+    let len = group_len(lens, g);
     if len < 4 * lanes || !(len - 4 * lanes).is_multiple_of(2) || len > s0.len() - p {
         return Err(CodecError::corrupt(
             "delta lanes",
@@ -1118,6 +1132,12 @@ fn open_group(s0: &[u8], lens: &[u8], g: usize, p: usize, x: &mut [u32]) -> Resu
         at: p + 4 * lanes,
         end: p + len,
     })
+}
+
+/// Group `g`'s byte length from a Delta frame's group lengths `lens`.
+fn group_len(lens: &[u8], g: usize) -> usize {
+    let o = 4 * g;
+    u32::from_le_bytes([lens[o], lens[o + 1], lens[o + 2], lens[o + 3]]) as usize
 }
 
 /// The checks after group `g` is decoded: every element had a table, every word of its stream
