@@ -1,7 +1,8 @@
 //! `ciera perf --trace DIR`: the compressed Allgather on real weights. Rank r sends slice r of
 //! a trace tensor (tiled to the requested size) at step t; iterations walk the consecutive
-//! steps of each window of the trace back and forth (every call is a real one-step delta);
-//! every received bit is checked against the trace. For each window, size and mode it prints
+//! steps of each window of the trace back and forth (every call is a real one-step delta; the
+//! calls at the turns, which undo the previous move, are made and checked but not timed:
+//! [`turns_back`]); every received bit is checked against the trace. For each window, size and mode it prints
 //! time, busbw, the wire ratio and the speedup over the raw mode measured in the same run.
 //!
 //! With `--layers L` an iteration gathers a model instead of one tensor, as FSDP gathers its
@@ -32,6 +33,9 @@ Replays a real training trace through the compressed Allgather and checks every 
                        tiled to the size
   -i, --iters N        timed calls per window, size and mode (default 10)
   -w, --warmup N       untimed calls first, those that fill caches included (default 3)
+The calls walk each window's steps back and forth (0 1 2 .. 2 1 0 1 ..). A call at a turn undoes
+the previous call's move, which no training run does and which Delta frames (whose context is
+each element's previous move) code nearly for free: such calls are made and checked, not timed.
   --modes LIST         comma list of: auto (the configuration users get: CIERA_COMPRESS and
                        CIERA_CACHE_MODE as set, auto by default; the row says what it chose),
                        raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
@@ -258,6 +262,25 @@ fn tensor_of(path: &Path, want: Option<&str>) -> Result<()> {
     pick_tensor(&st, want).map(|_| ())
 }
 
+/// The order in which calls visit a window of `k` steps: back and forth, 0 1 .. k-1 k-2 .. 1
+/// (then again from 0).
+fn walk(k: usize) -> Vec<usize> {
+    (0..k).chain((1..k.saturating_sub(1)).rev()).collect()
+}
+
+/// Whether call `it` of the walk `order` (a window's steps back and forth) turns back: it
+/// returns to the step of two calls before, so its move is exactly the previous call's move
+/// undone. No training run moves so, and Delta frames, whose context is each element's previous
+/// move, code it nearly for free (seen: 159x where the calls around it reach 17-21x; Exp and
+/// Hybrid frames have no such context and code it as any one-step move). Those calls are made
+/// and checked but not timed: every timed call is a one-step move after a one-step move in the
+/// same direction, forward in the trace or backward (a reversed trajectory, whose consecutive
+/// moves are the forward ones negated, in reverse order). In a window of two steps every call but the first two
+/// turns back; there they are timed (there is no other move to time).
+fn turns_back(order: &[usize], it: usize) -> bool {
+    order.len() > 2 && it >= 2 && order[it % order.len()] == order[(it - 2) % order.len()]
+}
+
 /// The windows of consecutive steps in a trace folder, each a list of (step, path).
 pub(crate) fn windows(dir: &Path) -> Result<Vec<Vec<(u64, PathBuf)>>> {
     let shown = dir.display().to_string();
@@ -389,9 +412,9 @@ fn run_rank(o: &Opts) -> Result<u64> {
             );
             header_done = true;
         }
-        // Walk the window back and forth: 0 1 2 .. k k-1 .. 1 0 1 ...
+        // Walk the window back and forth: 0 1 2 .. k k-1 .. 1 0 1 ... (the turns untimed).
         let k = steps.len();
-        let order: Vec<usize> = (0..k).chain((1..k - 1).rev()).collect();
+        let order = walk(k);
         let mut bytes = o.min_bytes;
         let mut size_no = 0u64;
         loop {
@@ -434,9 +457,11 @@ fn run_rank(o: &Opts) -> Result<u64> {
                 .collect();
             let mut shard = vec![0u8; count * es];
             let mut last_step = 0;
-            for it in 0..o.warmup + o.iters {
+            let (mut it, mut timed_calls) = (0, 0);
+            while it < o.warmup || timed_calls < o.iters {
                 let (step, vals) = &steps[order[it % order.len()]];
                 last_step = *step;
+                let timed = it >= o.warmup && !turns_back(&order, it);
                 // Rank r's shard: elements [r*count, (r+1)*count) of the tiled tensor.
                 fill_tiled(&mut shard, vals, rank * count * es);
                 for m in 0..runs.len() {
@@ -448,7 +473,7 @@ fn run_rank(o: &Opts) -> Result<u64> {
                     let t0 = Instant::now();
                     let report =
                         comm.all_gather_with(Some(&shard), &mut run.recv, count, dtype, &run.opts)?;
-                    if it >= o.warmup {
+                    if timed {
                         run.timed.push(t0.elapsed().as_secs_f64());
                         run.raw_bytes += report.raw_bytes;
                         run.wire_bytes += report.wire_bytes;
@@ -460,6 +485,8 @@ fn run_rank(o: &Opts) -> Result<u64> {
                     comm.barrier()?;
                     run.wrong += count_wrong(&run.recv, vals, es);
                 }
+                timed_calls += timed as usize;
+                it += 1;
             }
             for (mode, run) in o.modes.iter().zip(runs.iter_mut()) {
                 let Run {
@@ -604,7 +631,7 @@ fn run_model(o: &Opts, layers: usize) -> Result<u64> {
             header_done = true;
         }
         let k = steps.len();
-        let order: Vec<usize> = (0..k).chain((1..k - 1).rev()).collect();
+        let order = walk(k);
         let mut bytes = o.min_bytes;
         loop {
             // Elements per rank of each tensor of a layer.
@@ -661,13 +688,14 @@ fn run_model(o: &Opts, layers: usize) -> Result<u64> {
             let mut shards: Vec<Vec<u8>> = counts.iter().map(|&c| vec![0u8; c * es]).collect();
             let mut peak_cache = 0usize;
             let mut last_step = 0;
-            for it in 0..o.warmup + o.iters {
+            let (mut it, mut timed_calls) = (0, 0);
+            while it < o.warmup || timed_calls < o.iters {
                 let (step, vals) = &steps[order[it % order.len()]];
                 last_step = *step;
                 for (j, shard) in shards.iter_mut().enumerate() {
                     fill_tiled(shard, &vals[j], rank * counts[j] * es);
                 }
-                let timed = it >= o.warmup;
+                let timed = it >= o.warmup && !turns_back(&order, it);
                 for m in 0..runs.len() {
                     let run = &mut runs[(m + it) % o.modes.len()];
                     for c in 0..calls {
@@ -694,6 +722,8 @@ fn run_model(o: &Opts, layers: usize) -> Result<u64> {
                         run.wrong += count_wrong(&run.recv[j], &vals[j], es);
                     }
                 }
+                timed_calls += timed as usize;
+                it += 1;
             }
             let mut raw_time: Option<f64> = None;
             for (mode, run) in o.modes.iter().zip(&runs) {
@@ -936,6 +966,52 @@ mod tests {
         assert_eq!(median_of(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median_of(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
         assert_eq!(median_of(&mut []), 0.0);
+    }
+
+    #[test]
+    fn the_walk_times_every_call_but_the_turns() {
+        // The steps each call visits, and which are timed (after no warmup).
+        let visits = |k: usize, calls: usize| -> Vec<(usize, bool)> {
+            let order = walk(k);
+            (0..calls)
+                .map(|it| (order[it % order.len()], !turns_back(&order, it)))
+                .collect()
+        };
+        let t = |s: usize| (s, true);
+        let u = |s: usize| (s, false);
+        // 0 1 2 3 | 2 (undoes 2->3) 1 0 | 1 (undoes 1->0) 2 3 | 2 ...
+        assert_eq!(
+            visits(4, 11),
+            [
+                t(0),
+                t(1),
+                t(2),
+                t(3),
+                u(2),
+                t(1),
+                t(0),
+                u(1),
+                t(2),
+                t(3),
+                u(2)
+            ]
+        );
+        // Three steps (the bundled slice's windows): 0 1 2 | 1 0 | 1 2 | 1 0 ...
+        assert_eq!(
+            visits(3, 8),
+            [t(0), t(1), t(2), u(1), t(0), u(1), t(2), u(1)]
+        );
+        // Two steps: every move undoes the last, and there is nothing else to time.
+        assert_eq!(visits(2, 4), [t(0), t(1), t(0), t(1)]);
+        assert_eq!(visits(1, 3), [t(0), t(0), t(0)]);
+        // Every untimed call returns to the step of two calls before, and no timed one does
+        // (beyond two steps).
+        for k in 3..9 {
+            let v = visits(k, 5 * k);
+            for i in 2..v.len() {
+                assert_eq!(v[i].1, v[i].0 != v[i - 2].0, "k {k}, call {i}");
+            }
+        }
     }
 
     #[test]
