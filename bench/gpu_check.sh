@@ -29,6 +29,12 @@
 #                                      # a device-to-device copy; then host-staged over TCP, raw and
 #                                      # compressed, on a loopback shaped to 1 Gbit/s when this is
 #                                      # root with ip and tc (else unshaped, and it says so).
+#   bench/gpu_check.sh shaped          # no GPU used: the Delta frames' shaped run (issue 21) on the
+#                                      # device machine's CPUs (16, where this VM has 2 for 4 ranks):
+#                                      # bench/shaped_compare.sh at 1 Gbit/s, 4 ranks, TCP, raw and
+#                                      # delta-on, on every window of the full trace's qkv tensor
+#                                      # (cut into .gpu/trace by prepare), codec threads auto, then 1;
+#                                      # needs root, ip and tc; about 2 minutes.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -80,14 +86,21 @@ for line in sys.stdin:
         exit 1
     fi
     ls "$CARRY/cubin"
+    # The full trace's windows, one tensor, for `shaped` (the device has no trace).
+    trace=../shared/traces/olmoe-mini-s0
+    if [ -d "$trace" ]; then
+        python3 bench/make_trace_slice.py --whole layers.1.attn.qkv.bf16 "$trace" "$CARRY/trace"
+    else
+        echo "no $trace: 'shaped' will replay the bundled slice (3-step windows) instead"
+    fi
     grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >>.git/info/exclude
     du -sh "$CARRY"
     echo "carry $CARRY to the device machine and run bench/gpu_check.sh there"
     exit 0
 fi
 
-if [ "${1:-}" = allgather ]; then
-    LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check_allgather}
+if [ "${1:-}" = allgather ] || [ "${1:-}" = shaped ]; then
+    LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check_$1}
 else
     LOG=${CIERA_GPU_CHECK_LOG:-target/gpu_check}
 fi
@@ -145,6 +158,33 @@ if [ -z "${CIERA_NVRTC_LIB:-}" ] && [ ! -d .venv ]; then
     fi
 fi
 echo "NVRTC: ${CIERA_NVRTC_LIB:-as src/gpu/nvrtc.rs searches}"
+
+if [ "${1:-}" = shaped ]; then
+    C=$ROOT/$CARRY/bin/ciera
+    [ -x "$C" ] || C=$ROOT/target/release/ciera
+    if [ ! -x "$C" ]; then
+        echo "no $CARRY/bin/ciera: run 'bench/gpu_check.sh prepare' where cargo works and carry $CARRY"
+        exit 1
+    fi
+    TRACE=$ROOT/$CARRY/trace
+    [ -d "$TRACE" ] || TRACE=$ROOT/tests/data/olmoe-slice
+    step machine 30 bash -c 'nproc; lscpu | grep -iE "model name|^CPU\(s\)|thread|core"; id -u; command -v ip tc mpirun || true'
+    if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+        echo "shaped: needs root, ip and tc (a network namespace with a tbf-shaped loopback)"
+        exit 1
+    fi
+    for threads in auto 1; do
+        step "threads_$threads" 240 env CIERA_CODEC_THREADS=$threads MPI=0 CIERA="$C" \
+            RATE=1gbit NRANKS=4 SIZE=16M ITERS=10 MODES=raw,delta-on TRACE="$TRACE" \
+            bench/shaped_compare.sh
+    done
+    summary
+    for threads in auto 1; do
+        echo "  CIERA_CODEC_THREADS=$threads:"
+        grep -E '^ *(window|[0-9]+-[0-9]+) |wrong elements' "$LOG/threads_$threads.log" | sed 's/^/    /'
+    done
+    exit $fail
+fi
 
 if [ "${1:-}" = allgather ]; then
     B=$ROOT/$CARRY/bin

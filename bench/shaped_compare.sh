@@ -19,6 +19,8 @@
 #   bench/shaped_compare.sh                                 # 1 Gbit/s, 4 ranks, 16 MiB
 #   RATE=1gbit NRANKS=4 SIZE=16M ITERS=5 TRACE=../shared/traces/olmoe-mini-s0 bench/shaped_compare.sh
 #   MODES=raw,delta,delta-on bench/shaped_compare.sh            # raw is always run (the baseline)
+#   MPI=0 CIERA=.gpu/bin/ciera bench/shaped_compare.sh    # no MPI baseline, a prebuilt ciera (a
+#                                                         # machine without cargo or Open MPI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
@@ -34,14 +36,22 @@ MODES=${MODES:-raw,exp,full,delta}
 # raw is the baseline of every ratio: run it whether named or not.
 [[ ,$MODES, == *,raw,* ]] || MODES=raw,$MODES
 OUT=${OUT:-$(mktemp -d /tmp/ciera-shaped.XXXXXX)}
+MPI=${MPI:-1}
 mkdir -p "$OUT"
+: >"$OUT/mpi.txt"
 NS=ciera-shaped-$$
 
-. bench/need_mpi.sh
-cargo build --release --quiet --bin ciera >&2
-TARGET=${CARGO_TARGET_DIR:-target}
-CIERA=$(realpath "$TARGET/release/ciera")
-mpicc -O2 -o "$OUT/mpi_allgather" bench/mpi_allgather.c
+if [[ -n ${CIERA:-} ]]; then
+    CIERA=$(realpath "$CIERA")
+else
+    cargo build --release --quiet --bin ciera >&2
+    TARGET=${CARGO_TARGET_DIR:-target}
+    CIERA=$(realpath "$TARGET/release/ciera")
+fi
+if [[ $MPI != 0 ]]; then
+    . bench/need_mpi.sh
+    mpicc -O2 -o "$OUT/mpi_allgather" bench/mpi_allgather.c
+fi
 
 . bench/shaped_lo.sh
 trap 'shaped_lo_down "$NS"' EXIT
@@ -52,6 +62,7 @@ T_ARGS=(--trace "$TRACE" -n "$NRANKS" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WAR
 [[ -n $TENSOR ]] && T_ARGS+=(--tensor "$TENSOR")
 for ((r = 1; r <= REPEAT; r++)); do
     ip netns exec "$NS" env CIERA_TRANSPORT=tcp "$CIERA" perf "${T_ARGS[@]}" >>"$OUT/ours.json"
+    [[ $MPI == 0 ]] && continue
     ip netns exec "$NS" mpirun --allow-run-as-root --oversubscribe -np "$NRANKS" --mca btl tcp,self \
         --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
         "$OUT/mpi_allgather" -b "$SIZE" -e "$SIZE" -i "$ITERS" -w "$WARMUP" -d uint8 -c 0 >>"$OUT/mpi.txt"
@@ -71,7 +82,8 @@ for r in rows:
 wins = sorted({r["window"] for r in rows}, key=lambda w: int(w.split("-")[0]))
 wrong = sum(r["wrong"] for r in rows)
 print(f"# {rows[0]['tensor'] if rows else '?'}, {rows[0]['nranks'] if rows else '?'} ranks, "
-      f"{rows[0]['size'] if rows else '?'} bytes gathered; MPI_Allgather (tcp) {mpi_us/1e3:.1f} ms")
+      f"{rows[0]['size'] if rows else '?'} bytes gathered; MPI_Allgather (tcp) "
+      + (f"{mpi_us/1e3:.1f} ms" if mpi else "not run (MPI=0)"))
 # Per mode: time, wire ratio, raw/mode and MPI/mode (speedups).
 cols = [("raw ms", lambda w, g: f"{g(w, 'raw') / 1e3:.1f}")]
 for m in modes:
@@ -82,8 +94,9 @@ for m in modes:
         # The speedup's share of the wire ratio: 1.00 where the call is as fast as its bytes
         # allow, less where coding (or anything else) is not hidden behind the wire.
         (f"{m}/wire", lambda w, g, m=m: f"{g(w, 'raw') / g(w, m) / g(w, m, 'wire_ratio'):.2f}"),
-        (f"mpi/{m}", lambda w, g, m=m: f"{mpi_us / g(w, m):.2f}x"),
     ]
+    if mpi:
+        cols.append((f"mpi/{m}", lambda w, g, m=m: f"{mpi_us / g(w, m):.2f}x"))
 g = lambda w, m, key="time_us": best.get((w, m), {}).get(key, float("nan"))
 width = [max(len(name), 8) for name, _ in cols]
 print(f"{'window':>9} " + " ".join(f"{name:>{k}}" for (name, _), k in zip(cols, width)))
