@@ -317,9 +317,10 @@ impl Compressor {
             new_mode
         };
         let sample = recalibrate.map(|_| {
+            let threads = self.codec_threads(engine);
             let input = super::own_shard(engine, send, recv, shard_bytes);
             let cached = (!own_missed).then(|| own.slot.values()).flatten();
-            self.sample(pkey, sample_mode, cached, input, dtype)
+            self.sample(pkey, sample_mode, cached, input, dtype, threads)
         });
 
         let t0 = Instant::now();

@@ -9,7 +9,8 @@
 //! - its wire: the raw baseline scaled by the level's frame bytes over the raw bytes (moving
 //!   bytes costs time in proportion to them, on the wire or in the transport's CPU);
 //! - its codec: each rank encodes its shard and decodes the others', one encoder thread and one
-//!   decoding thread per rank, the ranks of a host sharing its cores;
+//!   decoding thread per rank, each splitting a Delta frame over the rank's codec threads
+//!   (`CIERA_CODEC_THREADS`, timed so in the sample too), the ranks of a host sharing its cores;
 //!
 //! the larger of the two where every rank's threads (transport, encoder, decoder) have cores
 //! of their own (the codec overlaps the moving of the bytes), else their sum (`additive`).
@@ -23,7 +24,7 @@
 use std::time::{Duration, Instant};
 
 use crate::algo::Topology;
-use crate::codec::{CacheMode, CacheSlot};
+use crate::codec::{CacheMode, CacheSlot, FrameChoice};
 use crate::DType;
 
 use super::LEVEL_CHOICES;
@@ -32,24 +33,32 @@ use super::LEVEL_CHOICES;
 pub(super) const SAMPLE_ELEMS: usize = 1 << 18;
 /// Index of an exponent cache's Exp frames (the trial) in a prediction, after the three levels.
 pub(super) const EXP_CACHE: usize = 3;
-/// Words of one rank's calibration in the exchange: the probe's time, the rank's cores, then
-/// per choice (three levels and the exponent cache) its frame bytes, encode and decode ns.
-pub(super) const WORDS: usize = 2 + 3 * 4;
+/// Words of one rank's calibration in the exchange: the probe's time, the rank's cores, its
+/// codec threads, then per choice (three levels and the exponent cache) its frame bytes,
+/// encode and decode ns on one thread, and encode and decode ns on the codec threads.
+pub(super) const WORDS: usize = 3 + 5 * 4;
 const UNKNOWN: u64 = u64::MAX;
 
 /// One rank's calibration: per choice (index as `LEVEL_CHOICES`, then `EXP_CACHE`) the frame
-/// bytes of its whole shard, the ns to encode it and the ns to decode it; None where not coded.
+/// bytes of its whole shard, the ns to encode it and the ns to decode it on one thread (the
+/// CPU time it takes); None where not coded. On more than one codec thread, a delta cache's
+/// level that may send Delta frames (which split over them) is timed there too: `*_wall_ns`
+/// (None elsewhere: the same as on one thread).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Sample {
     pub wire: [Option<u64>; 4],
     pub enc_ns: [Option<u64>; 4],
     pub dec_ns: [Option<u64>; 4],
+    pub enc_wall_ns: [Option<u64>; 4],
+    pub dec_wall_ns: [Option<u64>; 4],
 }
 
 /// Code `input` (this call's shard) against `cached` (the values of the previous call) in a
 /// sample at each of `levels` on a `mode` cache and, with `exp_cache`, on an exponent cache.
 /// Scratch slots only: the real caches are untouched. Each timing is the faster of two runs
-/// (a busy host preempts one, rarely both).
+/// (a busy host preempts one, rarely both). With `threads` > 1 (the codec threads), a delta
+/// cache's level that may send Delta frames is also timed on that many threads, as its real
+/// chunks are coded.
 pub(super) fn calibrate(
     dtype: DType,
     mode: CacheMode,
@@ -57,6 +66,7 @@ pub(super) fn calibrate(
     exp_cache: bool,
     cached: &[u8],
     input: &[u8],
+    threads: usize,
 ) -> Sample {
     let size = dtype.size();
     let count = input.len() / size;
@@ -74,51 +84,84 @@ pub(super) fn calibrate(
     }
     let mut frame = Vec::with_capacity(m * size + 4096);
     let mut decoded = vec![0u8; m * size];
+    let ns = |secs: f64| Some((secs * scale * 1e9) as u64);
     for (i, cache) in choices {
-        let (mut enc, mut dec, mut bytes) = (f64::INFINITY, f64::INFINITY, None);
-        // One pair of slots for both runs (their memory faulted in once): the second run
-        // starts them cold again.
+        // One pair of slots for every run (their memory faulted in once): each run starts them
+        // cold again.
         let mut tx = CacheSlot::new(dtype, cache, m);
         let mut rx = CacheSlot::new(dtype, cache, m);
         if i < EXP_CACHE {
             tx.set_frame_choice(LEVEL_CHOICES[i]);
         }
-        for _ in 0..2 {
-            tx.poison();
-            rx.poison();
-            frame.clear();
-            // FILL frames set both slots to the previous values, as the real caches hold.
-            if tx.encode(old, &mut frame).is_err() || rx.decode(&frame, &mut decoded).is_err() {
+        // Only Delta frames split: a delta cache's level that may send them.
+        let split = threads > 1
+            && cache == CacheMode::Delta
+            && i < EXP_CACHE
+            && LEVEL_CHOICES[i] == FrameChoice::Auto;
+        for t in if split { vec![1, threads] } else { vec![1] } {
+            tx.set_codec_threads(t);
+            rx.set_codec_threads(t);
+            let Some((bytes, enc, dec)) =
+                time_coding(&mut tx, &mut rx, old, new, &mut frame, &mut decoded)
+            else {
                 return out;
+            };
+            if t == 1 {
+                out.wire[i] = Some((bytes as f64 * scale) as u64);
+                (out.enc_ns[i], out.dec_ns[i]) = (ns(enc), ns(dec));
+            } else {
+                (out.enc_wall_ns[i], out.dec_wall_ns[i]) = (ns(enc), ns(dec));
             }
-            frame.clear();
-            let t = Instant::now();
-            let r = tx.encode(new, &mut frame);
-            enc = enc.min(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            let ok = r.is_ok() && rx.decode(&frame, &mut decoded).is_ok();
-            dec = dec.min(t.elapsed().as_secs_f64());
-            if !ok || decoded != new {
-                return out;
-            }
-            bytes = Some(frame.len());
         }
-        out.wire[i] = bytes.map(|b| (b as f64 * scale) as u64);
-        out.enc_ns[i] = Some((enc * scale * 1e9) as u64);
-        out.dec_ns[i] = Some((dec * scale * 1e9) as u64);
     }
     out
 }
 
+/// Code `new` from `tx` to `rx`, both first filled with `old`, twice: the frame's bytes and the
+/// faster encode and decode (seconds); None where a coding fails or decodes wrong.
+fn time_coding(
+    tx: &mut CacheSlot,
+    rx: &mut CacheSlot,
+    old: &[u8],
+    new: &[u8],
+    frame: &mut Vec<u8>,
+    decoded: &mut [u8],
+) -> Option<(usize, f64, f64)> {
+    let (mut enc, mut dec) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..2 {
+        tx.poison();
+        rx.poison();
+        frame.clear();
+        // FILL frames set both slots to the previous values, as the real caches hold.
+        if tx.encode(old, frame).is_err() || rx.decode(frame, decoded).is_err() {
+            return None;
+        }
+        frame.clear();
+        let t = Instant::now();
+        let r = tx.encode(new, frame);
+        enc = enc.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let ok = r.is_ok() && rx.decode(frame, decoded).is_ok();
+        dec = dec.min(t.elapsed().as_secs_f64());
+        if !ok || decoded != new {
+            return None;
+        }
+    }
+    Some((frame.len(), enc, dec))
+}
+
 /// This rank's words for the exchange.
-pub(super) fn words(raw_probe: Duration, cores: usize, s: &Sample) -> [u64; WORDS] {
+pub(super) fn words(raw_probe: Duration, cores: usize, threads: usize, s: &Sample) -> [u64; WORDS] {
     let mut w = [UNKNOWN; WORDS];
     w[0] = raw_probe.as_nanos() as u64;
     w[1] = cores as u64;
+    w[2] = threads as u64;
     for i in 0..4 {
-        w[2 + i] = s.wire[i].unwrap_or(UNKNOWN);
-        w[6 + i] = s.enc_ns[i].unwrap_or(UNKNOWN);
-        w[10 + i] = s.dec_ns[i].unwrap_or(UNKNOWN);
+        w[3 + i] = s.wire[i].unwrap_or(UNKNOWN);
+        w[7 + i] = s.enc_ns[i].unwrap_or(UNKNOWN);
+        w[11 + i] = s.dec_ns[i].unwrap_or(UNKNOWN);
+        w[15 + i] = s.enc_wall_ns[i].unwrap_or(UNKNOWN);
+        w[19 + i] = s.dec_wall_ns[i].unwrap_or(UNKNOWN);
     }
     w
 }
@@ -150,13 +193,23 @@ impl Prediction {
         };
         let raw = Duration::from_nanos((0..n).filter_map(|r| get(r, 0)).max().unwrap_or(0));
         let wire = std::array::from_fn(|i| {
-            (0..n).try_fold(0.0, |a, r| get(r, 2 + i).map(|b| a + b as f64))
+            (0..n).try_fold(0.0, |a, r| get(r, 3 + i).map(|b| a + b as f64))
         });
+        // A rank's codec threads (1 where unknown).
+        let threads_of = |r: usize| get(r, 2).unwrap_or(1).max(1) as f64;
         let codec = std::array::from_fn(|i| {
-            let enc: Option<Vec<f64>> = (0..n).map(|r| get(r, 6 + i).map(|v| v as f64)).collect();
-            let dec: Option<Vec<f64>> = (0..n).map(|r| get(r, 10 + i).map(|v| v as f64)).collect();
+            let enc: Option<Vec<f64>> = (0..n).map(|r| get(r, 7 + i).map(|v| v as f64)).collect();
+            let dec: Option<Vec<f64>> = (0..n).map(|r| get(r, 11 + i).map(|v| v as f64)).collect();
             let (enc, dec) = (enc?, dec?);
+            // The times on the codec threads (the one-thread times where not timed there).
+            let wall = |at: usize, one: &[f64]| -> Vec<f64> {
+                (0..n)
+                    .map(|r| get(r, at + i).map_or(one[r], |v| v as f64))
+                    .collect()
+            };
+            let (enc_wall, dec_wall) = (wall(15, &enc), wall(19, &dec));
             let total_dec: f64 = dec.iter().sum();
+            let total_dec_wall: f64 = dec_wall.iter().sum();
             let mut worst: f64 = 0.0;
             for h in 0..topo.hosts() {
                 let ranks: Vec<usize> = (0..n).filter(|&r| topo.host_of(r) == h).collect();
@@ -169,14 +222,15 @@ impl Prediction {
                     .min()
                     .unwrap_or(1)
                     .max(1) as f64;
-                // Each rank: its encode on one thread, the others' shards decoded on another.
-                let per_rank: Vec<(f64, f64)> = ranks
+                // Each rank: its encode on its encoder thread, the others' shards decoded on
+                // another, each on the rank's codec threads. The work is the one-thread CPU
+                // time; the longest of them takes its time on the codec threads.
+                let work: f64 = ranks.iter().map(|&r| enc[r] + total_dec - dec[r]).sum();
+                let longest = ranks
                     .iter()
-                    .map(|&r| (enc[r], total_dec - dec[r]))
-                    .collect();
-                let threads = (2 * ranks.len()) as f64;
-                let work: f64 = per_rank.iter().map(|(e, d)| e + d).sum();
-                let longest = per_rank.iter().map(|&(e, d)| e.max(d)).fold(0.0, f64::max);
+                    .map(|&r| enc_wall[r].max(total_dec_wall - dec_wall[r]))
+                    .fold(0.0, f64::max);
+                let threads: f64 = ranks.iter().map(|&r| 2.0 * threads_of(r)).sum();
                 worst = worst.max((work / cores.min(threads)).max(longest));
             }
             Some(Duration::from_nanos(worst as u64))
@@ -374,7 +428,8 @@ impl super::Compressor {
             .as_ref()
             .and_then(|l| l.slot.values())
             .or(kept.as_deref());
-        let sample = self.sample(pkey, mode, cached, input, dtype);
+        let threads = self.codec_threads(engine);
+        let sample = self.sample(pkey, mode, cached, input, dtype, threads);
         if let Some(l) = own {
             self.store.put(me, l, Some(key));
         }
@@ -390,12 +445,13 @@ impl super::Compressor {
         cached: Option<&[u8]>,
         input: &[u8],
         dtype: DType,
+        threads: usize,
     ) -> Sample {
         let levels = super::levels_of(mode);
         let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
         let t = Instant::now();
         let s = cached
-            .map(|v| calibrate(dtype, mode, levels, exp_cache, v, input))
+            .map(|v| calibrate(dtype, mode, levels, exp_cache, v, input, threads))
             .unwrap_or_default();
         tracing::debug!(
             slot = pkey.id,
@@ -427,7 +483,8 @@ impl super::Compressor {
         let levels = super::levels_of(mode);
         let exp_cache = self.policies[&pkey].may_demote && levels.len() > 1;
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let all = super::verify::exchange_words(engine, &words(probe, cores, sample))?;
+        let threads = self.codec_threads(engine);
+        let all = super::verify::exchange_words(engine, &words(probe, cores, threads, sample))?;
         let mut pred = Prediction::from_words(&all, 0, engine.topology());
         if let Some(f) = first {
             pred.raw = pred.raw.min(f);
@@ -591,9 +648,10 @@ mod tests {
             wire: [Some(raw / 2), None, Some(raw / 5), Some(raw / 2)],
             enc_ns: [Some(1_000_000), None, Some(8_000_000), Some(800_000)],
             dec_ns: [Some(500_000), None, Some(5_000_000), Some(400_000)],
+            ..Sample::default()
         };
         (0..4)
-            .map(|_| words(Duration::from_millis(40), cores as usize, &s).to_vec())
+            .map(|_| words(Duration::from_millis(40), cores as usize, 1, &s).to_vec())
             .collect()
     }
 
@@ -666,6 +724,37 @@ mod tests {
         let p = Prediction::from_words(&words_of(2), 0, &topo);
         assert_eq!(p.codec[2], Some(Duration::from_millis(23)));
         assert!(p.additive, "2 ranks on 2 cores per host");
+    }
+
+    #[test]
+    fn codec_threads_shorten_the_longest_thread_not_the_work() {
+        // As `words_of`, on 4 codec threads per rank: Delta encodes in 3 ms and decodes a
+        // shard in 2 ms there (8 and 5 on one).
+        let raw = 4u64 << 20;
+        let s = Sample {
+            wire: [Some(raw / 2), None, Some(raw / 5), Some(raw / 2)],
+            enc_ns: [Some(1_000_000), None, Some(8_000_000), Some(800_000)],
+            dec_ns: [Some(500_000), None, Some(5_000_000), Some(400_000)],
+            enc_wall_ns: [None, None, Some(3_000_000), None],
+            dec_wall_ns: [None, None, Some(2_000_000), None],
+        };
+        let all = |cores: usize, threads: usize| -> Vec<Vec<u64>> {
+            (0..4)
+                .map(|_| words(Duration::from_millis(40), cores, threads, &s).to_vec())
+                .collect()
+        };
+        let topo = Topology::single_host(4);
+        // 64 cores: Delta's longest thread decodes three shards, 3 x 2 ms (15 ms on one
+        // thread); Exp, not timed on threads, as before (1 + 1.5 ms: 1.5 ms).
+        let p = Prediction::from_words(&all(64, 4), 0, &topo);
+        assert_eq!(p.codec[2], Some(Duration::from_millis(6)));
+        assert_eq!(p.codec[0], Some(Duration::from_micros(1500)));
+        // 8 cores for 32 threads: the work, (8 + 15) x 4 ms on one thread, over 8 cores.
+        let p = Prediction::from_words(&all(8, 4), 0, &topo);
+        assert_eq!(p.codec[2], Some(Duration::from_micros(11_500)));
+        // Without threaded times (one codec thread): the one-thread decode, 15 ms, bounds it.
+        let p = Prediction::from_words(&words_of(64), 0, &topo);
+        assert_eq!(p.codec[2], Some(Duration::from_millis(15)));
     }
 
     #[test]
@@ -764,7 +853,16 @@ mod tests {
         let new: Vec<u8> = (0..n)
             .flat_map(|i| (0x3f80u16 + (i % 97) as u16 + (i % 4 == 0) as u16).to_le_bytes())
             .collect();
-        let s = calibrate(DType::BF16, CacheMode::Delta, &[0, 1, 2], true, &old, &new);
+        let s = calibrate(
+            DType::BF16,
+            CacheMode::Delta,
+            &[0, 1, 2],
+            true,
+            &old,
+            &new,
+            1,
+        );
+        assert_eq!((s.enc_wall_ns, s.dec_wall_ns), ([None; 4], [None; 4]));
         for i in 0..4 {
             let w = s.wire[i].unwrap_or_else(|| panic!("choice {i} not coded"));
             assert!(w > 0 && w < (2 * n) as u64, "choice {i}: {w} bytes");
@@ -780,10 +878,67 @@ mod tests {
             false,
             &old,
             &new,
+            4,
         );
         assert_eq!((s.wire[1], s.wire[3]), (None, None));
         assert!(s.wire[0].is_some() && s.wire[2].is_some());
-        let s = calibrate(DType::BF16, CacheMode::Delta, &[2], false, &old[2..], &new);
+        // A full-value cache's frames never split: not timed on threads.
+        assert_eq!((s.enc_wall_ns, s.dec_wall_ns), ([None; 4], [None; 4]));
+        let s = calibrate(
+            DType::BF16,
+            CacheMode::Delta,
+            &[2],
+            false,
+            &old[2..],
+            &new,
+            1,
+        );
         assert_eq!(s, Sample::default());
+    }
+
+    #[test]
+    fn calibration_times_a_delta_cache_on_the_codec_threads() {
+        // A sample of eight groups (the first 2^18 elements), whose Delta frames split.
+        let n = 300_000usize;
+        let old: Vec<u8> = (0..n)
+            .flat_map(|i| (0x3f80u16 + (i % 97) as u16).to_le_bytes())
+            .collect();
+        let new: Vec<u8> = (0..n)
+            .flat_map(|i| (0x3f80u16 + (i % 97) as u16 + (i % 4 == 0) as u16).to_le_bytes())
+            .collect();
+        let before = crate::codec::split_codings();
+        let s = calibrate(
+            DType::BF16,
+            CacheMode::Delta,
+            &[0, 1, 2],
+            true,
+            &old,
+            &new,
+            3,
+        );
+        assert!(
+            crate::codec::split_codings() > before,
+            "no coding was split over the threads"
+        );
+        // The level that may send Delta frames, and only that one (Exp and Hybrid frames
+        // never split).
+        assert!(
+            s.enc_wall_ns[2].is_some() && s.dec_wall_ns[2].is_some(),
+            "{s:?}"
+        );
+        for i in [0, 1, 3] {
+            assert_eq!((s.enc_wall_ns[i], s.dec_wall_ns[i]), (None, None), "{s:?}");
+        }
+        // The one-thread times, bytes and all, are as without threads.
+        let one = calibrate(
+            DType::BF16,
+            CacheMode::Delta,
+            &[0, 1, 2],
+            true,
+            &old,
+            &new,
+            1,
+        );
+        assert_eq!(s.wire, one.wire);
     }
 }
