@@ -843,25 +843,33 @@ mod tests {
         );
     }
 
-    #[test]
-    fn calibration_codes_real_frames_at_every_level() {
-        // bf16 values that move by one ulp in a quarter of the elements.
-        let n = 50_000usize;
-        let old: Vec<u8> = (0..n)
-            .flat_map(|i| (0x3f80u16 + (i % 97) as u16).to_le_bytes())
-            .collect();
-        let new: Vec<u8> = (0..n)
-            .flat_map(|i| (0x3f80u16 + (i % 97) as u16 + (i % 4 == 0) as u16).to_le_bytes())
-            .collect();
-        let s = calibrate(
+    /// `n` bf16 values before and after a step that moves a quarter of them by one ulp.
+    fn one_ulp_step(n: usize) -> (Vec<u8>, Vec<u8>) {
+        let at = |i: usize, moved: bool| (0x3f80u16 + (i % 97) as u16 + moved as u16).to_le_bytes();
+        (
+            (0..n).flat_map(|i| at(i, false)).collect(),
+            (0..n).flat_map(|i| at(i, i % 4 == 0)).collect(),
+        )
+    }
+
+    /// `calibrate` of bf16 values on a delta cache, every level and the exponent cache.
+    fn calibrate_bf16_delta(old: &[u8], new: &[u8], threads: usize) -> Sample {
+        calibrate(
             DType::BF16,
             CacheMode::Delta,
             &[0, 1, 2],
             true,
-            &old,
-            &new,
-            1,
-        );
+            old,
+            new,
+            threads,
+        )
+    }
+
+    #[test]
+    fn calibration_codes_real_frames_at_every_level() {
+        let n = 50_000usize;
+        let (old, new) = one_ulp_step(n);
+        let s = calibrate_bf16_delta(&old, &new, 1);
         assert_eq!((s.enc_wall_ns, s.dec_wall_ns), ([None; 4], [None; 4]));
         for i in 0..4 {
             let w = s.wire[i].unwrap_or_else(|| panic!("choice {i} not coded"));
@@ -899,23 +907,9 @@ mod tests {
     #[test]
     fn calibration_times_a_delta_cache_on_the_codec_threads() {
         // A sample of eight groups (the first 2^18 elements), whose Delta frames split.
-        let n = 300_000usize;
-        let old: Vec<u8> = (0..n)
-            .flat_map(|i| (0x3f80u16 + (i % 97) as u16).to_le_bytes())
-            .collect();
-        let new: Vec<u8> = (0..n)
-            .flat_map(|i| (0x3f80u16 + (i % 97) as u16 + (i % 4 == 0) as u16).to_le_bytes())
-            .collect();
+        let (old, new) = one_ulp_step(300_000);
         let before = crate::codec::split_codings();
-        let s = calibrate(
-            DType::BF16,
-            CacheMode::Delta,
-            &[0, 1, 2],
-            true,
-            &old,
-            &new,
-            3,
-        );
+        let s = calibrate_bf16_delta(&old, &new, 3);
         assert!(
             crate::codec::split_codings() > before,
             "no coding was split over the threads"
@@ -930,15 +924,7 @@ mod tests {
             assert_eq!((s.enc_wall_ns[i], s.dec_wall_ns[i]), (None, None), "{s:?}");
         }
         // The one-thread times, bytes and all, are as without threads.
-        let one = calibrate(
-            DType::BF16,
-            CacheMode::Delta,
-            &[0, 1, 2],
-            true,
-            &old,
-            &new,
-            1,
-        );
+        let one = calibrate_bf16_delta(&old, &new, 1);
         assert_eq!(s.wire, one.wire);
     }
 }
