@@ -2,8 +2,9 @@
 //! a trace tensor (tiled to the requested size) at step t; iterations walk the consecutive
 //! steps of each window of the trace back and forth (every call is a real one-step delta; the
 //! calls at the turns, which undo the previous move, are made and checked but not timed:
-//! [`turns_back`]); every received bit is checked against the trace. For each window, size and mode it prints
-//! time, busbw, the wire ratio and the speedup over the raw mode measured in the same run.
+//! [`turns_back`]); every received bit is checked against the trace. For each window, size and
+//! mode it prints time, busbw, the wire ratio and the speedup over the raw mode measured in the
+//! same run.
 //!
 //! With `--layers L` an iteration gathers a model instead of one tensor, as FSDP gathers its
 //! layers one after another: L layers, each every trace tensor of the chosen type, each its own
@@ -33,9 +34,6 @@ Replays a real training trace through the compressed Allgather and checks every 
                        tiled to the size
   -i, --iters N        timed calls per window, size and mode (default 10)
   -w, --warmup N       untimed calls first, those that fill caches included (default 3)
-The calls walk each window's steps back and forth (0 1 2 .. 2 1 0 1 ..). A call at a turn undoes
-the previous call's move, which no training run does and which Delta frames (whose context is
-each element's previous move) code nearly for free: such calls are made and checked, not timed.
   --modes LIST         comma list of: auto (the configuration users get: CIERA_COMPRESS and
                        CIERA_CACHE_MODE as set, auto by default; the row says what it chose),
                        raw (CIERA_COMPRESS=off), exp (auto, exponent cache),
@@ -56,10 +54,13 @@ each element's previous move) code nearly for free: such calls are made and chec
   --json               one object per row: size count type time_us algbw busbw wrong mode step
                        wire_ratio speedup window
 The modes take turns call by call (raw, exp, full, raw, ...; the first mode rotates), so a
-slow spell of the host hits every mode alike. Columns: window (steps), mode, time (us, mean
-or median over calls of the slowest rank's time; each call starts after a barrier), busbw
-(GB/s), wire = raw bytes / bytes sent for the timed calls, speedup = raw time / time,
-compressed = calls that sent frames.";
+slow spell of the host hits every mode alike. The calls walk each window's steps back and
+forth (0 1 2 .. 2 1 0 1 ..); a call at a turn undoes the previous call's move, which no
+training run does and which Delta frames (whose context is each element's previous move) code
+nearly for free: such calls are made and checked, not timed. Columns: window (steps), mode,
+time (us, mean or median over calls of the slowest rank's time; each call starts after a
+barrier), busbw (GB/s), wire = raw bytes / bytes sent for the timed calls, speedup = raw
+time / time, compressed = calls that sent frames.";
 
 #[derive(Clone, Debug)]
 struct Opts {
@@ -271,12 +272,12 @@ fn walk(k: usize) -> Vec<usize> {
 /// Whether call `it` of the walk `order` (a window's steps back and forth) turns back: it
 /// returns to the step of two calls before, so its move is exactly the previous call's move
 /// undone. No training run moves so, and Delta frames, whose context is each element's previous
-/// move, code it nearly for free (seen: 159x where the calls around it reach 17-21x; Exp and
-/// Hybrid frames have no such context and code it as any one-step move). Those calls are made
-/// and checked but not timed: every timed call is a one-step move after a one-step move in the
-/// same direction, forward in the trace or backward (a reversed trajectory, whose consecutive
-/// moves are the forward ones negated, in reverse order). In a window of two steps every call but the first two
-/// turns back; there they are timed (there is no other move to time).
+/// move, code it nearly for free (seen: 153-159x where the calls around it reach 15-18x; Exp
+/// and Hybrid frames have no such context and code it as any one-step move). Those calls are
+/// made and checked but not timed: every timed call is a one-step move after a one-step move in
+/// the same direction, forward in the trace or backward (a reversed trajectory, whose
+/// consecutive moves are the forward ones negated, in reverse order). In a window of two steps
+/// every call but the first two turns back; there they are timed (there is no other move).
 fn turns_back(order: &[usize], it: usize) -> bool {
     order.len() > 2 && it >= 2 && order[it % order.len()] == order[(it - 2) % order.len()]
 }
