@@ -31,10 +31,12 @@
 #                                      # root with ip and tc (else unshaped, and it says so).
 #   bench/gpu_check.sh shaped          # no GPU used: the Delta frames' shaped run (issue 21) on the
 #                                      # device machine's CPUs (16, where this VM has 2 for 4 ranks):
-#                                      # bench/shaped_compare.sh at 1 Gbit/s, 4 ranks, TCP, raw and
-#                                      # delta-on, on every window of the full trace's qkv tensor
-#                                      # (cut into .gpu/trace by prepare), codec threads auto, then 1;
-#                                      # needs root, ip and tc; about 2 minutes.
+#                                      # bench/shaped_compare.sh at 1 Gbit/s, 4 ranks, TCP, raw,
+#                                      # delta-on (Delta frames forced: the issue's measure) and delta
+#                                      # (auto on a delta cache: the policy, calibrated on the codec
+#                                      # threads), on every window of the full trace's qkv tensor (cut
+#                                      # into .gpu/trace by prepare), codec threads auto, then 1; needs
+#                                      # root, ip and tc; about 2 minutes.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -175,7 +177,7 @@ if [ "${1:-}" = shaped ]; then
     fi
     for threads in auto 1; do
         step "threads_$threads" 240 env CIERA_CODEC_THREADS=$threads MPI=0 CIERA="$C" \
-            RATE=1gbit NRANKS=4 SIZE=16M ITERS=10 MODES=raw,delta-on TRACE="$TRACE" \
+            RATE=1gbit NRANKS=4 SIZE=16M ITERS=10 MODES=raw,delta-on,delta TRACE="$TRACE" \
             bench/shaped_compare.sh
     done
     summary
