@@ -124,7 +124,7 @@ impl<'a> GroupCodec<'a> {
         if self.incoming[src].is_none() {
             // The lineage the frame names, if this rank holds it; else a FILL starts one (the
             // source had no cache of its shard: a miss); else the frame cannot be decoded.
-            let (lineage, missed) = match self.store.take(src, f.version) {
+            let (mut lineage, missed) = match self.store.take(src, f.version) {
                 Some(l) => (l, false),
                 None if fill => (
                     Lineage {
@@ -148,6 +148,7 @@ impl<'a> GroupCodec<'a> {
                     }))
                 }
             };
+            lineage.slot.set_codec_threads(self.codec_threads);
             self.incoming[src] = Some(Incoming {
                 lineage,
                 version: f.version,
@@ -162,7 +163,6 @@ impl<'a> GroupCodec<'a> {
                 frame_version: f.version,
             }));
         }
-        inc.lineage.slot.set_codec_threads(self.codec_threads);
         let info = inc
             .lineage
             .slot
